@@ -1,0 +1,452 @@
+"""`CoordinatedConsumer`: the lightweight consumer of seeds/004, over aiokafka.
+
+Three activities run under one supervisor (`run`): the *connector* (find the coordinator,
+register, answer Ping/StopFetcher/StartFetcher, notice a silent or lost coordinator), the
+*fetcher* (one aiokafka consumer with manual assignment, filtered by owned slots), and the
+*lanes* (the user's handler, per key). The lost-connection procedure is the seeds/004 one:
+stop every fetcher, drop every queue, find the coordinator again, register again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from consumer_client.lanes import KeyLanes, RetryPolicy, WorkItem
+from consumer_client.progress import ConsumerProgress
+from coordinator.hashing import ORDERING_KEY_HEADER, load_bucket, slot_for_record
+from coordinator.protocol import (
+    ErrorCode,
+    LeaveRequest,
+    Message,
+    MetadataRequest,
+    MetadataResponse,
+    PingRequest,
+    PingResponse,
+    RegisterRequest,
+    RegisterResponse,
+    StartFetcherRequest,
+    StartFetcherResponse,
+    StopFetcherRequest,
+    StopFetcherResponse,
+)
+from coordinator.transport import Channel, ChannelClosed, RemoteError
+from coordinator.wire import positions_from_wire, positions_to_wire, ranges_from_wire
+
+log = logging.getLogger(__name__)
+
+AsyncHandler = Callable[[Any], Awaitable[None]]
+
+
+class ConsumerError(RuntimeError):
+    """A condition the consumer cannot recover from by re-registering (bad config,
+    unknown topic, wrong token)."""
+
+
+FATAL_CODES = {
+    ErrorCode.UNKNOWN_TOPIC,
+    ErrorCode.AUTHENTICATION_FAILED,
+    ErrorCode.INCONSISTENT_TOPICS,
+    ErrorCode.INVALID_MESSAGE,
+    ErrorCode.INVALID_RANGES,
+}
+
+
+def _parse_addresses(spec: str) -> list[tuple[str, int]]:
+    out = []
+    for part in spec.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"coordinator address {part!r} is not host:port")
+        out.append((host, int(port)))
+    return out
+
+
+class CoordinatedConsumer:
+    def __init__(
+        self,
+        *,
+        group: str,
+        topics: list[str],
+        coordinator: str,
+        bootstrap_servers: str,
+        name: str = "consumer",
+        max_concurrency: int = 64,
+        session_timeout_ms: int = 10_000,
+        capacity: int = 1,
+        auth_token: str | None = None,
+        dead_letter_topic: str | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        ordering_header: str = ORDERING_KEY_HEADER,
+        max_pending: int | None = None,
+        drain_timeout_s: float = 30.0,
+    ) -> None:
+        if not topics:
+            raise ValueError("topics must name at least one topic")
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        self.group = group
+        self.topics = list(topics)
+        self.coordinators = _parse_addresses(coordinator)
+        self.bootstrap_servers = bootstrap_servers
+        self.name = name
+        self.max_concurrency = max_concurrency
+        self.session_timeout_ms = session_timeout_ms
+        self.capacity = capacity
+        self.auth_token = auth_token
+        self.dead_letter_topic = dead_letter_topic
+        self.retry = retry
+        self.ordering_header = ordering_header
+        self.max_pending = max_pending or max(1000, 16 * max_concurrency)
+        self.drain_timeout_s = drain_timeout_s
+        self.member_id: str | None = None
+        self.epoch = 0
+        self.progress = ConsumerProgress()
+        self.load: Counter[int] = Counter()
+        self._session = 0
+        self._channel: Channel | None = None
+        self._last_heard = 0.0
+        self._kafka: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._lanes: KeyLanes | None = None
+        self._closing = False
+        self._stopped = asyncio.Event()
+        self._acked = asyncio.Event()
+        self._registered = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- public API -----------------------------------------------------------------
+
+    async def __aenter__(self) -> CoordinatedConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def run(self, handler: AsyncHandler) -> None:
+        """Consume until `close()` (or `request_stop()`); a normal return acknowledges."""
+        self._loop = asyncio.get_running_loop()
+        self._lanes = KeyLanes(
+            handler,
+            max_concurrency=self.max_concurrency,
+            on_done=self._on_done,
+            retry=self.retry,
+            dead_letter=self._dead_letter if self.dead_letter_topic else None,
+        )
+        self._kafka = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap_servers,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        await self._kafka.start()
+        if self.dead_letter_topic:
+            self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers)
+            await self._producer.start()
+        connector = asyncio.create_task(self._connector_loop(), name=f"{self.name}-connector")
+        fetcher = asyncio.create_task(self._fetch_loop(), name=f"{self.name}-fetcher")
+        stopped = asyncio.create_task(self._stopped.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {connector, fetcher, stopped}, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                if task is not stopped and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in (connector, fetcher, stopped):
+                task.cancel()
+            await asyncio.gather(connector, fetcher, stopped, return_exceptions=True)
+            await self._shutdown_clients()
+
+    def run_sync(self, fn: Callable[[Any], None]) -> None:
+        """Blocking variant for plain functions, run in a pool of `max_concurrency` threads."""
+        pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix=self.name)
+
+        async def call(record: Any) -> None:
+            await asyncio.get_running_loop().run_in_executor(pool, fn, record)
+
+        try:
+            asyncio.run(self.run(call))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def request_stop(self) -> None:
+        """Thread-safe: ask a running consumer to close gracefully."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.close()))
+
+    async def close(self) -> None:
+        """Graceful: stop dispatching, let in-flight records finish, report exact positions
+        in a Leave so the next owners start where this one stopped (no duplicates)."""
+        if self._closing:
+            await self._stopped.wait()
+            return
+        self._closing = True
+        try:
+            if self._lanes is not None:
+                self.progress.begin_stop(self.progress.owned)
+                self._lanes.drop()
+                await self._lanes.wait_idle(timeout=self.drain_timeout_s)
+            channel = self._channel
+            if channel is not None and not channel.is_closed and self.member_id is not None:
+                leave = LeaveRequest(
+                    correlation_id=0,
+                    member_id=self.member_id,
+                    member_epoch=self.epoch,
+                    positions=positions_to_wire(self.progress.positions()),
+                )
+                with contextlib.suppress(ChannelClosed, RemoteError, TimeoutError):
+                    await channel.request(leave, timeout=5.0)
+                await channel.aclose("consumer closed")
+        finally:
+            self._stopped.set()
+
+    @property
+    def owned_slots(self) -> list[tuple[int, int]]:
+        return self.progress.owned.to_pairs()
+
+    async def wait_registered(self, timeout: float) -> None:
+        await asyncio.wait_for(self._registered.wait(), timeout)
+
+    # ---- connector ------------------------------------------------------------------
+
+    async def _connector_loop(self) -> None:
+        backoff = 0.1
+        while not self._closing:
+            try:
+                channel = await self._register()
+            except ConsumerError:
+                raise
+            except (OSError, ChannelClosed, RemoteError, TimeoutError) as err:
+                log.info("%s: coordinator not reachable yet: %s", self.name, err)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.1
+            reason = await self._watch(channel)
+            if self._closing:
+                return
+            log.warning("%s: lost the coordinator (%s); stopping fetchers", self.name, reason)
+            await self._lose_session()
+
+    async def _register(self) -> Channel:
+        """seeds/004 start-up steps 2-5: ask any known address who the coordinator is,
+        connect to it and register."""
+        last_error: Exception | None = None
+        for host, port in self.coordinators:
+            try:
+                probe = await Channel.connect(host, port, name=f"{self.name}-probe")
+                probe.start()
+                try:
+                    meta = await probe.request(MetadataRequest(correlation_id=0), timeout=5.0)
+                finally:
+                    await probe.aclose()
+                if not isinstance(meta, MetadataResponse) or not meta.active:
+                    raise ChannelClosed(f"{host}:{port} is not an active coordinator")
+                target_host, _, target_port = meta.coordinator.rpartition(":")
+                if target_port == "0" or not target_host or target_host in ("0.0.0.0", "::"):
+                    target_host, target_port = host, str(port)
+                channel = await Channel.connect(
+                    target_host, int(target_port), name=f"{self.name}-connector"
+                )
+                channel.set_request_handler(self._on_request)
+                channel.start()
+                request = RegisterRequest(
+                    correlation_id=0,
+                    group=self.group,
+                    topics=self.topics,
+                    consumer_name=self.name,
+                    session_timeout_ms=self.session_timeout_ms,
+                    capacity=self.capacity,
+                    auth_token=self.auth_token,
+                )
+                self._last_heard = time.monotonic()
+                try:
+                    response = await channel.request(request, timeout=10.0)
+                except RemoteError as err:
+                    await channel.aclose()
+                    if err.code in FATAL_CODES:
+                        raise ConsumerError(f"coordinator refused registration: {err}") from err
+                    raise
+                if not isinstance(response, RegisterResponse):
+                    await channel.aclose()
+                    raise ChannelClosed(f"unexpected reply to register: {response.type}")
+                self._session += 1
+                self.member_id = response.member_id
+                self.epoch = response.member_epoch
+                self._channel = channel
+                self._registered.set()
+                log.info("%s: registered as %s", self.name, self.member_id)
+                return channel
+            except ConsumerError:
+                raise
+            except (OSError, ChannelClosed, RemoteError, TimeoutError) as err:
+                last_error = err
+        raise ChannelClosed(f"no coordinator reachable: {last_error}")
+
+    async def _watch(self, channel: Channel) -> str:
+        """Connector.onStartup step 3: nothing heard for a session timeout means lost."""
+        timeout = self.session_timeout_ms / 1000
+        while True:
+            remaining = self._last_heard + timeout - time.monotonic()
+            if remaining <= 0:
+                channel.close("no request from the coordinator within the session timeout")
+                return "session timeout"
+            try:
+                return await asyncio.wait_for(channel.wait_closed(), remaining)
+            except TimeoutError:
+                continue
+
+    async def _lose_session(self) -> None:
+        """Consumer.onLostConnection: stop fetchers, drop queues, forget ownership."""
+        self._registered.clear()
+        self.member_id = None
+        self.progress.clear()
+        if self._kafka is not None:
+            self._kafka.pause(*self._kafka.assignment())
+        if self._lanes is not None:
+            await self._lanes.abort()
+        self._acked.set()
+
+    def _on_request(self, channel: Channel, message: Message) -> None:
+        self._last_heard = time.monotonic()
+        match message:
+            case PingRequest():
+                self.epoch = max(self.epoch, message.member_epoch)
+                load, self.load = self.load, Counter()
+                channel.reply(
+                    message,
+                    PingResponse(
+                        correlation_id=0,
+                        member_epoch=message.member_epoch,
+                        positions=positions_to_wire(self.progress.positions()),
+                        load=dict(load),
+                    ),
+                )
+            case StartFetcherRequest():
+                self.epoch = max(self.epoch, message.member_epoch)
+                self._start(
+                    ranges_from_wire(message.ranges), positions_from_wire(message.positions)
+                )
+                channel.reply(
+                    message,
+                    StartFetcherResponse(correlation_id=0, member_epoch=message.member_epoch),
+                )
+            case StopFetcherRequest():
+                self.epoch = max(self.epoch, message.member_epoch)
+                slots = ranges_from_wire(message.ranges)
+                self.progress.begin_stop(slots)
+                if self._lanes is not None:
+                    self._lanes.drop(slots)
+                task = asyncio.create_task(self._finish_stop(channel, message, slots))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            case _:
+                channel.fail(
+                    ErrorCode.UNEXPECTED_MESSAGE,
+                    f"a coordinator may not send {message.type}",
+                    message.correlation_id,
+                )
+
+    def _start(self, slots: Any, positions: Any) -> None:
+        seeks = self.progress.add_grant(slots, positions)
+        if self._kafka is None:
+            return
+        wanted = {TopicPartition(*tp) for tp in self.progress.partitions}
+        current = set(self._kafka.assignment())
+        if not wanted <= current:
+            self._kafka.assign(sorted(current | wanted))
+        for tp, offset in seeks.items():
+            self._kafka.seek(TopicPartition(*tp), offset)
+        self._kafka.resume(
+            *[TopicPartition(*tp) for tp, p in self.progress.partitions.items() if p.grants]
+        )
+
+    async def _finish_stop(self, channel: Channel, request: StopFetcherRequest, slots: Any) -> None:
+        if self._lanes is not None:
+            await self._lanes.wait_idle(slots)
+        final = self.progress.finish_stop(slots)
+        if self._kafka is not None:
+            idle = [
+                TopicPartition(*tp) for tp, p in self.progress.partitions.items() if not p.grants
+            ]
+            if idle:
+                self._kafka.pause(*idle)
+        channel.reply(
+            request,
+            StopFetcherResponse(
+                correlation_id=0,
+                member_epoch=request.member_epoch,
+                positions=positions_to_wire(final),
+            ),
+        )
+
+    # ---- fetcher --------------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        assert self._kafka is not None and self._lanes is not None
+        kafka, lanes = self._kafka, self._lanes
+        while not self._closing:
+            if not self.progress.partitions or not kafka.assignment():
+                await asyncio.sleep(0.05)
+                continue
+            while self.progress.pending_count() >= self.max_pending:
+                self._acked.clear()
+                await self._acked.wait()
+            generations = {tp: p.generation for tp, p in self.progress.partitions.items()}
+            session = self._session
+            batches = await kafka.getmany(timeout_ms=200, max_records=2000)
+            for ktp, records in batches.items():
+                tp = (ktp.topic, ktp.partition)
+                progress = self.progress.partitions.get(tp)
+                if progress is None or session != self._session:
+                    continue
+                if progress.generation != generations.get(tp):
+                    kafka.seek(ktp, progress.cursor)  # fetched before a rewind: refetch
+                    continue
+                for record in records:
+                    slot, okey = slot_for_record(
+                        record.key, record.headers, record.offset, self.ordering_header
+                    )
+                    if self.progress.admit(tp, record.offset, slot):
+                        lanes.submit(
+                            WorkItem(tp, record.offset, slot, lanes.lane_key(okey), record, session)
+                        )
+
+    def _on_done(self, item: WorkItem) -> None:
+        if item.session != self._session:
+            return
+        self.progress.ack(item.tp, item.offset)
+        self.load[load_bucket(item.slot)] += 1
+        self._acked.set()
+
+    async def _dead_letter(self, record: Any, error: BaseException) -> None:
+        assert self._producer is not None and self.dead_letter_topic is not None
+        headers = list(record.headers or ()) + [
+            ("keyshard-error", repr(error)[:1000].encode()),
+            ("keyshard-source", f"{record.topic}/{record.partition}@{record.offset}".encode()),
+        ]
+        await self._producer.send_and_wait(
+            self.dead_letter_topic, key=record.key, value=record.value, headers=headers
+        )
+
+    async def _shutdown_clients(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._lanes is not None:
+            await self._lanes.abort()
+        for client in (self._kafka, self._producer):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.stop(), 10)
+        if self._channel is not None:
+            await self._channel.aclose()

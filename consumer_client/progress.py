@@ -1,0 +1,173 @@
+"""Fetch filter and position bookkeeping for one consumer: pure, no I/O.
+
+A consumer owns *grants*: slot ranges started by one StartFetcher, each with the position
+map where the previous owner stopped. The partition is read once, from the lowest
+position of any grant, and every record is checked against its slot's grant: not owned,
+already done by a previous owner, or already examined before a rewind -> skipped; else it
+becomes pending until the handler acknowledges it. Positions reported to the coordinator
+are the grant's start map united with "everything examined, minus what is pending", which
+is exact enough to hand the range to someone else with no loss and no duplicates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from coordinator.group import PositionUpdate, TopicPartition
+from coordinator.positions import Position, RangePositionMap
+from coordinator.ranges import EMPTY, RangeSet, SlotRange
+
+
+@dataclass(slots=True)
+class Grant:
+    slots: RangeSet
+    start: RangePositionMap  # previous owner's positions (only `slots` matter)
+    fetch_from: int  # lowest next offset over `slots`
+    skip_below: int = 0  # records below this were examined before a rewind
+
+
+@dataclass(slots=True)
+class PartitionProgress:
+    tp: TopicPartition
+    grants: list[Grant] = field(default_factory=list)
+    cursor: int = 0  # next offset the fetcher will hand us
+    generation: int = 0  # bumped on every rewind: records fetched before it are stale
+    pending: dict[int, int] = field(default_factory=dict)  # offset -> slot
+
+    def grant_for(self, slot: int) -> Grant | None:
+        for grant in self.grants:
+            if slot in grant.slots:
+                return grant
+        return None
+
+    def done_upto(self, grant: Grant) -> int:
+        return max(self.cursor, grant.skip_below, grant.fetch_from)
+
+
+class ConsumerProgress:
+    """All partitions of one consumer session."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[TopicPartition, PartitionProgress] = {}
+        self.stopping: RangeSet = EMPTY  # slots being handed back: nothing new dispatched
+
+    # ---- ownership ------------------------------------------------------------------
+
+    @property
+    def owned(self) -> RangeSet:
+        owned = EMPTY
+        for progress in self.partitions.values():
+            for grant in progress.grants:
+                owned = owned | grant.slots
+        return owned
+
+    def add_grant(self, slots: RangeSet, positions: PositionUpdate) -> dict[TopicPartition, int]:
+        """Start `slots` on every partition in `positions`; returns the partitions whose
+        fetch position must move (tp -> offset to seek to)."""
+        seeks: dict[TopicPartition, int] = {}
+        for tp, segments in positions.items():
+            start = RangePositionMap()
+            start.update(segments)
+            fetch_from = start.minimum_offset(slots)
+            progress = self.partitions.get(tp)
+            if progress is None:
+                progress = self.partitions[tp] = PartitionProgress(tp, cursor=fetch_from)
+                seeks[tp] = fetch_from
+            elif not progress.grants:
+                progress.cursor = fetch_from
+                progress.generation += 1
+                seeks[tp] = fetch_from
+            elif fetch_from < progress.cursor:
+                # Rewind: earlier grants skip what they have already examined.
+                for grant in progress.grants:
+                    grant.skip_below = max(grant.skip_below, progress.cursor)
+                progress.cursor = fetch_from
+                progress.generation += 1
+                seeks[tp] = fetch_from
+            progress.grants.append(Grant(slots, start, fetch_from))
+        self.stopping = self.stopping - slots
+        return seeks
+
+    def begin_stop(self, slots: RangeSet) -> None:
+        """From now on nothing of `slots` is dispatched; in-flight work may still finish."""
+        self.stopping = self.stopping | slots
+
+    def finish_stop(self, slots: RangeSet) -> PositionUpdate:
+        """Final positions of `slots`, then forget them (pending records of them included:
+        they were not done, so the next owner processes them)."""
+        final = self.positions(slots)
+        for progress in self.partitions.values():
+            kept = []
+            for grant in progress.grants:
+                grant.slots = grant.slots - slots
+                if grant.slots:
+                    kept.append(grant)
+            progress.grants = kept
+            for offset in [o for o, s in progress.pending.items() if s in slots]:
+                del progress.pending[offset]
+        self.stopping = self.stopping - slots
+        return final
+
+    def clear(self) -> None:
+        self.partitions.clear()
+        self.stopping = EMPTY
+
+    # ---- the fetch filter -----------------------------------------------------------
+
+    def admit(self, tp: TopicPartition, offset: int, slot: int) -> bool:
+        """Should this record go to the handler? Also advances the partition cursor."""
+        progress = self.partitions.get(tp)
+        if progress is None or offset < progress.cursor:
+            return False
+        progress.cursor = offset + 1
+        grant = progress.grant_for(slot)
+        if grant is None or offset < grant.skip_below or slot in self.stopping:
+            return False
+        if grant.start.get(slot).is_done(offset):
+            return False
+        progress.pending[offset] = slot
+        return True
+
+    def ack(self, tp: TopicPartition, offset: int) -> None:
+        progress = self.partitions.get(tp)
+        if progress is not None:
+            progress.pending.pop(offset, None)
+
+    def pending_count(self) -> int:
+        return sum(len(p.pending) for p in self.partitions.values())
+
+    # ---- reporting ------------------------------------------------------------------
+
+    def positions(self, within: RangeSet | None = None) -> PositionUpdate:
+        update: PositionUpdate = {}
+        for tp, progress in self.partitions.items():
+            segments: list[tuple[SlotRange, Position]] = []
+            for grant in progress.grants:
+                slots = grant.slots if within is None else grant.slots & within
+                if not slots:
+                    continue
+                pending = sorted(o for o, s in progress.pending.items() if s in slots)
+                done = Position.from_done(
+                    _gaps(grant.fetch_from, progress.done_upto(grant), pending)
+                )
+                segments.extend((seg, pos.union(done)) for seg, pos in grant.start.segments(slots))
+            if segments:
+                update[tp] = segments
+        return update
+
+
+def _gaps(start: int, end: int, holes: Iterable[int]) -> list[tuple[int, int]]:
+    """[start, end) minus the given sorted offsets, as half-open intervals."""
+    out: list[tuple[int, int]] = []
+    cursor = start
+    for hole in holes:
+        if hole >= end:
+            break
+        if hole >= cursor:
+            if hole > cursor:
+                out.append((cursor, hole))
+            cursor = hole + 1
+    if cursor < end:
+        out.append((cursor, end))
+    return out

@@ -1,0 +1,135 @@
+"""Daemon lifecycle: start-up -> serve -> graceful shutdown (shaped like uvicorn's Server).
+
+The admin API runs under uvicorn inside this same event loop, so it reads live state. With
+no bootstrap servers an embedded broker is started, which makes `keyshard coordinator` a
+one-command local setup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from coordinator.group import GroupConfig
+from coordinator.runtime import CoordinatorRuntime, RuntimeSettings
+from coordinator.server import CoordinatorServer
+from coordinator.store import StateStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    bootstrap_servers: str | None = None
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 7171
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 7172
+    state_topic: str = "__keyshard_state"
+    auth_token: str | None = None
+    group_defaults: GroupConfig = field(default_factory=GroupConfig)
+    startup_grace_ms: int = 10_500
+    max_frame_bytes: int = 1 << 20
+
+
+class _InLoopUvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the daemon owns SIGINT/SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class RunningDaemon:
+    config: DaemonConfig
+    bootstrap_servers: str
+    runtime: CoordinatorRuntime
+    server: CoordinatorServer
+    admin: _InLoopUvicorn
+    admin_task: asyncio.Task[None]
+    broker: object | None
+
+    async def stop(self) -> None:
+        self.admin.should_exit = True
+        await self.server.stop()
+        await self.runtime.stop()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(self.admin_task, 5)
+        if self.broker is not None:
+            self.broker.stop()  # type: ignore[attr-defined]
+
+
+async def start_daemon(config: DaemonConfig) -> RunningDaemon:
+    from api.app import create_app
+
+    broker = None
+    bootstrap = config.bootstrap_servers
+    if not bootstrap:
+        from coordinator.broker import EmbeddedBroker
+
+        broker = EmbeddedBroker()
+        broker.start()
+        bootstrap = broker.bootstrap_servers
+        log.info("embedded broker started on %s (pid %s)", bootstrap, broker.pid)
+    store = StateStore(bootstrap, config.state_topic)
+    settings = RuntimeSettings(
+        bootstrap_servers=bootstrap,
+        advertised_address=f"{config.listen_host}:{config.listen_port}",
+        state_topic=config.state_topic,
+        auth_token=config.auth_token,
+        group_defaults=config.group_defaults,
+        startup_grace_ms=config.startup_grace_ms,
+    )
+    runtime = CoordinatorRuntime(settings, store)
+    try:
+        await runtime.start()
+    except BaseException:
+        await store.stop()
+        if broker is not None:
+            broker.stop()
+        raise
+    server = CoordinatorServer(
+        runtime, config.listen_host, config.listen_port, config.max_frame_bytes
+    )
+    await server.start()
+    admin = _InLoopUvicorn(
+        uvicorn.Config(
+            create_app(runtime),
+            host=config.admin_host,
+            port=config.admin_port,
+            log_level="warning",
+            lifespan="off",
+        )
+    )
+    admin_task = asyncio.create_task(admin.serve(), name="admin-api")
+    while not admin.started and not admin_task.done():
+        await asyncio.sleep(0.01)
+    if admin_task.done():
+        await server.stop()
+        await runtime.stop()
+        raise OSError(f"admin API could not listen on {config.admin_host}:{config.admin_port}")
+    return RunningDaemon(config, bootstrap, runtime, server, admin, admin_task, broker)
+
+
+async def run_daemon(config: DaemonConfig, announce: Callable[[str], None] = print) -> None:
+    daemon = await start_daemon(config)
+    announce(
+        f"keyshard coordinator listening on {config.listen_host}:{daemon.server.port}, "
+        f"admin http://{config.admin_host}:{config.admin_port}, kafka {daemon.bootstrap_servers}"
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await daemon.stop()

@@ -1,0 +1,327 @@
+"""Group state, the records that change it, and `replay`: the only code that mutates it.
+
+Shaped like Kafka's new group coordinator: handlers (`coordinator.handlers`) are pure
+functions that read the state and return records plus effects; the runtime applies each
+record with `replay` and then carries out the effects. Keeping mutation in one place makes
+the handoff rules testable with a fake clock and no sockets, and makes every change of
+ownership a value that can be logged, persisted and asserted on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from coordinator.positions import Position, RangePositionMap
+from coordinator.ranges import EMPTY, RangeSet, SlotRange
+
+TopicPartition = tuple[str, int]
+PositionUpdate = dict[TopicPartition, list[tuple[SlotRange, Position]]]
+MAX_HANDOFF_HISTORY = 200
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """Per-group knobs; defaults come from the daemon's flags."""
+
+    assignor: str = "balanced"
+    drain_timeout_ms: int = 10_000
+    # Extra wait past a lost member's session timeout before its ranges move, covering
+    # clock skew and the member's own detection delay.
+    lost_member_margin_ms: int = 500
+    ping_interval_ms: int | None = None  # None: a third of each member's session timeout
+
+
+@dataclass(slots=True)
+class Member:
+    member_id: str
+    name: str
+    capacity: int
+    session_timeout_ms: int
+    joined_at: float
+    last_heard: float
+    epoch: int = 1
+    owned: RangeSet = EMPTY  # granted (start sent) and not yet released, includes draining
+    draining: RangeSet = EMPTY  # StopFetcher sent, final positions not yet back
+    drain_deadline: float | None = None
+    starting: RangeSet = EMPTY  # StartFetcher sent, not yet acknowledged
+    load: dict[int, int] = field(default_factory=dict)
+    processed: int = 0
+
+
+@dataclass(slots=True)
+class Quarantine:
+    """Ranges of a lost member that may not move before `until`: by then it has stopped."""
+
+    ranges: RangeSet
+    until: float
+    former_member: str
+
+
+@dataclass(slots=True)
+class Handoff:
+    """One movement of ranges away from a member, until they run again elsewhere."""
+
+    handoff_id: int
+    kind: str  # "revoke" | "leave" | "lost" | "fenced"
+    from_member: str
+    ranges: RangeSet
+    started_at: float
+    released_at: float | None = None
+    resumed_at: float | None = None
+    waiting: RangeSet = EMPTY  # part of `ranges` not yet running on a new owner
+    to_members: list[str] = field(default_factory=list)
+
+    @property
+    def pause_s(self) -> float | None:
+        return None if self.resumed_at is None else self.resumed_at - self.started_at
+
+
+@dataclass(slots=True)
+class GroupState:
+    group: str
+    config: GroupConfig = field(default_factory=GroupConfig)
+    topics: tuple[str, ...] = ()
+    partitions: tuple[TopicPartition, ...] = ()
+    members: dict[str, Member] = field(default_factory=dict)
+    target: dict[str, RangeSet] = field(default_factory=dict)
+    quarantined: list[Quarantine] = field(default_factory=list)
+    positions: dict[TopicPartition, RangePositionMap] = field(default_factory=dict)
+    handoffs: deque[Handoff] = field(default_factory=lambda: deque(maxlen=MAX_HANDOFF_HISTORY))
+    grants_allowed_at: float = 0.0
+    next_handoff_id: int = 1
+    membership_version: int = 0
+    target_version: int = -1
+    positions_version: int = 0
+
+    def position_map(self, tp: TopicPartition) -> RangePositionMap:
+        pmap = self.positions.get(tp)
+        if pmap is None:
+            pmap = self.positions[tp] = RangePositionMap()
+        return pmap
+
+    def busy(self) -> RangeSet:
+        """Slots that someone owns or that are waiting out a lost member's quarantine."""
+        busy = EMPTY
+        for m in self.members.values():
+            busy = busy | m.owned
+        for q in self.quarantined:
+            busy = busy | q.ranges
+        return busy
+
+    def open_handoffs(self) -> list[Handoff]:
+        return [h for h in self.handoffs if h.resumed_at is None]
+
+
+# ---- records ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MemberJoined:
+    member_id: str
+    name: str
+    capacity: int
+    session_timeout_ms: int
+    topics: tuple[str, ...]
+    partitions: tuple[TopicPartition, ...]
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class MemberHeard:
+    member_id: str
+    at: float
+    load: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PositionsAdvanced:
+    """Done offsets reported by an owner; merged by union, so positions never go back."""
+
+    updates: tuple[tuple[TopicPartition, tuple[tuple[SlotRange, Position], ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TargetComputed:
+    target: tuple[tuple[str, RangeSet], ...]
+    membership_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class RangesRevoked:
+    member_id: str
+    ranges: RangeSet
+    epoch: int
+    deadline: float
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RangesReleased:
+    member_id: str
+    ranges: RangeSet
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RangesGranted:
+    member_id: str
+    ranges: RangeSet
+    epoch: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class GrantAcknowledged:
+    member_id: str
+    ranges: RangeSet
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRemoved:
+    member_id: str
+    reason: str  # "leave" | "lost" | "fenced"
+    quarantine_until: float | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineLifted:
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class GrantsDeferred:
+    """After a coordinator (re)start nothing is granted until earlier owners must have
+    stopped: their sessions with the previous coordinator could still be running."""
+
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class PositionsLoaded:
+    tp: TopicPartition
+    positions: RangePositionMap
+
+
+Record = (
+    MemberJoined
+    | MemberHeard
+    | PositionsAdvanced
+    | TargetComputed
+    | RangesRevoked
+    | RangesReleased
+    | RangesGranted
+    | GrantAcknowledged
+    | MemberRemoved
+    | QuarantineLifted
+    | GrantsDeferred
+    | PositionsLoaded
+)
+
+
+def replay(state: GroupState, record: Record) -> None:
+    """Apply one record. The only function that mutates a GroupState."""
+    match record:
+        case MemberJoined():
+            state.members[record.member_id] = Member(
+                member_id=record.member_id,
+                name=record.name,
+                capacity=record.capacity,
+                session_timeout_ms=record.session_timeout_ms,
+                joined_at=record.at,
+                last_heard=record.at,
+            )
+            state.topics = record.topics
+            state.partitions = record.partitions
+            state.membership_version += 1
+        case MemberHeard():
+            member = state.members.get(record.member_id)
+            if member is not None:
+                member.last_heard = record.at
+                if record.load:
+                    member.load = dict(record.load)
+                    member.processed += sum(c for _, c in record.load)
+        case PositionsAdvanced():
+            for tp, segments in record.updates:
+                pmap = state.position_map(tp)
+                for seg, pos in segments:
+                    merged = [
+                        (part, old.union(pos)) for part, old in pmap.segments(RangeSet((seg,)))
+                    ]
+                    pmap.update(merged)
+            state.positions_version += 1
+        case TargetComputed():
+            state.target = dict(record.target)
+            state.target_version = record.membership_version
+        case RangesRevoked():
+            member = state.members[record.member_id]
+            member.draining = member.draining | record.ranges
+            member.epoch = record.epoch
+            if member.drain_deadline is None:
+                member.drain_deadline = record.deadline
+            _open_handoff(state, "revoke", record.member_id, record.ranges, record.at)
+        case RangesReleased():
+            member = state.members[record.member_id]
+            member.owned = member.owned - record.ranges
+            member.draining = member.draining - record.ranges
+            member.starting = member.starting - record.ranges
+            if not member.draining:
+                member.drain_deadline = None
+            _mark_released(state, record.ranges, record.at)
+        case RangesGranted():
+            member = state.members[record.member_id]
+            member.owned = member.owned | record.ranges
+            member.starting = member.starting | record.ranges
+            member.epoch = record.epoch
+            for h in state.open_handoffs():
+                if h.waiting.overlaps(record.ranges) and record.member_id not in h.to_members:
+                    h.to_members.append(record.member_id)
+        case GrantAcknowledged():
+            member = state.members[record.member_id]
+            member.starting = member.starting - record.ranges
+            for h in state.open_handoffs():
+                h.waiting = h.waiting - record.ranges
+                if not h.waiting:
+                    h.resumed_at = record.at
+        case MemberRemoved():
+            member = state.members.pop(record.member_id)
+            state.target.pop(record.member_id, None)
+            if member.owned:
+                kind = record.reason
+                if record.quarantine_until is not None:
+                    state.quarantined.append(
+                        Quarantine(member.owned, record.quarantine_until, member.member_id)
+                    )
+                # Ranges already draining have an open "revoke" handoff; the rest open one.
+                fresh = member.owned - member.draining
+                if fresh:
+                    _open_handoff(state, kind, member.member_id, fresh, record.at)
+                if record.quarantine_until is None:
+                    _mark_released(state, member.owned, record.at)
+            state.membership_version += 1
+        case QuarantineLifted():
+            lifted = [q for q in state.quarantined if q.until <= record.at]
+            state.quarantined = [q for q in state.quarantined if q.until > record.at]
+            for q in lifted:
+                _mark_released(state, q.ranges, record.at)
+        case GrantsDeferred():
+            state.grants_allowed_at = record.until
+        case PositionsLoaded():
+            state.positions[record.tp] = record.positions.copy()
+
+
+def _open_handoff(
+    state: GroupState, kind: str, member_id: str, ranges: RangeSet, at: float
+) -> None:
+    state.handoffs.append(
+        Handoff(state.next_handoff_id, kind, member_id, ranges, at, waiting=ranges)
+    )
+    state.next_handoff_id += 1
+
+
+def _mark_released(state: GroupState, ranges: RangeSet, at: float) -> None:
+    for h in state.open_handoffs():
+        if h.released_at is None and h.ranges.overlaps(ranges):
+            h.released_at = at

@@ -1,0 +1,334 @@
+"""Pure group handlers: `(state, request, now) -> Result(records, effects, error)`.
+
+Nothing here performs I/O or reads a clock; the runtime (`coordinator.runtime`) applies the
+records with `replay` and carries out the effects (send StopFetcher/StartFetcher, close a
+channel, arm or cancel a keyed timer). Tests drive these with a hand-moved clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from coordinator.assignor import AssignmentSpec, Assignor, MemberSpec
+from coordinator.group import (
+    GrantAcknowledged,
+    GroupState,
+    MemberHeard,
+    MemberJoined,
+    MemberRemoved,
+    PositionsAdvanced,
+    PositionUpdate,
+    QuarantineLifted,
+    RangesGranted,
+    RangesReleased,
+    RangesRevoked,
+    Record,
+    TargetComputed,
+    TopicPartition,
+)
+from coordinator.positions import Position
+from coordinator.protocol import ErrorCode
+from coordinator.ranges import EMPTY, RangeSet, SlotRange
+
+# ---- effects ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendStop:
+    member_id: str
+    ranges: RangeSet
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendStart:
+    member_id: str
+    ranges: RangeSet
+    epoch: int
+    positions: PositionUpdate
+
+
+@dataclass(frozen=True, slots=True)
+class CloseMember:
+    member_id: str
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetTimer:
+    key: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    key: str
+
+
+Effect = SendStop | SendStart | CloseMember | SetTimer | CancelTimer
+
+
+@dataclass(slots=True)
+class Result:
+    records: list[Record] = field(default_factory=list)
+    effects: list[Effect] = field(default_factory=list)
+    error: tuple[ErrorCode, str] | None = None
+
+
+def session_key(member_id: str) -> str:
+    return f"session:{member_id}"
+
+
+def drain_key(member_id: str) -> str:
+    return f"drain:{member_id}"
+
+
+def quarantine_key(member_id: str) -> str:
+    return f"quarantine:{member_id}"
+
+
+GRACE_KEY = "grace"
+
+
+def register(
+    state: GroupState,
+    *,
+    member_id: str,
+    name: str,
+    capacity: int,
+    session_timeout_ms: int,
+    topics: tuple[str, ...],
+    partitions: tuple[TopicPartition, ...],
+    now: float,
+) -> Result:
+    """A consumer joins.
+
+    1. Validate: every member of a group reads the same topics, because the slot space is
+       shared by all of them (one key, one owner, in every topic).
+    2. Record the member and arm its session timer.
+    The next `reconcile` computes the new target and starts the handoff.
+    """
+    if state.members and set(topics) != set(state.topics):
+        return Result(
+            error=(
+                ErrorCode.INCONSISTENT_TOPICS,
+                f"group {state.group!r} reads topics {sorted(state.topics)}; "
+                f"this consumer asked for {sorted(topics)}",
+            )
+        )
+    return Result(
+        records=[
+            MemberJoined(member_id, name, capacity, session_timeout_ms, topics, partitions, now)
+        ],
+        effects=[SetTimer(session_key(member_id), now + session_timeout_ms / 1000)],
+    )
+
+
+def ping_answered(
+    state: GroupState,
+    *,
+    member_id: str,
+    epoch: int,
+    positions: PositionUpdate,
+    load: Iterable[tuple[int, int]],
+    now: float,
+) -> Result:
+    """A Ping reply: proof of life, progress and load.
+
+    1. Unknown member (fenced or removed meanwhile): error, nothing applied.
+    2. Renew the session.
+    3. A stale epoch still proves life but its positions are dropped: they may describe
+       ranges this member has since given up.
+    4. Positions are applied only for slots the member owns right now.
+    """
+    member = state.members.get(member_id)
+    if member is None:
+        return Result(error=(ErrorCode.UNKNOWN_MEMBER, f"member {member_id!r} is not in the group"))
+    result = Result(
+        records=[MemberHeard(member_id, now, tuple(load))],
+        effects=[SetTimer(session_key(member_id), now + member.session_timeout_ms / 1000)],
+    )
+    if epoch != member.epoch:
+        result.error = (
+            ErrorCode.STALE_EPOCH,
+            f"epoch {epoch} is stale, member {member_id!r} is at {member.epoch}",
+        )
+        return result
+    advanced = _clip_positions(positions, member.owned)
+    if advanced:
+        result.records.append(PositionsAdvanced(advanced))
+    return result
+
+
+def stop_completed(
+    state: GroupState,
+    *,
+    member_id: str,
+    ranges: RangeSet,
+    positions: PositionUpdate,
+    now: float,
+) -> Result:
+    """A StopFetcher reply: the member drained `ranges`; its final positions make them free.
+
+    Positions are applied before the release so the next owner starts exactly where this
+    one stopped: a graceful handoff produces no duplicates.
+    """
+    member = state.members.get(member_id)
+    if member is None:
+        return Result()  # fenced meanwhile: its ranges move from their last positions
+    released = ranges & member.draining
+    result = Result(records=[MemberHeard(member_id, now)])
+    advanced = _clip_positions(positions, released)
+    if advanced:
+        result.records.append(PositionsAdvanced(advanced))
+    if released:
+        result.records.append(RangesReleased(member_id, released, now))
+    if not (member.draining - released):
+        result.effects.append(CancelTimer(drain_key(member_id)))
+    return result
+
+
+def start_completed(state: GroupState, *, member_id: str, ranges: RangeSet, now: float) -> Result:
+    member = state.members.get(member_id)
+    if member is None:
+        return Result()
+    return Result(records=[MemberHeard(member_id, now), GrantAcknowledged(member_id, ranges, now)])
+
+
+def leave(state: GroupState, *, member_id: str, positions: PositionUpdate, now: float) -> Result:
+    """Graceful leave: the consumer drained everything and reports final positions, so its
+    ranges are free at once (no quarantine)."""
+    member = state.members.get(member_id)
+    if member is None:
+        return Result(error=(ErrorCode.UNKNOWN_MEMBER, f"member {member_id!r} is not in the group"))
+    result = Result()
+    advanced = _clip_positions(positions, member.owned)
+    if advanced:
+        result.records.append(PositionsAdvanced(advanced))
+    result.records.append(MemberRemoved(member_id, "leave", None, now))
+    result.effects += [CancelTimer(session_key(member_id)), CancelTimer(drain_key(member_id))]
+    return result
+
+
+def connection_lost(state: GroupState, *, member_id: str, now: float) -> Result:
+    """The channel closed without a Leave. The member's ranges wait until it must have
+    stopped on its own (session timeout after it last heard from us, plus a margin)."""
+    member = state.members.get(member_id)
+    if member is None:
+        return Result()
+    until = member.last_heard + member.session_timeout_ms / 1000
+    return _remove(state, member_id, "lost", max(until, now), now, None)
+
+
+def timer_fired(state: GroupState, *, key: str, now: float) -> Result:
+    kind, _, member_id = key.partition(":")
+    member = state.members.get(member_id)
+    if kind == "session" and member is not None:
+        if now >= member.last_heard + member.session_timeout_ms / 1000:
+            return _remove(
+                state,
+                member_id,
+                "lost",
+                now,
+                now,
+                (ErrorCode.FENCED_MEMBER, "session expired: no reply within the session timeout"),
+            )
+    elif kind == "drain" and member is not None and member.draining:
+        if member.drain_deadline is not None and now >= member.drain_deadline:
+            return _remove(
+                state,
+                member_id,
+                "fenced",
+                now + member.session_timeout_ms / 1000,
+                now,
+                (
+                    ErrorCode.FENCED_MEMBER,
+                    f"did not drain {member.draining} within the drain deadline "
+                    f"of {state.config.drain_timeout_ms} ms",
+                ),
+            )
+    elif kind == "quarantine":
+        if any(q.until <= now for q in state.quarantined):
+            return Result(records=[QuarantineLifted(now)])
+    return Result()
+
+
+def _remove(
+    state: GroupState,
+    member_id: str,
+    reason: str,
+    stopped_by: float,
+    now: float,
+    close: tuple[ErrorCode, str] | None,
+) -> Result:
+    member = state.members[member_id]
+    until = stopped_by + state.config.lost_member_margin_ms / 1000 if member.owned else None
+    result = Result(
+        records=[MemberRemoved(member_id, reason, until, now)],
+        effects=[CancelTimer(session_key(member_id)), CancelTimer(drain_key(member_id))],
+    )
+    if until is not None:
+        result.effects.append(SetTimer(quarantine_key(member_id), until))
+    if close is not None:
+        result.effects.append(CloseMember(member_id, *close))
+    return result
+
+
+def reconcile(state: GroupState, *, now: float, assignor: Assignor) -> Result:
+    """Drive ownership toward the target, in the order that keeps every key with one owner.
+
+    1. Recompute the target when membership changed (sticky: current target is the input).
+    2. Members owning slots outside their target get StopFetcher for exactly those slots;
+       everything else they own keeps flowing.
+    3. Slots nobody owns, drains or quarantines are granted to their target owner with
+       the positions where the previous owner stopped.
+    Grants wait while the coordinator is in its start-up grace period.
+    """
+    result = Result()
+    if not state.members:
+        return result
+    target = state.target
+    if state.target_version != state.membership_version:
+        spec = AssignmentSpec(
+            members=tuple(MemberSpec(m.member_id, m.capacity) for m in state.members.values()),
+            current={mid: state.target.get(mid, m.owned) for mid, m in state.members.items()},
+        )
+        target = dict(assignor.assign(spec).ranges)
+        result.records.append(
+            TargetComputed(tuple(sorted(target.items())), state.membership_version)
+        )
+    epochs = {mid: m.epoch for mid, m in state.members.items()}
+    drain_timeout = state.config.drain_timeout_ms / 1000
+    for mid, member in sorted(state.members.items()):
+        revoke = member.owned - target.get(mid, EMPTY) - member.draining
+        if revoke:
+            epochs[mid] += 1
+            result.records.append(RangesRevoked(mid, revoke, epochs[mid], now + drain_timeout, now))
+            result.effects.append(SendStop(mid, revoke, epochs[mid]))
+            if not member.draining:
+                result.effects.append(SetTimer(drain_key(mid), now + drain_timeout))
+    if now < state.grants_allowed_at:
+        return result
+    free = state.busy().complement()
+    for mid in sorted(state.members):
+        grant = target.get(mid, EMPTY) & free
+        if grant:
+            epochs[mid] += 1
+            positions = {tp: state.position_map(tp).segments(grant) for tp in state.partitions}
+            result.records.append(RangesGranted(mid, grant, epochs[mid], now))
+            result.effects.append(SendStart(mid, grant, epochs[mid], positions))
+            free = free - grant
+    return result
+
+
+def _clip_positions(
+    positions: PositionUpdate, allowed: RangeSet
+) -> tuple[tuple[TopicPartition, tuple[tuple[SlotRange, Position], ...]], ...]:
+    out = []
+    for tp, segments in positions.items():
+        clipped = tuple((part, pos) for seg, pos in segments for part in RangeSet((seg,)) & allowed)
+        if clipped:
+            out.append((tp, clipped))
+    return tuple(out)

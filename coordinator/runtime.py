@@ -1,0 +1,387 @@
+"""The coordinator's I/O shell around the pure group handlers.
+
+Every event (a Register, a reply, a closed channel, a timer) becomes one handler call; the
+returned records are replayed into the group state, then `reconcile` runs and its records
+and effects are applied the same way. Effects are the only place this module talks to the
+outside: requests to members, closing channels, timers and the state store. Positions are
+made durable before any StartFetcher leaves, so a range always starts from a stored
+position even if this process dies right after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator import handlers
+from coordinator.assignor import assignor_named
+from coordinator.group import (
+    GrantsDeferred,
+    GroupConfig,
+    GroupState,
+    PositionsLoaded,
+    replay,
+)
+from coordinator.handlers import (
+    CancelTimer,
+    CloseMember,
+    Result,
+    SendStart,
+    SendStop,
+    SetTimer,
+)
+from coordinator.protocol import (
+    ErrorCode,
+    PingRequest,
+    PingResponse,
+    RegisterRequest,
+    RegisterResponse,
+    StartFetcherRequest,
+    StopFetcherRequest,
+    StopFetcherResponse,
+)
+from coordinator.store import StateStore
+from coordinator.timers import AsyncioTimers, Clock, Timers
+from coordinator.transport import Channel, ChannelClosed, RemoteError
+from coordinator.wire import positions_from_wire, positions_to_wire, ranges_to_wire
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorError(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSettings:
+    bootstrap_servers: str
+    advertised_address: str = "127.0.0.1:0"
+    state_topic: str = "__keyshard_state"
+    auth_token: str | None = None
+    group_defaults: GroupConfig = field(default_factory=GroupConfig)
+    # How long after start-up nothing is granted: consumers of a previous coordinator
+    # must have stopped first (their longest session timeout, plus margin).
+    startup_grace_ms: int = 10_500
+    flush_interval_ms: int = 200
+    coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+class CoordinatorRuntime:
+    def __init__(
+        self,
+        settings: RuntimeSettings,
+        store: StateStore,
+        *,
+        clock: Clock = time.monotonic,
+        timers: Timers | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.clock = clock
+        self.timers: Timers = timers or AsyncioTimers(clock)
+        self.groups: dict[str, GroupState] = {}
+        self.channels: dict[tuple[str, str], Channel] = {}
+        self.ready = False
+        self.started_at = clock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._flushed: dict[str, int] = {}
+        self._flush_locks: dict[str, asyncio.Lock] = {}
+        self._grants_allowed_at = 0.0
+
+    # ---- lifecycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.store.start()
+        loaded = await self.store.load()
+        self._grants_allowed_at = self.clock() + self.settings.startup_grace_ms / 1000
+        for group, positions in loaded.items():
+            state = self._group(group)
+            for tp, pmap in positions.items():
+                replay(state, PositionsLoaded(tp, pmap))
+            self._flushed[group] = state.positions_version
+        log.info("state loaded: %d group(s) from %s", len(loaded), self.settings.state_topic)
+        self.ready = True
+        self._spawn(self._flush_loop(), "flush-loop")
+
+    async def stop(self) -> None:
+        self.ready = False
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for channel in list(self.channels.values()):
+            channel.close("coordinator shutting down")
+        self.timers.cancel_all()
+        with contextlib.suppress(Exception):
+            await self._flush_all()
+        await self.store.stop()
+
+    # ---- events from channels -----------------------------------------------------
+
+    async def register(self, channel: Channel, request: RegisterRequest) -> RegisterResponse:
+        """Validate a Register, admit the member and start pinging it."""
+        if not self.ready:
+            raise CoordinatorError(ErrorCode.NOT_COORDINATOR, "coordinator is still starting")
+        expected = self.settings.auth_token
+        if expected is not None and not hmac.compare_digest(
+            (request.auth_token or "").encode(), expected.encode()
+        ):
+            raise CoordinatorError(ErrorCode.AUTHENTICATION_FAILED, "invalid or missing auth token")
+        topics = tuple(request.topics)
+        counts = await self.store.partition_counts(topics)
+        missing = [t for t in topics if t not in counts]
+        if missing:
+            raise CoordinatorError(
+                ErrorCode.UNKNOWN_TOPIC,
+                f"topic(s) {missing} do not exist on {self.settings.bootstrap_servers}",
+            )
+        partitions = tuple((t, p) for t in sorted(topics) for p in range(counts[t]))
+        state = self._group(request.group)
+        member_id = f"{request.consumer_name}-{uuid.uuid4().hex[:8]}"
+        result = handlers.register(
+            state,
+            member_id=member_id,
+            name=request.consumer_name,
+            capacity=request.capacity,
+            session_timeout_ms=request.session_timeout_ms,
+            topics=topics,
+            partitions=partitions,
+            now=self.clock(),
+        )
+        if result.error is not None:
+            raise CoordinatorError(*result.error)
+        self.channels[(request.group, member_id)] = channel
+        self._run(request.group, result)
+        member = state.members[member_id]
+        interval_ms = self._ping_interval_ms(state, member.session_timeout_ms)
+        self._spawn(
+            self._ping_loop(request.group, member_id, channel, interval_ms / 1000),
+            f"ping-{member_id}",
+        )
+        log.info("member %s joined group %s (%s)", member_id, request.group, channel.peer)
+        return RegisterResponse(
+            correlation_id=0,
+            member_id=member_id,
+            member_epoch=member.epoch,
+            ping_interval_ms=interval_ms,
+            session_timeout_ms=member.session_timeout_ms,
+        )
+
+    def leave(self, group: str, member_id: str, positions: list[Any]) -> ErrorCode | None:
+        state = self.groups.get(group)
+        if state is None:
+            return ErrorCode.UNKNOWN_GROUP
+        result = handlers.leave(
+            state, member_id=member_id, positions=positions_from_wire(positions), now=self.clock()
+        )
+        self.channels.pop((group, member_id), None)
+        self._run(group, result)
+        log.info("member %s left group %s", member_id, group)
+        return result.error[0] if result.error else None
+
+    def channel_closed(self, group: str, member_id: str, reason: str) -> None:
+        self.channels.pop((group, member_id), None)
+        state = self.groups.get(group)
+        if state is None or member_id not in state.members:
+            return
+        log.warning("member %s of group %s lost: %s", member_id, group, reason)
+        self._run(group, handlers.connection_lost(state, member_id=member_id, now=self.clock()))
+
+    def fence(self, group: str, member_id: str, reason: str) -> bool:
+        """Operator fence: like a drain timeout, the member is removed and its ranges move
+        once it must have stopped."""
+        state = self.groups.get(group)
+        if state is None or member_id not in state.members:
+            return False
+        result = handlers.connection_lost(state, member_id=member_id, now=self.clock())
+        result.effects.append(CloseMember(member_id, ErrorCode.FENCED_MEMBER, reason))
+        self._run(group, result)
+        return True
+
+    # ---- the apply loop -----------------------------------------------------------
+
+    def _group(self, group: str) -> GroupState:
+        state = self.groups.get(group)
+        if state is None:
+            state = self.groups[group] = GroupState(group, self.settings.group_defaults)
+            if self._grants_allowed_at > self.clock():
+                replay(state, GrantsDeferred(self._grants_allowed_at))
+                self.timers.set(
+                    f"{group}/{handlers.GRACE_KEY}", self._grants_allowed_at, self._on_timer
+                )
+        return state
+
+    def _run(self, group: str, result: Result) -> None:
+        state = self.groups[group]
+        self._apply(group, state, result)
+        assignor = assignor_named(state.config.assignor)
+        self._apply(group, state, handlers.reconcile(state, now=self.clock(), assignor=assignor))
+
+    def _apply(self, group: str, state: GroupState, result: Result) -> None:
+        for record in result.records:
+            log.debug("%s: %s", group, record)
+            replay(state, record)
+        for effect in result.effects:
+            match effect:
+                case SendStop():
+                    self._spawn(self._send_stop(group, effect), f"stop-{effect.member_id}")
+                case SendStart():
+                    self._spawn(self._send_start(group, effect), f"start-{effect.member_id}")
+                case CloseMember():
+                    channel = self.channels.pop((group, effect.member_id), None)
+                    if channel is not None:
+                        log.warning("closing member %s: %s", effect.member_id, effect.message)
+                        channel.fail(effect.code, effect.message)
+                case SetTimer():
+                    self.timers.set(f"{group}/{effect.key}", effect.at, self._on_timer)
+                case CancelTimer():
+                    self.timers.cancel(f"{group}/{effect.key}")
+
+    def _on_timer(self, full_key: str) -> None:
+        group, _, key = full_key.partition("/")
+        state = self.groups.get(group)
+        if state is not None:
+            self._run(group, handlers.timer_fired(state, key=key, now=self.clock()))
+
+    # ---- effects ------------------------------------------------------------------
+
+    async def _send_stop(self, group: str, effect: SendStop) -> None:
+        channel = self.channels.get((group, effect.member_id))
+        if channel is None:
+            return
+        request = StopFetcherRequest(
+            correlation_id=0, member_epoch=effect.epoch, ranges=ranges_to_wire(effect.ranges)
+        )
+        try:
+            # No timeout here: the drain deadline timer fences a member that never answers.
+            reply = await channel.request(request)
+        except (ChannelClosed, RemoteError) as err:
+            log.info("StopFetcher to %s failed: %s", effect.member_id, err)
+            return
+        if not isinstance(reply, StopFetcherResponse):
+            channel.fail(
+                ErrorCode.UNEXPECTED_MESSAGE, f"expected a stop_fetcher_response, got {reply.type}"
+            )
+            return
+        state = self.groups[group]
+        self._run(
+            group,
+            handlers.stop_completed(
+                state,
+                member_id=effect.member_id,
+                ranges=effect.ranges,
+                positions=positions_from_wire(reply.positions),
+                now=self.clock(),
+            ),
+        )
+
+    async def _send_start(self, group: str, effect: SendStart) -> None:
+        await self._flush(group)
+        channel = self.channels.get((group, effect.member_id))
+        state = self.groups[group]
+        member = state.members.get(effect.member_id)
+        if channel is None or member is None:
+            return
+        request = StartFetcherRequest(
+            correlation_id=0,
+            member_epoch=effect.epoch,
+            ranges=ranges_to_wire(effect.ranges),
+            positions=positions_to_wire(effect.positions),
+        )
+        try:
+            await channel.request(request, timeout=member.session_timeout_ms / 1000)
+        except (ChannelClosed, RemoteError, TimeoutError) as err:
+            log.info("StartFetcher to %s failed: %s", effect.member_id, err)
+            return
+        self._run(
+            group,
+            handlers.start_completed(
+                state, member_id=effect.member_id, ranges=effect.ranges, now=self.clock()
+            ),
+        )
+
+    async def _ping_loop(
+        self, group: str, member_id: str, channel: Channel, interval: float
+    ) -> None:
+        while not channel.is_closed:
+            await asyncio.sleep(interval)
+            state = self.groups.get(group)
+            member = state.members.get(member_id) if state else None
+            if state is None or member is None:
+                return
+            try:
+                reply = await channel.request(
+                    PingRequest(correlation_id=0, member_epoch=member.epoch),
+                    timeout=member.session_timeout_ms / 1000,
+                )
+            except (TimeoutError, RemoteError) as err:
+                log.info("ping of %s failed: %s", member_id, err)
+                continue
+            except ChannelClosed:
+                return
+            if not isinstance(reply, PingResponse):
+                channel.fail(
+                    ErrorCode.UNEXPECTED_MESSAGE, f"expected a ping_response, got {reply.type}"
+                )
+                return
+            result = handlers.ping_answered(
+                state,
+                member_id=member_id,
+                epoch=reply.member_epoch,
+                positions=positions_from_wire(reply.positions),
+                load=sorted(reply.load.items()),
+                now=self.clock(),
+            )
+            if result.error is not None and result.error[0] != ErrorCode.STALE_EPOCH:
+                log.info("ping reply of %s rejected: %s", member_id, result.error[1])
+            self._run(group, result)
+
+    def _ping_interval_ms(self, state: GroupState, session_timeout_ms: int) -> int:
+        return state.config.ping_interval_ms or max(100, session_timeout_ms // 3)
+
+    # ---- durability ---------------------------------------------------------------
+
+    async def _flush(self, group: str) -> None:
+        state = self.groups.get(group)
+        if state is None:
+            return
+        lock = self._flush_locks.setdefault(group, asyncio.Lock())
+        async with lock:
+            version = state.positions_version
+            if self._flushed.get(group, -1) >= version:
+                return
+            snapshot = {tp: pmap.copy() for tp, pmap in state.positions.items()}
+            await self.store.save(group, snapshot)
+            self._flushed[group] = version
+            self._spawn(self.store.commit_low_watermarks(group, snapshot), f"commit-{group}")
+
+    async def _flush_all(self) -> None:
+        for group in list(self.groups):
+            await self._flush(group)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.flush_interval_ms / 1000)
+            try:
+                await self._flush_all()
+            except Exception as err:
+                log.error("could not persist positions: %s", err)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s failed", task.get_name(), exc_info=task.exception())

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Creates .venv (Python 3.11) and installs keyshard with the given extras. Idempotent:
+# re-running only installs what changed. Usage: scripts/setup.sh [extras, default "server"]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-server}"
+python_bin="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+if ! "$python_bin" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+  echo "keyshard needs Python 3.11 (found $("$python_bin" --version 2>&1) at $python_bin)" >&2
+  exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  "$python_bin" -m venv .venv
+fi
+stamp=".venv/.keyshard-installed-$extras"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -m pip install --quiet -e ".[$extras]" 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -c 'import coordinator, consumer_client, api' 
+  touch "$stamp"
+fi

@@ -1,0 +1,213 @@
+"""Real processes for integration tests: a coordinator daemon and consumer workers.
+
+Everything is started on free loopback ports and stopped by pid, whatever the outcome.
+Waiting is always on a condition with a deadline (`wait_for`), never a bare sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from coordinator.broker import free_port
+from coordinator.demo import worker_command
+from coordinator.ranges import RangeSet
+from coordinator.verify import Processed, Produced, read_processed
+
+T = TypeVar("T")
+GROUP = "demo"  # the worker command's group
+TOPIC = "demo.events"
+
+
+async def wait_for(
+    probe: Callable[[], Awaitable[T] | T], timeout: float, what: str, interval: float = 0.05
+) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        result = probe()
+        if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+            result = await result  # type: ignore[misc]
+        if result:
+            return result  # type: ignore[return-value]
+        last = result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+        await asyncio.sleep(interval)
+
+
+def _stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 15) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@dataclass
+class CoordinatorProcess:
+    bootstrap: str
+    log_dir: Path
+    listen_port: int = field(default_factory=free_port)
+    admin_port: int = field(default_factory=free_port)
+    extra: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.listen_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    async def start(self, grace_ms: int = 300) -> None:
+        self.starts += 1
+        log = open(self.log_dir / f"coordinator-{self.starts}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "coordinator.cli", "coordinator",
+                "--bootstrap-servers", self.bootstrap,
+                "--listen", self.address, "--admin-listen", f"127.0.0.1:{self.admin_port}",
+                "--startup-grace-ms", str(grace_ms), *self.extra,
+            ],  # fmt: skip
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        await wait_for(self.healthy, 30, "coordinator /healthz")
+
+    async def healthy(self) -> bool:
+        if self.proc is None or self.proc.poll() is not None:
+            raise AssertionError(f"coordinator exited: {self.read_log()[-2000:]}")
+        try:
+            async with httpx.AsyncClient(timeout=1) as client:
+                return (await client.get(f"{self.admin_url}/healthz")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def group(self, group: str = GROUP) -> dict[str, Any] | None:
+        async with httpx.AsyncClient(timeout=5) as client:
+            response = await client.get(f"{self.admin_url}/v1/groups/{group}")
+        return response.json() if response.status_code == 200 else None
+
+    def read_log(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("coordinator-*.log")))
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            _stop_process(self.proc, signal.SIGKILL)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop_process(self.proc)
+
+
+@dataclass
+class Workers:
+    coordinator: CoordinatorProcess
+    out_dir: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def spawn(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
+        err = open(self.out_dir / f"{name}.err", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            worker_command(
+                name=name,
+                coordinator=self.coordinator.address,
+                bootstrap=self.coordinator.bootstrap,
+                out=self.out_dir / f"{name}.jsonl",
+                extra=list(extra),
+            ),
+            stdout=err,
+            stderr=subprocess.STDOUT,
+        )
+        err.close()
+        self.procs[name] = proc
+        return proc
+
+    def processed(self) -> list[Processed]:
+        return read_processed(self.out_dir.glob("*.jsonl"))
+
+    def unique(self) -> int:
+        return len({(e.partition, e.offset) for e in self.processed()})
+
+    def stop(self, name: str) -> None:
+        _stop_process(self.procs[name])
+
+    def kill(self, name: str) -> None:
+        _stop_process(self.procs[name], signal.SIGKILL)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            _stop_process(proc)
+
+
+async def create_topic(bootstrap: str, topic: str = TOPIC, partitions: int = 1) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+
+
+async def produce(
+    bootstrap: str,
+    count: int,
+    keys: int,
+    *,
+    topic: str = TOPIC,
+    start: int = 0,
+    rate: float | None = None,
+) -> list[Produced]:
+    """Produce `count` keyed records (key = record index mod `keys`), optionally paced."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=2)
+    await producer.start()
+    try:
+        began = time.monotonic()
+        sent = []
+        for i in range(start, start + count):
+            key = f"key-{i % keys}"
+            sent.append((key, await producer.send(topic, key=key.encode(), value=str(i).encode())))
+            if rate is not None and i % 50 == 0:
+                await asyncio.sleep(max(0.0, began + (i - start) / rate - time.monotonic()))
+        out = []
+        for key, fut in sent:
+            meta = await fut
+            out.append(Produced(meta.partition, meta.offset, key))
+        return out
+    finally:
+        await producer.stop()
+
+
+def owned_ranges(view: dict[str, Any]) -> dict[str, RangeSet]:
+    return {m["member_id"]: RangeSet.from_pairs(m["ranges"]) for m in view["members"]}
+
+
+def is_settled(view: dict[str, Any] | None, members: int) -> bool:
+    """Exactly `members` members, every slot owned, nothing draining or starting."""
+    if view is None or len(view["members"]) != members:
+        return False
+    if view["quarantined"] or view["unowned"]:
+        return False
+    return all(not m["draining"] and not m["starting"] for m in view["members"])
