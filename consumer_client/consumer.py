@@ -20,7 +20,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from consumer_client.lanes import KeyLanes, RetryPolicy, WorkItem
+from consumer_client.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy, WorkItem
 from consumer_client.progress import ConsumerProgress
 from coordinator.hashing import ORDERING_KEY_HEADER, load_bucket, slot_for_record
 from coordinator.protocol import (
@@ -84,7 +84,7 @@ class CoordinatedConsumer:
         capacity: int = 1,
         auth_token: str | None = None,
         dead_letter_topic: str | None = None,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
         ordering_header: str = ORDERING_KEY_HEADER,
         max_pending: int | None = None,
         drain_timeout_s: float = 30.0,
@@ -431,7 +431,8 @@ class CoordinatedConsumer:
 
     async def _dead_letter(self, record: Any, error: BaseException) -> None:
         assert self._producer is not None and self.dead_letter_topic is not None
-        headers = list(record.headers or ()) + [
+        headers = [
+            *(record.headers or ()),
             ("keyshard-error", repr(error)[:1000].encode()),
             ("keyshard-source", f"{record.topic}/{record.partition}@{record.offset}".encode()),
         ]

@@ -47,6 +47,9 @@ class RetryPolicy:
     max_attempts: int = 5
 
 
+DEFAULT_RETRY = RetryPolicy()
+
+
 @dataclass(slots=True)
 class _Lane:
     queue: deque[WorkItem] = field(default_factory=deque)
@@ -62,7 +65,7 @@ class KeyLanes:
         *,
         max_concurrency: int,
         on_done: Callable[[WorkItem], None],
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
         dead_letter: DeadLetter | None = None,
     ) -> None:
         self._handler = handler

@@ -109,7 +109,8 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         )
     )
     admin_task = asyncio.create_task(admin.serve(), name="admin-api")
-    while not admin.started and not admin_task.done():
+    # uvicorn exposes readiness only as a flag, so poll it (bounded by the task ending).
+    while not admin.started and not admin_task.done():  # noqa: ASYNC110
         await asyncio.sleep(0.01)
     if admin_task.done():
         await server.stop()

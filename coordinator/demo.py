@@ -90,7 +90,9 @@ async def _demo(args: argparse.Namespace) -> int:
 
         for i in range(args.consumers):
             spawn(f"consumer-{i}")
-        produced = await _produce_with_events(args, console, broker.bootstrap_servers, spawn, workers, out_dir)
+        produced = await _produce_with_events(
+            args, console, broker.bootstrap_servers, spawn, workers, out_dir
+        )
         report = check(produced, read_processed(out_dir.glob("*.jsonl")))
         _print_report(console, report, daemon.runtime.groups.get(GROUP))
         for proc in workers.values():
@@ -132,13 +134,19 @@ async def _produce_with_events(
         pending = []
         for i in range(args.records):
             key = f"key-{i % args.keys}"
-            pending.append((key, await producer.send(TOPIC, key=key.encode(), value=str(i).encode())))
+            pending.append(
+                (key, await producer.send(TOPIC, key=key.encode(), value=str(i).encode()))
+            )
             if i == join_at:
                 spawn(f"consumer-{args.consumers}")  # type: ignore[operator]
-                progress.console.print(f"[green]join[/]: consumer-{args.consumers} starts at record {i}")
+                progress.console.print(
+                    f"[green]join[/]: consumer-{args.consumers} starts at record {i}"
+                )
             if i == leave_at:
                 workers["consumer-0"].send_signal(signal.SIGTERM)
-                progress.console.print(f"[yellow]leave[/]: consumer-0 stops gracefully at record {i}")
+                progress.console.print(
+                    f"[yellow]leave[/]: consumer-0 stops gracefully at record {i}"
+                )
             if i % 200 == 0:
                 progress.update(sent, completed=i)
                 progress.update(done, completed=_count_processed(out_dir))
@@ -185,15 +193,16 @@ def _print_report(console: Console, report: Report, state: GroupState | None) ->
             pause = h.pause_s
             if pause is not None:
                 pauses.append(pause * 1000)
+            shown_pause = "-" if pause is None else f"{pause * 1000:.1f}"
             handoffs.add_row(
-                str(h.handoff_id), h.kind, h.from_member, ", ".join(h.to_members), str(h.ranges.size),
-                "-" if pause is None else f"{pause * 1000:.1f}",
+                str(h.handoff_id), h.kind, h.from_member, ", ".join(h.to_members),
+                str(h.ranges.size), shown_pause,
             )  # fmt: skip
         console.print(handoffs)
         if pauses:
             console.print(
-                f"handoff pause: median {statistics.median(pauses):.1f} ms, max {max(pauses):.1f} ms "
-                f"(StopFetcher sent -> range running on its new owner)"
+                f"handoff pause: median {statistics.median(pauses):.1f} ms, "
+                f"max {max(pauses):.1f} ms (StopFetcher sent -> range running on its new owner)"
             )
     for problem in report.order_violations[:10]:
         console.print(f"[red]order violation[/]: {problem}")

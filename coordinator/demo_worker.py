@@ -39,13 +39,15 @@ async def _main(args: argparse.Namespace) -> int:
     stuck = args.stuck_key.encode() if args.stuck_key else None
     failing = args.fail_key.encode() if args.fail_key else None
     delay = args.handler_ms / 1000
+    stuck_once = asyncio.Event()  # the stuck key hangs once per process, like a lost call
 
     async def handle(record: Any) -> None:
         t0 = time.monotonic_ns()
         slot, okey = slot_for_record(record.key, record.headers, record.offset)
         if okey is not None and okey == failing:
             raise RuntimeError(f"handler refuses key {okey!r}")
-        if okey is not None and okey == stuck:
+        if okey is not None and okey == stuck and not stuck_once.is_set():
+            stuck_once.set()
             print(f"{args.name}: stuck on offset {record.offset}", file=sys.stderr, flush=True)
             await asyncio.Event().wait()  # until the session is cancelled
         await asyncio.sleep(delay)

@@ -249,9 +249,8 @@ def timer_fired(state: GroupState, *, key: str, now: float) -> Result:
                     f"of {state.config.drain_timeout_ms} ms",
                 ),
             )
-    elif kind == "quarantine":
-        if any(q.until <= now for q in state.quarantined):
-            return Result(records=[QuarantineLifted(now)])
+    elif kind == "quarantine" and any(q.until <= now for q in state.quarantined):
+        return Result(records=[QuarantineLifted(now)])
     return Result()
 
 

@@ -50,7 +50,9 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
-def _stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 15) -> None:
+def _stop_process(
+    proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 15
+) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, sig)
@@ -85,11 +87,20 @@ class CoordinatorProcess:
         log = open(self.log_dir / f"coordinator-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "coordinator.cli", "coordinator",
-                "--bootstrap-servers", self.bootstrap,
-                "--listen", self.address, "--admin-listen", f"127.0.0.1:{self.admin_port}",
-                "--startup-grace-ms", str(grace_ms), *self.extra,
-            ],  # fmt: skip
+                sys.executable,
+                "-m",
+                "coordinator.cli",
+                "coordinator",
+                "--bootstrap-servers",
+                self.bootstrap,
+                "--listen",
+                self.address,
+                "--admin-listen",
+                f"127.0.0.1:{self.admin_port}",
+                "--startup-grace-ms",
+                str(grace_ms),
+                *self.extra,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -111,7 +122,9 @@ class CoordinatorProcess:
         return response.json() if response.status_code == 200 else None
 
     def read_log(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("coordinator-*.log")))
+        return "\n".join(
+            p.read_text(errors="replace") for p in sorted(self.log_dir.glob("coordinator-*.log"))
+        )
 
     def kill(self) -> None:
         if self.proc is not None:
