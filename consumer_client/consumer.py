@@ -64,7 +64,7 @@ def _parse_addresses(spec: str) -> list[tuple[str, int]]:
     out = []
     for part in spec.split(","):
         host, sep, port = part.strip().rpartition(":")
-        if not sep or not host or not port.isdigit():
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
             raise ValueError(f"coordinator address {part!r} is not host:port")
         out.append((host, int(port)))
     return out
@@ -93,6 +93,10 @@ class CoordinatedConsumer:
             raise ValueError("topics must name at least one topic")
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
+        if not 1000 <= session_timeout_ms <= 300_000:
+            raise ValueError(f"session_timeout_ms={session_timeout_ms} is outside 1000..300000")
+        if not 1 <= capacity <= 100_000:
+            raise ValueError(f"capacity={capacity} is outside 1..100000")
         self.group = group
         self.topics = list(topics)
         self.coordinators = _parse_addresses(coordinator)

@@ -132,6 +132,10 @@ class KeyLanes:
     async def _run_lane(self, key: object, lane: _Lane) -> None:
         try:
             while lane.queue:
+                await self._limit.acquire()
+                if not lane.queue:  # dropped while waiting for a permit
+                    self._limit.release()
+                    break
                 item = lane.queue.popleft()
                 lane.running = item
                 completed = await self._process(item, lane)
@@ -148,12 +152,20 @@ class KeyLanes:
                 self._changed.notify_all()
 
     async def _process(self, item: WorkItem, lane: _Lane) -> bool:
-        """Run the handler until success (True) or until the lane is abandoned (False)."""
+        """Run the handler until success (True) or until the lane is abandoned (False).
+
+        Called holding a concurrency permit; the permit is given back during backoff so a
+        failing key does not take a lane away from the others.
+        """
         backoff = self._retry.initial_backoff_s
         attempt = 0
-        while True:
-            attempt += 1
-            async with self._limit:
+        holding = True
+        try:
+            while True:
+                attempt += 1
+                if not holding:
+                    await self._limit.acquire()
+                    holding = True
                 try:
                     await self._handler(item.record)
                     return True
@@ -161,21 +173,23 @@ class KeyLanes:
                     raise
                 except Exception as err:
                     error: BaseException = err
-            if self._dead_letter is not None and attempt >= self._retry.max_attempts:
-                log.error(
-                    "record %s@%d failed %d times, dead-lettering: %r",
-                    item.tp,
-                    item.offset,
-                    attempt,
-                    error,
+                self._limit.release()
+                holding = False
+                if self._dead_letter is not None and attempt >= self._retry.max_attempts:
+                    log.error(
+                        "record %s@%d failed %d times, dead-lettering: %r",
+                        item.tp, item.offset, attempt, error,
+                    )  # fmt: skip
+                    await self._dead_letter(item.record, error)
+                    return True
+                log.warning(
+                    "record %s@%d failed (attempt %d): %r", item.tp, item.offset, attempt, error
                 )
-                await self._dead_letter(item.record, error)
-                return True
-            log.warning(
-                "record %s@%d failed (attempt %d): %r", item.tp, item.offset, attempt, error
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(lane.abandoned.wait(), backoff)
-            if lane.abandoned.is_set():
-                return False
-            backoff = min(backoff * 2, self._retry.max_backoff_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(lane.abandoned.wait(), backoff)
+                if lane.abandoned.is_set():
+                    return False
+                backoff = min(backoff * 2, self._retry.max_backoff_s)
+        finally:
+            if holding:
+                self._limit.release()

@@ -25,6 +25,9 @@ class Grant:
     start: RangePositionMap  # previous owner's positions (only `slots` matter)
     fetch_from: int  # lowest next offset over `slots`
     skip_below: int = 0  # records below this were examined before a rewind
+    # Set by StopFetcher: nothing more is admitted and progress is frozen here, so records
+    # fetched during the drain are not mistaken for done.
+    frozen_upto: int | None = None
 
 
 @dataclass(slots=True)
@@ -42,6 +45,8 @@ class PartitionProgress:
         return None
 
     def done_upto(self, grant: Grant) -> int:
+        if grant.frozen_upto is not None:
+            return grant.frozen_upto
         return max(self.cursor, grant.skip_below, grant.fetch_from)
 
 
@@ -50,7 +55,6 @@ class ConsumerProgress:
 
     def __init__(self) -> None:
         self.partitions: dict[TopicPartition, PartitionProgress] = {}
-        self.stopping: RangeSet = EMPTY  # slots being handed back: nothing new dispatched
 
     # ---- ownership ------------------------------------------------------------------
 
@@ -86,12 +90,31 @@ class ConsumerProgress:
                 progress.generation += 1
                 seeks[tp] = fetch_from
             progress.grants.append(Grant(slots, start, fetch_from))
-        self.stopping = self.stopping - slots
         return seeks
 
     def begin_stop(self, slots: RangeSet) -> None:
-        """From now on nothing of `slots` is dispatched; in-flight work may still finish."""
-        self.stopping = self.stopping | slots
+        """From now on nothing of `slots` is dispatched; in-flight work may still finish.
+
+        The stopping part of each grant is split off and frozen at what has been examined
+        so far: the fetcher keeps reading for the other slots, and those later records of
+        `slots` must stay undone for the next owner.
+        """
+        for progress in self.partitions.values():
+            split: list[Grant] = []
+            for grant in progress.grants:
+                stopping = grant.slots & slots
+                if not stopping or grant.frozen_upto is not None:
+                    split.append(grant)
+                    continue
+                frozen = Grant(
+                    stopping, grant.start, grant.fetch_from, grant.skip_below,
+                    frozen_upto=progress.done_upto(grant),
+                )  # fmt: skip
+                grant.slots = grant.slots - slots
+                if grant.slots:
+                    split.append(grant)
+                split.append(frozen)
+            progress.grants = split
 
     def finish_stop(self, slots: RangeSet) -> PositionUpdate:
         """Final positions of `slots`, then forget them (pending records of them included:
@@ -106,12 +129,10 @@ class ConsumerProgress:
             progress.grants = kept
             for offset in [o for o, s in progress.pending.items() if s in slots]:
                 del progress.pending[offset]
-        self.stopping = self.stopping - slots
         return final
 
     def clear(self) -> None:
         self.partitions.clear()
-        self.stopping = EMPTY
 
     # ---- the fetch filter -----------------------------------------------------------
 
@@ -122,7 +143,7 @@ class ConsumerProgress:
             return False
         progress.cursor = offset + 1
         grant = progress.grant_for(slot)
-        if grant is None or offset < grant.skip_below or slot in self.stopping:
+        if grant is None or grant.frozen_upto is not None or offset < grant.skip_below:
             return False
         if grant.start.get(slot).is_done(offset):
             return False

@@ -31,9 +31,16 @@ def _add(parser: argparse.ArgumentParser, flag: str, **kwargs: object) -> None:
 
 def _host_port(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT")
     return host, int(port)
+
+
+def _servers(value: str) -> str:
+    """A comma-separated list of HOST:PORT, each checked like --listen."""
+    for part in value.split(","):
+        _host_port(part.strip())
+    return value
 
 
 def _positive_ms(value: str) -> int:
@@ -63,7 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     coord = sub.add_parser("coordinator", help="run the coordinator daemon")
-    _add(coord, "--bootstrap-servers", default=None, help="Kafka HOST:PORT; none: embedded broker")
+    _add(
+        coord,
+        "--bootstrap-servers",
+        type=_servers,
+        default=None,
+        help="Kafka HOST:PORT[,HOST:PORT...]; none: embedded broker",
+    )
     _add(
         coord,
         "--listen",
@@ -173,19 +186,21 @@ def _run_coordinator(args: argparse.Namespace) -> int:
         ),
         startup_grace_ms=int(args.startup_grace_ms),
     )
+    kafka = args.bootstrap_servers or "the embedded broker"
     try:
         asyncio.run(run_daemon(config, announce=lambda line: print(line, flush=True)))
-    except (OSError, TimeoutError) as err:
+    except TimeoutError:
+        print(f"keyshard coordinator: cannot start: Kafka at {kafka} did not answer in time",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    except OSError as err:
         print(f"keyshard coordinator: cannot start: {err}", file=sys.stderr)
         return 1
     except Exception as err:
         from aiokafka.errors import KafkaError
 
         if isinstance(err, KafkaError):
-            print(
-                f"keyshard coordinator: cannot reach Kafka at {args.bootstrap_servers}: {err}",
-                file=sys.stderr,
-            )
+            print(f"keyshard coordinator: cannot reach Kafka at {kafka}: {err}", file=sys.stderr)
             return 1
         raise
     return 0

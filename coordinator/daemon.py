@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -66,6 +67,22 @@ class RunningDaemon:
             self.broker.stop()  # type: ignore[attr-defined]
 
 
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(
+            err.errno, f"admin API cannot listen on {host}:{port}: {err.strerror}"
+        ) from err
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
 async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     from api.app import create_app
 
@@ -98,24 +115,22 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     server = CoordinatorServer(
         runtime, config.listen_host, config.listen_port, config.max_frame_bytes
     )
-    await server.start()
-    admin = _InLoopUvicorn(
-        uvicorn.Config(
-            create_app(runtime),
-            host=config.admin_host,
-            port=config.admin_port,
-            log_level="warning",
-            lifespan="off",
-        )
-    )
-    admin_task = asyncio.create_task(admin.serve(), name="admin-api")
+    try:
+        await server.start()
+        # Bind the admin socket ourselves: a busy port is then an OSError here, not a
+        # sys.exit() inside uvicorn's task that would tear the whole loop down.
+        admin_socket = _bind(config.admin_host, config.admin_port)
+    except BaseException:
+        await server.stop()
+        await runtime.stop()
+        if broker is not None:
+            broker.stop()
+        raise
+    admin = _InLoopUvicorn(uvicorn.Config(create_app(runtime), log_level="warning", lifespan="off"))
+    admin_task = asyncio.create_task(admin.serve(sockets=[admin_socket]), name="admin-api")
     # uvicorn exposes readiness only as a flag, so poll it (bounded by the task ending).
     while not admin.started and not admin_task.done():  # noqa: ASYNC110
         await asyncio.sleep(0.01)
-    if admin_task.done():
-        await server.stop()
-        await runtime.stop()
-        raise OSError(f"admin API could not listen on {config.admin_host}:{config.admin_port}")
     return RunningDaemon(config, bootstrap, runtime, server, admin, admin_task, broker)
 
 

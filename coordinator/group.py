@@ -43,10 +43,22 @@ class Member:
     epoch: int = 1
     owned: RangeSet = EMPTY  # granted (start sent) and not yet released, includes draining
     draining: RangeSet = EMPTY  # StopFetcher sent, final positions not yet back
-    drain_deadline: float | None = None
+    # One deadline per StopFetcher: a later stop gets its own full drain timeout.
+    drains: list[tuple[RangeSet, float]] = field(default_factory=list)
     starting: RangeSet = EMPTY  # StartFetcher sent, not yet acknowledged
+    # When we last sent it a request: it restarts its own session clock on every one.
+    last_contacted: float = 0.0
     load: dict[int, int] = field(default_factory=dict)
     processed: int = 0
+
+    @property
+    def drain_deadline(self) -> float | None:
+        return min((deadline for _, deadline in self.drains), default=None)
+
+    def must_have_stopped_by(self) -> float:
+        """Without contact a member stops itself one session timeout after the last thing
+        it heard from us, which is no earlier than our last request or its last reply."""
+        return max(self.last_heard, self.last_contacted) + self.session_timeout_ms / 1000
 
 
 @dataclass(slots=True)
@@ -135,6 +147,12 @@ class MemberHeard:
 
 
 @dataclass(frozen=True, slots=True)
+class MemberContacted:
+    member_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class PositionsAdvanced:
     """Done offsets reported by an owner; merged by union, so positions never go back."""
 
@@ -208,6 +226,7 @@ class PositionsLoaded:
 Record = (
     MemberJoined
     | MemberHeard
+    | MemberContacted
     | PositionsAdvanced
     | TargetComputed
     | RangesRevoked
@@ -243,6 +262,10 @@ def replay(state: GroupState, record: Record) -> None:
                 if record.load:
                     member.load = dict(record.load)
                     member.processed += sum(c for _, c in record.load)
+        case MemberContacted():
+            member = state.members.get(record.member_id)
+            if member is not None:
+                member.last_contacted = max(member.last_contacted, record.at)
         case PositionsAdvanced():
             for tp, segments in record.updates:
                 pmap = state.position_map(tp)
@@ -259,22 +282,26 @@ def replay(state: GroupState, record: Record) -> None:
             member = state.members[record.member_id]
             member.draining = member.draining | record.ranges
             member.epoch = record.epoch
-            if member.drain_deadline is None:
-                member.drain_deadline = record.deadline
+            member.last_contacted = max(member.last_contacted, record.at)
+            member.drains.append((record.ranges, record.deadline))
             _open_handoff(state, "revoke", record.member_id, record.ranges, record.at)
         case RangesReleased():
             member = state.members[record.member_id]
             member.owned = member.owned - record.ranges
             member.draining = member.draining - record.ranges
             member.starting = member.starting - record.ranges
-            if not member.draining:
-                member.drain_deadline = None
+            member.drains = [
+                (left, deadline)
+                for ranges, deadline in member.drains
+                if (left := ranges - record.ranges)
+            ]
             _mark_released(state, record.ranges, record.at)
         case RangesGranted():
             member = state.members[record.member_id]
             member.owned = member.owned | record.ranges
             member.starting = member.starting | record.ranges
             member.epoch = record.epoch
+            member.last_contacted = max(member.last_contacted, record.at)
             for h in state.open_handoffs():
                 if h.waiting.overlaps(record.ranges) and record.member_id not in h.to_members:
                     h.to_members.append(record.member_id)

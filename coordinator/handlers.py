@@ -14,6 +14,7 @@ from coordinator.assignor import AssignmentSpec, Assignor, MemberSpec
 from coordinator.group import (
     GrantAcknowledged,
     GroupState,
+    MemberContacted,
     MemberHeard,
     MemberJoined,
     MemberRemoved,
@@ -185,9 +186,19 @@ def stop_completed(
         result.records.append(PositionsAdvanced(advanced))
     if released:
         result.records.append(RangesReleased(member_id, released, now))
-    if not (member.draining - released):
+    left = [d for r, d in member.drains if r - released]
+    if left:
+        result.effects.append(SetTimer(drain_key(member_id), min(left)))
+    else:
         result.effects.append(CancelTimer(drain_key(member_id)))
     return result
+
+
+def contacted(state: GroupState, *, member_id: str, now: float) -> Result:
+    """We are sending a member a request: it will restart its session clock on it."""
+    if member_id not in state.members:
+        return Result()
+    return Result(records=[MemberContacted(member_id, now)])
 
 
 def start_completed(state: GroupState, *, member_id: str, ranges: RangeSet, now: float) -> Result:
@@ -218,8 +229,7 @@ def connection_lost(state: GroupState, *, member_id: str, now: float) -> Result:
     member = state.members.get(member_id)
     if member is None:
         return Result()
-    until = member.last_heard + member.session_timeout_ms / 1000
-    return _remove(state, member_id, "lost", max(until, now), now, None)
+    return _remove(state, member_id, "lost", max(member.must_have_stopped_by(), now), now, None)
 
 
 def timer_fired(state: GroupState, *, key: str, now: float) -> Result:
@@ -231,24 +241,27 @@ def timer_fired(state: GroupState, *, key: str, now: float) -> Result:
                 state,
                 member_id,
                 "lost",
-                now,
+                max(member.must_have_stopped_by(), now),
                 now,
                 (ErrorCode.FENCED_MEMBER, "session expired: no reply within the session timeout"),
             )
-    elif kind == "drain" and member is not None and member.draining:
-        if member.drain_deadline is not None and now >= member.drain_deadline:
-            return _remove(
-                state,
-                member_id,
-                "fenced",
-                now + member.session_timeout_ms / 1000,
-                now,
-                (
-                    ErrorCode.FENCED_MEMBER,
-                    f"did not drain {member.draining} within the drain deadline "
-                    f"of {state.config.drain_timeout_ms} ms",
-                ),
-            )
+    elif kind == "drain" and member is not None and member.drains:
+        overdue = [ranges for ranges, deadline in member.drains if deadline <= now]
+        if not overdue:
+            return Result(effects=[SetTimer(key, min(d for _, d in member.drains))])
+        late = RangeSet(r for ranges in overdue for r in ranges)
+        return _remove(
+            state,
+            member_id,
+            "fenced",
+            now + member.session_timeout_ms / 1000,
+            now,
+            (
+                ErrorCode.FENCED_MEMBER,
+                f"did not drain {late} within the drain deadline "
+                f"of {state.config.drain_timeout_ms} ms",
+            ),
+        )
     elif kind == "quarantine" and any(q.until <= now for q in state.quarantined):
         return Result(records=[QuarantineLifted(now)])
     return Result()

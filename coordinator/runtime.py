@@ -261,6 +261,7 @@ class CoordinatorRuntime:
         request = StopFetcherRequest(
             correlation_id=0, member_epoch=effect.epoch, ranges=ranges_to_wire(effect.ranges)
         )
+        self._contacted(group, effect.member_id)
         try:
             # No timeout here: the drain deadline timer fences a member that never answers.
             reply = await channel.request(request)
@@ -297,6 +298,7 @@ class CoordinatorRuntime:
             ranges=ranges_to_wire(effect.ranges),
             positions=positions_to_wire(effect.positions),
         )
+        self._contacted(group, effect.member_id)
         try:
             await channel.request(request, timeout=member.session_timeout_ms / 1000)
         except (ChannelClosed, RemoteError, TimeoutError) as err:
@@ -318,6 +320,7 @@ class CoordinatorRuntime:
             member = state.members.get(member_id) if state else None
             if state is None or member is None:
                 return
+            self._contacted(group, member_id)
             try:
                 reply = await channel.request(
                     PingRequest(correlation_id=0, member_epoch=member.epoch),
@@ -344,6 +347,10 @@ class CoordinatorRuntime:
             if result.error is not None and result.error[0] != ErrorCode.STALE_EPOCH:
                 log.info("ping reply of %s rejected: %s", member_id, result.error[1])
             self._run(group, result)
+
+    def _contacted(self, group: str, member_id: str) -> None:
+        state = self.groups[group]
+        self._apply(group, state, handlers.contacted(state, member_id=member_id, now=self.clock()))
 
     def _ping_interval_ms(self, state: GroupState, session_timeout_ms: int) -> int:
         return state.config.ping_interval_ms or max(100, session_timeout_ms // 3)
