@@ -6,13 +6,10 @@ import contextlib
 import os
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from coordinator.broker import EmbeddedBroker
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _stop_broker(broker: EmbeddedBroker) -> None:
@@ -36,22 +33,3 @@ def broker() -> Iterator[EmbeddedBroker]:
         yield b
     finally:
         _stop_broker(b)
-
-
-@pytest.fixture(scope="session")
-def broker_session() -> Iterator[EmbeddedBroker]:
-    """One broker shared by the whole session: use unique topic/group names per test."""
-    b = EmbeddedBroker()
-    try:
-        b.start()
-        yield b
-    finally:
-        _stop_broker(b)
-
-
-@pytest.fixture(scope="session")
-def artifacts_dir() -> Path:
-    """``<repo>/test-artifacts`` (git-ignored), for logs and reports worth keeping."""
-    path = REPO_ROOT / "test-artifacts"
-    path.mkdir(exist_ok=True)
-    return path

@@ -121,6 +121,11 @@ class CoordinatorProcess:
             response = await client.get(f"{self.admin_url}/v1/groups/{group}")
         return response.json() if response.status_code == 200 else None
 
+    async def settled(self, members: int, group: str = GROUP) -> dict[str, Any] | None:
+        """The group's view once it has `members` members and every slot runs somewhere."""
+        view = await self.group(group)
+        return view if is_settled(view, members) else None
+
     def read_log(self) -> str:
         return "\n".join(
             p.read_text(errors="replace") for p in sorted(self.log_dir.glob("coordinator-*.log"))

@@ -44,7 +44,6 @@ from tests.integration.harness import (
     CoordinatorProcess,
     Workers,
     create_topic,
-    is_settled,
     produce,
     wait_for,
 )
@@ -110,11 +109,6 @@ def _single_error(exchange: Exchange, what: str) -> ErrorResponse:
     assert isinstance(error, ErrorResponse), f"{what}: expected an ErrorResponse, got {error!r}"
     assert error.message.strip(), f"{what}: the error message is empty"
     return error
-
-
-async def _settled(coordinator: CoordinatorProcess, members: int) -> dict | None:  # type: ignore[type-arg]
-    view = await coordinator.group()
-    return view if is_settled(view, members) else None
 
 
 # --------------------------------------------------------------------------- 1: bad frames
@@ -256,7 +250,7 @@ async def test_bad_inputs_get_one_clear_error_and_disturb_nothing(
 ) -> None:
     await create_topic(coordinator.bootstrap)
     workers.spawn("c0")
-    view = await wait_for(lambda: _settled(coordinator, 1), 30, "1 settled member")
+    view = await wait_for(lambda: coordinator.settled(1), 30, "1 settled member")
     (member,) = view["members"]
     member_id = member["member_id"]
 
@@ -287,7 +281,7 @@ async def test_bad_inputs_get_one_clear_error_and_disturb_nothing(
     view = await coordinator.group()
     assert view is not None
     assert [m["member_id"] for m in view["members"]] == [member_id], view["members"]
-    assert is_settled(view, 1), view
+    assert await coordinator.settled(1), view
     assert workers.procs["c0"].poll() is None, "the worker exited"
     assert "Traceback" not in coordinator.read_log(), coordinator.read_log()[-3000:]
 

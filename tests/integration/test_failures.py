@@ -20,18 +20,12 @@ from tests.integration.harness import (
     CoordinatorProcess,
     Workers,
     create_topic,
-    is_settled,
     produce,
     wait_for,
 )
 
 pytestmark = pytest.mark.integration
 SESSION = ("--session-timeout-ms", "3000")
-
-
-async def _settled(coordinator: CoordinatorProcess, members: int) -> dict[str, Any] | None:
-    view = await coordinator.group()
-    return view if is_settled(view, members) else None
 
 
 def _member_named(view: dict[str, Any], name: str) -> dict[str, Any]:
@@ -44,7 +38,7 @@ async def test_kill9_consumer_ranges_resume_within_session_timeout(
     await create_topic(coordinator.bootstrap)
     for i in range(3):
         workers.spawn(f"c{i}", *SESSION)
-    await wait_for(lambda: _settled(coordinator, 3), 30, "3 settled members")
+    await wait_for(lambda: coordinator.settled(3), 30, "3 settled members")
     producing = asyncio.ensure_future(produce(coordinator.bootstrap, 8000, 400, rate=1000))
     await wait_for(lambda: workers.unique() > 1500, 30, "traffic to flow")
     view = await coordinator.group()
@@ -53,7 +47,7 @@ async def test_kill9_consumer_ranges_resume_within_session_timeout(
 
     killed_at = time.monotonic()
     workers.kill("c1")
-    settled = await wait_for(lambda: _settled(coordinator, 2), 15, "2 members owning everything")
+    settled = await wait_for(lambda: coordinator.settled(2), 15, "2 members owning everything")
     lost = [
         h for h in settled["handoffs"]
         if h["from_member"] == victim["member_id"] and h["kind"] == "lost"
@@ -91,7 +85,7 @@ async def test_coordinator_restart_restores_positions(
         await coordinator.start()
         for i in range(3):
             workers.spawn(f"c{i}", *SESSION)
-        await wait_for(lambda: _settled(coordinator, 3), 30, "3 settled members")
+        await wait_for(lambda: coordinator.settled(3), 30, "3 settled members")
         produced = await produce(coordinator.bootstrap, 4000, 200)
         await wait_for(lambda: workers.unique() >= 4000, 60, "first 4000 processed")
         await wait_for(lambda: _stored_low_watermark_is(broker, 4000), 30, "positions persisted")
@@ -103,7 +97,7 @@ async def test_coordinator_restart_restores_positions(
         assert view is not None, "the group must come back from the state topic"
         assert view["partitions"][0]["low_watermark"] == 4000
 
-        await wait_for(lambda: _settled(coordinator, 3), 30, "consumers re-registered")
+        await wait_for(lambda: coordinator.settled(3), 30, "consumers re-registered")
         await wait_for(lambda: workers.unique() >= 6000, 60, "records produced while down")
         report = check(produced, workers.processed())
         assert report.lost == []
@@ -130,7 +124,7 @@ async def test_stuck_handler_is_fenced_and_its_ranges_move(
     keys = 50
     stuck_key = next(f"key-{i}" for i in range(keys) if slot_for_key(f"key-{i}".encode()) >= 32768)
     workers.spawn("stuck", "--stuck-key", stuck_key, *SESSION)
-    await wait_for(lambda: _settled(coordinator, 1), 30, "the first member")
+    await wait_for(lambda: coordinator.settled(1), 30, "the first member")
     produced = await produce(coordinator.bootstrap, 2000, keys)
     stuck_records = sum(1 for p in produced if p.key == stuck_key)
     await wait_for(

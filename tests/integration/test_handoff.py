@@ -3,6 +3,8 @@ ordered handoff on join and leave, and ranges not involved keep flowing."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from coordinator.hashing import MAX_SLOT
@@ -12,7 +14,6 @@ from tests.integration.harness import (
     CoordinatorProcess,
     Workers,
     create_topic,
-    is_settled,
     owned_ranges,
     produce,
     wait_for,
@@ -27,7 +28,7 @@ async def test_three_consumers_share_one_partition_in_order(
     await create_topic(coordinator.bootstrap)
     for i in range(3):
         workers.spawn(f"c{i}")
-    view = await wait_for(lambda: _settled(coordinator, 3), 30, "3 members owning every slot")
+    view = await wait_for(lambda: coordinator.settled(3), 30, "3 members owning every slot")
     ranges = owned_ranges(view)
     union = RangeSet()
     for owned in ranges.values():
@@ -50,18 +51,21 @@ async def test_join_and_graceful_leave_mid_stream(
     """A 4th consumer joins, then one leaves, while records flow: no duplicates, no order
     violation, and slots outside the moved ranges keep being processed during the drain."""
     await create_topic(coordinator.bootstrap)
-    slow = ("--handler-ms", "25")  # in-flight work makes each drain last a while
+    # Handlers (100 ms) outlast the gap between fetches, so each consumer always has work
+    # in flight: a moved range has something to drain, an unmoved one something running.
+    slow = ("--handler-ms", "100")
     for i in range(3):
         workers.spawn(f"c{i}", *slow)
-    await wait_for(lambda: _settled(coordinator, 3), 30, "3 settled members")
-    produced = await produce(coordinator.bootstrap, 3000, 300, rate=1500)
-
-    producing = _background(produce(coordinator.bootstrap, 6000, 300, start=3000, rate=1500))
+    await wait_for(lambda: coordinator.settled(3), 30, "3 settled members")
+    # Records flow for ~8 s at 600/s, well past the join and the leave below.
+    producing = asyncio.ensure_future(produce(coordinator.bootstrap, 4800, 300, rate=600))
+    await wait_for(lambda: workers.unique() > 300, 30, "traffic to flow")
     workers.spawn("c3", *slow)
-    await wait_for(lambda: _settled(coordinator, 4), 30, "the 4th member to own its share")
+    await wait_for(lambda: coordinator.settled(4), 30, "the 4th member to own its share")
     workers.stop("c0")  # SIGTERM: graceful close, drain, Leave with final positions
-    await wait_for(lambda: _settled(coordinator, 3), 30, "3 members after the leave")
-    produced += await producing
+    await wait_for(lambda: coordinator.settled(3), 30, "3 members after the leave")
+    assert not producing.done(), "the handoffs must happen under load"
+    produced = await producing
     await wait_for(lambda: workers.unique() >= len(produced), 90, "every record processed")
 
     processed = workers.processed()
@@ -73,27 +77,19 @@ async def test_join_and_graceful_leave_mid_stream(
 
     view = await coordinator.group()
     assert view is not None
-    moves = [h for h in view["handoffs"] if h["kind"] in ("revoke", "leave") and h["resumed_at"]]
-    assert moves, "the join and the leave must have moved ranges"
-    flowing = 0
-    for h in moves:
+    under_load = [
+        h for h in view["handoffs"]
+        if h["kind"] in ("revoke", "leave") and h["resumed_at"]
+        and h["started_at"] * 1e9 > min(e.t0 for e in processed)
+    ]  # fmt: skip
+    assert len(under_load) >= 2, "the join and the leave must have moved ranges under load"
+    for h in under_load:
         moved = RangeSet.from_pairs(h["ranges"])
         start, end = h["started_at"] * 1e9, h["resumed_at"] * 1e9
-        during = [e for e in processed if start <= e.t0 <= end and e.slot not in moved]
-        flowing += len(during)
+        running = [e for e in processed if e.t0 <= end and e.t1 >= start and e.slot not in moved]
         print(
             f"handoff {h['handoff_id']} ({h['kind']}, {moved.size} slots): paused "
-            f"{(end - start) / 1e6:.1f} ms; {len(during)} records of other slots started meanwhile"
+            f"{(end - start) / 1e6:.1f} ms from t={start / 1e9:.3f} s; records of other slots "
+            f"being processed meanwhile: {len(running)}"
         )
-    assert flowing > 0, "ranges not involved in a handoff must keep flowing during it"
-
-
-async def _settled(coordinator: CoordinatorProcess, members: int) -> dict | None:  # type: ignore[type-arg]
-    view = await coordinator.group()
-    return view if is_settled(view, members) else None
-
-
-def _background(coro):  # type: ignore[no-untyped-def]
-    import asyncio
-
-    return asyncio.ensure_future(coro)
+        assert running, "ranges not involved in a handoff must keep flowing during it"
