@@ -42,11 +42,13 @@ from coordinator.handlers import (
 )
 from coordinator.protocol import (
     ErrorCode,
+    Message,
     PingRequest,
     PingResponse,
     RegisterRequest,
     RegisterResponse,
     StartFetcherRequest,
+    StartFetcherResponse,
     StopFetcherRequest,
     StopFetcherResponse,
 )
@@ -100,6 +102,9 @@ class CoordinatorRuntime:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._flushed: dict[str, int] = {}
         self._flush_locks: dict[str, asyncio.Lock] = {}
+        # Requests to one member must leave in the order they were decided: a StopFetcher
+        # overtaking an earlier StartFetcher would start slots already handed on.
+        self._send_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._grants_allowed_at = 0.0
 
     # ---- lifecycle ----------------------------------------------------------------
@@ -194,6 +199,7 @@ class CoordinatorRuntime:
 
     def channel_closed(self, group: str, member_id: str, reason: str) -> None:
         self.channels.pop((group, member_id), None)
+        self._send_locks.pop((group, member_id), None)
         state = self.groups.get(group)
         if state is None or member_id not in state.members:
             return
@@ -263,23 +269,15 @@ class CoordinatorRuntime:
     # ---- effects ------------------------------------------------------------------
 
     async def _send_stop(self, group: str, effect: SendStop) -> None:
-        channel = self.channels.get((group, effect.member_id))
-        if channel is None:
-            return
         request = StopFetcherRequest(
             correlation_id=0, member_epoch=effect.epoch, ranges=ranges_to_wire(effect.ranges)
         )
-        self._contacted(group, effect.member_id)
-        try:
-            # No timeout here: the drain deadline timer fences a member that never answers.
-            reply = await channel.request(request)
-        except (ChannelClosed, RemoteError) as err:
-            log.info("StopFetcher to %s failed: %s", effect.member_id, err)
+        # No timeout on the reply: the drain deadline timer fences a member that never answers.
+        reply = await self._send_in_order(group, effect.member_id, request, bounded=False)
+        if reply is None:
             return
         if not isinstance(reply, StopFetcherResponse):
-            channel.fail(
-                ErrorCode.UNEXPECTED_MESSAGE, f"expected a stop_fetcher_response, got {reply.type}"
-            )
+            self._fail_member(group, effect.member_id, reply)
             return
         state = self.groups[group]
         self._run(
@@ -294,30 +292,62 @@ class CoordinatorRuntime:
         )
 
     async def _send_start(self, group: str, effect: SendStart) -> None:
-        await self._flush(group)
-        channel = self.channels.get((group, effect.member_id))
-        state = self.groups[group]
-        member = state.members.get(effect.member_id)
-        if channel is None or member is None:
-            return
         request = StartFetcherRequest(
             correlation_id=0,
             member_epoch=effect.epoch,
             ranges=ranges_to_wire(effect.ranges),
             positions=positions_to_wire(effect.positions),
         )
-        self._contacted(group, effect.member_id)
-        try:
-            await channel.request(request, timeout=member.session_timeout_ms / 1000)
-        except (ChannelClosed, RemoteError, TimeoutError) as err:
-            log.info("StartFetcher to %s failed: %s", effect.member_id, err)
+        reply = await self._send_in_order(group, effect.member_id, request, flush_first=True)
+        if reply is None:
             return
+        if not isinstance(reply, StartFetcherResponse):
+            self._fail_member(group, effect.member_id, reply)
+            return
+        state = self.groups[group]
         self._run(
             group,
             handlers.start_completed(
                 state, member_id=effect.member_id, ranges=effect.ranges, now=self.clock()
             ),
         )
+
+    async def _send_in_order(
+        self,
+        group: str,
+        member_id: str,
+        request: StopFetcherRequest | StartFetcherRequest,
+        *,
+        flush_first: bool = False,
+        bounded: bool = True,
+    ) -> Message | None:
+        """Write `request` after every request decided before it, then await the reply.
+
+        A StartFetcher first makes positions durable, so a range always starts from a
+        stored position even if this process dies right after. A bounded request waits
+        for its reply at most a session timeout. None: the member is gone.
+        """
+        lock = self._send_locks.setdefault((group, member_id), asyncio.Lock())
+        async with lock:
+            if flush_first:
+                await self._flush(group)
+            channel = self.channels.get((group, member_id))
+            member = self.groups[group].members.get(member_id)
+            if channel is None or member is None or channel.is_closed:
+                return None
+            self._contacted(group, member_id)
+            future = channel.submit(request)
+        timeout = member.session_timeout_ms / 1000 if bounded else None
+        try:
+            return await channel.response(future, timeout=timeout)
+        except (ChannelClosed, RemoteError, TimeoutError) as err:
+            log.info("%s to %s failed: %s", request.type, member_id, err)
+            return None
+
+    def _fail_member(self, group: str, member_id: str, reply: Message) -> None:
+        channel = self.channels.get((group, member_id))
+        if channel is not None:
+            channel.fail(ErrorCode.UNEXPECTED_MESSAGE, f"unexpected reply {reply.type}")
 
     async def _ping_loop(
         self, group: str, member_id: str, channel: Channel, interval: float

@@ -93,16 +93,32 @@ class Channel:
 
     async def request(self, message: Message, *, timeout: float | None = None) -> Message:
         """Send a request and wait for its response; ErrorResponse raises RemoteError."""
+        return await self.response(self.submit(message), timeout=timeout)
+
+    def submit(self, message: Message) -> asyncio.Future[Message]:
+        """Write a request now and return the future of its response.
+
+        Writing is synchronous, so callers that must keep several requests in order (the
+        coordinator's StopFetcher/StartFetcher to one member) can write them in order and
+        wait for the responses separately.
+        """
         if self.is_closed:
             raise ChannelClosed(self.close_reason or "closed")
         cid = next(self._ids) % (2**31)
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(lambda _: self._pending.pop(cid, None))
         self._pending[cid] = future
+        self._write(message.model_copy(update={"correlation_id": cid}))
+        return future
+
+    async def response(
+        self, future: asyncio.Future[Message], *, timeout: float | None = None
+    ) -> Message:
         try:
-            self._write(message.model_copy(update={"correlation_id": cid}))
             response = await asyncio.wait_for(asyncio.shield(future), timeout)
         finally:
-            self._pending.pop(cid, None)
+            if not future.done():
+                future.cancel()  # nobody waits for it any more
         if isinstance(response, ErrorResponse):
             raise RemoteError(response)
         return response

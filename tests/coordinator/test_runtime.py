@@ -1,0 +1,146 @@
+"""The runtime shell with a fake store and fake channels: ordering guarantees that do not
+need a broker to show, and that a real broker shows only by chance."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from coordinator.positions import RangePositionMap
+from coordinator.protocol import (
+    Message,
+    PartitionPositions,
+    PositionModel,
+    RangePosition,
+    RegisterRequest,
+    StartFetcherRequest,
+    StartFetcherResponse,
+    StopFetcherRequest,
+    StopFetcherResponse,
+)
+from coordinator.runtime import CoordinatorRuntime, RuntimeSettings
+
+TIMEOUT = 5.0
+
+
+class HeldStore:
+    """A state store whose writes wait until `released` is set."""
+
+    def __init__(self) -> None:
+        self.released = asyncio.Event()
+        self.released.set()
+        self.saves = 0
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+    async def load(self) -> dict[str, dict[tuple[str, int], RangePositionMap]]:
+        return {}
+
+    async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
+        return dict.fromkeys(topics, 1)
+
+    async def save(self, group: str, positions: Any) -> None:
+        await self.released.wait()
+        self.saves += 1
+
+    async def commit_low_watermarks(self, group: str, positions: Any) -> None: ...
+
+
+class RecordingChannel:
+    """Records requests in wire order; the test answers them."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Message, asyncio.Future[Message]]] = []
+        self.is_closed = False
+        self.peer = "test"
+
+    def submit(self, message: Message) -> asyncio.Future[Message]:
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self.sent.append((message, future))
+        return future
+
+    async def response(self, future: asyncio.Future[Message], *, timeout: float | None) -> Message:
+        return await future
+
+    async def request(self, message: Message, *, timeout: float | None = None) -> Message:
+        return await asyncio.Future()  # pings stay unanswered: irrelevant here
+
+    def fail(self, *args: Any) -> None:
+        self.is_closed = True
+
+    def close(self, reason: str = "") -> None:
+        self.is_closed = True
+
+    def kinds(self) -> list[str]:
+        return [m.type for m, _ in self.sent if not m.type.startswith("ping")]
+
+
+async def eventually(predicate: Any, what: str) -> None:
+    """Let the runtime's tasks run until `predicate` holds (bounded)."""
+    async with asyncio.timeout(TIMEOUT):
+        while not predicate():  # noqa: ASYNC110 - yielding to the loop is the point
+            await asyncio.sleep(0)
+    assert predicate(), what
+
+
+def register(name: str) -> RegisterRequest:
+    return RegisterRequest(
+        correlation_id=1, group="g", topics=["t"], consumer_name=name, session_timeout_ms=10_000
+    )
+
+
+def answer(channel: RecordingChannel) -> None:
+    """Answer every unanswered Start/Stop; a stop reports progress (dirty positions)."""
+    for message, future in channel.sent:
+        if future.done():
+            continue
+        if isinstance(message, StartFetcherRequest):
+            future.set_result(
+                StartFetcherResponse(correlation_id=0, member_epoch=message.member_epoch)
+            )
+        elif isinstance(message, StopFetcherRequest):
+            done = [
+                RangePosition(range=r, position=PositionModel(next_offset=5))
+                for r in message.ranges
+            ]
+            positions = [PartitionPositions(topic="t", partition=0, ranges=done)]
+            future.set_result(
+                StopFetcherResponse(
+                    correlation_id=0, member_epoch=message.member_epoch, positions=positions
+                )
+            )
+
+
+async def test_stop_never_overtakes_an_earlier_start_held_by_a_slow_store() -> None:
+    store = HeldStore()
+    runtime = CoordinatorRuntime(RuntimeSettings("unused:1", startup_grace_ms=0), store)  # type: ignore[arg-type]
+    await runtime.start()
+    try:
+        a, b, c = RecordingChannel(), RecordingChannel(), RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+        answer(a)
+
+        store.released.clear()  # position writes now hang, as a slow broker would
+        await runtime.register(b, register("b"))  # type: ignore[arg-type]
+        await eventually(lambda: len(a.kinds()) == 2, "a is asked to stop half")
+        answer(a)  # a hands over: b's StartFetcher now waits for the held write
+        await asyncio.sleep(0.01)
+        await runtime.register(c, register("c"))  # type: ignore[arg-type]
+        # c's arrival takes slots back from b, whose StartFetcher is still unsent.
+        await eventually(
+            lambda: any(
+                st.members[m].draining for st in runtime.groups.values() for m in st.members
+            ),
+            "a revoke from b",
+        )
+        await asyncio.sleep(0.01)
+        assert b.kinds() == [], "nothing may reach b before its StartFetcher"
+
+        store.released.set()
+        await eventually(lambda: len(b.kinds()) == 2, "b gets its start, then its stop")
+        assert b.kinds() == ["start_fetcher_request", "stop_fetcher_request"]
+    finally:
+        store.released.set()
+        await runtime.stop()
