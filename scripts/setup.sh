@@ -14,8 +14,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=".venv/.keyshard-installed-$extras"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install --quiet -e ".[$extras]" 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -c 'import coordinator, consumer_client, api' 
+  echo "installing keyshard[$extras] into .venv (log: .venv/setup.log)"
+  if ! { .venv/bin/python -m pip install --upgrade pip \
+         && .venv/bin/python -m pip install -e ".[$extras]"; } > .venv/setup.log 2>&1; then
+    tail -n 40 .venv/setup.log >&2
+    echo "setup failed: see .venv/setup.log" >&2
+    exit 1
+  fi
+  .venv/bin/python -c 'import coordinator, consumer_client, api'
   touch "$stamp"
 fi
