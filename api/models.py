@@ -67,6 +67,9 @@ class GroupView(BaseModel):
     assignor: str
     members: list[MemberView]
     unowned: list[tuple[int, int]]
+    unassigned: list[tuple[int, int]]  # the strategy gives these to nobody: records wait
+    notes: list[str]  # what the strategy reported, e.g. a slot hotter than a fair share
+    imbalanced_for_s: float | None  # load imbalance above the threshold for this long
     quarantined: list[QuarantineView]
     partitions: list[PartitionView]
     handoffs: list[HandoffView]
@@ -135,6 +138,9 @@ def group_view(state: GroupState, now: float) -> GroupView:
         assignor=state.config.assignor,
         members=members,
         unowned=state.busy().complement().to_pairs(),
+        unassigned=state.unassigned.to_pairs(),
+        notes=list(state.notes),
+        imbalanced_for_s=None if state.imbalanced_since is None else now - state.imbalanced_since,
         quarantined=[
             QuarantineView(
                 former_member=q.former_member, ranges=q.ranges.to_pairs(), until_in_s=q.until - now

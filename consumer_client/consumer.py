@@ -25,6 +25,7 @@ from consumer_client.progress import ConsumerProgress
 from coordinator.hashing import ORDERING_KEY_HEADER, load_bucket, slot_for_record
 from coordinator.protocol import (
     ErrorCode,
+    HighWatermark,
     LeaveRequest,
     Message,
     MetadataRequest,
@@ -339,6 +340,7 @@ class CoordinatedConsumer:
                         member_epoch=message.member_epoch,
                         positions=positions_to_wire(self.progress.positions()),
                         load=dict(load),
+                        high_watermarks=self._high_watermarks(),
                     ),
                 )
             case StartFetcherRequest():
@@ -365,6 +367,16 @@ class CoordinatedConsumer:
                     f"a coordinator may not send {message.type}",
                     message.correlation_id,
                 )
+
+    def _high_watermarks(self) -> list[HighWatermark]:
+        if self._kafka is None:
+            return []
+        marks = []
+        for tp in self._kafka.assignment():
+            offset = self._kafka.highwater(tp)
+            if offset is not None:
+                marks.append(HighWatermark(topic=tp.topic, partition=tp.partition, offset=offset))
+        return marks
 
     def _start(self, slots: Any, positions: Any) -> None:
         seeks = self.progress.add_grant(slots, positions)

@@ -8,7 +8,7 @@ current and target (`slots_moved`), which is what the ordered handoff acts on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,19 +20,27 @@ from coordinator.ranges import EMPTY, RangeSet, SlotRange
 class MemberSpec:
     member_id: str
     capacity: int = 1
+    # Ranges the member declared at Register (the `sticky` strategy); None otherwise.
+    fixed_ranges: RangeSet | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class AssignmentSpec:
     members: tuple[MemberSpec, ...]
+    # The previous target of each member (sticky input; departed members are absent).
     current: Mapping[str, RangeSet] = field(default_factory=dict)
-    # Measured processed count per load bucket; unused by the balanced assignor.
-    load: Mapping[int, float] = field(default_factory=dict)
+    # Measured load per slot (len SLOT_COUNT, e.g. records/s), or None before any
+    # measurement. Only load-aware strategies read it.
+    slot_load: Sequence[float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
     ranges: Mapping[str, RangeSet]
+    # Slots no member may take (sticky: nobody declared them). Their records wait.
+    unassigned: RangeSet = EMPTY
+    # Human-readable findings worth surfacing (e.g. a slot hotter than a fair share).
+    notes: tuple[str, ...] = ()
 
     def owner_of(self, slot: int) -> str | None:
         for member_id, owned in self.ranges.items():
@@ -143,7 +151,13 @@ def _pick_run(free: RangeSet, owned: RangeSet) -> tuple[SlotRange, bool]:
 ASSIGNORS: dict[str, Assignor] = {BalancedAssignor.name: BalancedAssignor()}
 
 
+def register_assignor(assignor: Assignor) -> None:
+    ASSIGNORS[assignor.name] = assignor
+
+
 def assignor_named(name: str) -> Assignor:
+    import coordinator.strategies  # noqa: F401 - registers the built-in strategies
+
     try:
         return ASSIGNORS[name]
     except KeyError:

@@ -24,7 +24,13 @@ def _add(parser: argparse.ArgumentParser, flag: str, **kwargs: object) -> None:
     """A flag whose default comes from its environment variable when set."""
     env = _env(flag)
     if env in os.environ:
-        kwargs["default"] = os.environ[env]
+        value = os.environ[env]
+        convert = kwargs.get("type")
+        if kwargs.get("action") == "append" and callable(convert):
+            # A repeatable flag reads a comma-separated list from its variable.
+            kwargs["default"] = [convert(v.strip()) for v in value.split(",") if v.strip()]
+        else:
+            kwargs["default"] = value
     help_text = str(kwargs.pop("help", ""))
     parser.add_argument(flag, help=f"{help_text} [env {env}]", **kwargs)  # type: ignore[arg-type]
 
@@ -41,6 +47,33 @@ def _servers(value: str) -> str:
     for part in value.split(","):
         _host_port(part.strip())
     return value
+
+
+def _assignor(value: str) -> str:
+    from coordinator.assignor import ASSIGNORS
+    from coordinator.strategies import STRATEGY_NAMES  # registers the built-in strategies
+
+    if value not in ASSIGNORS:
+        known = ", ".join(sorted(set(ASSIGNORS) | set(STRATEGY_NAMES)))
+        raise argparse.ArgumentTypeError(f"unknown assignor {value!r} (known: {known})")
+    return value
+
+
+def _group_assignor(value: str) -> tuple[str, str]:
+    group, sep, name = value.partition("=")
+    if not sep or not group:
+        raise argparse.ArgumentTypeError(f"{value!r} is not GROUP=ASSIGNOR")
+    return group, _assignor(name)
+
+
+def _ratio(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number > 1.0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be > 1.0")
+    return number
 
 
 def _positive_ms(value: str) -> int:
@@ -114,6 +147,44 @@ def build_parser() -> argparse.ArgumentParser:
         default=500,
         help="extra wait past a lost member's session before its ranges move",
     )
+    _add(
+        coord,
+        "--assignor",
+        type=_assignor,
+        default="load-aware",
+        help="strategy of every group: load-aware, balanced, auto-split, consistent-hash, sticky",
+    )
+    _add(
+        coord,
+        "--group-assignor",
+        type=_group_assignor,
+        action="append",
+        default=[],
+        help="GROUP=ASSIGNOR: the strategy of one group (repeatable)",
+    )
+    _add(
+        coord,
+        "--rebalance-threshold",
+        type=_ratio,
+        default=1.25,
+        help="load-aware: rebalance when a member carries this many times its fair share",
+    )
+    _add(
+        coord,
+        "--rebalance-hold-ms",
+        type=_positive_ms,
+        default=30_000,
+        help="load-aware: ...continuously for this long",
+    )
+    _add(
+        coord,
+        "--balance-check-ms",
+        type=_positive_ms,
+        default=5_000,
+        help="load-aware: how often the imbalance is measured",
+    )
+    _add(coord, "--load-half-life-ms", type=_positive_ms, default=30_000,
+         help="half-life of the measured per-slot load")  # fmt: skip
 
     demo = sub.add_parser("demo", help="embedded broker + coordinator + consumers + producer")
     demo.add_argument("--records", type=int, default=20_000)
@@ -181,9 +252,15 @@ def _run_coordinator(args: argparse.Namespace) -> int:
         state_topic=args.state_topic,
         auth_token=args.auth_token,
         group_defaults=GroupConfig(
+            assignor=args.assignor,
             drain_timeout_ms=int(args.drain_timeout_ms),
             lost_member_margin_ms=int(args.lost_member_margin_ms),
+            rebalance_threshold=float(args.rebalance_threshold),
+            rebalance_hold_ms=int(args.rebalance_hold_ms),
+            balance_check_ms=int(args.balance_check_ms),
+            load_half_life_ms=int(args.load_half_life_ms),
         ),
+        group_assignors=dict(args.group_assignor),
         startup_grace_ms=int(args.startup_grace_ms),
     )
     kafka = args.bootstrap_servers or "the embedded broker"

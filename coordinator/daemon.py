@@ -12,7 +12,7 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import uvicorn
@@ -37,6 +37,7 @@ class DaemonConfig:
     group_defaults: GroupConfig = field(default_factory=GroupConfig)
     startup_grace_ms: int = 10_500
     max_frame_bytes: int = 1 << 20
+    group_assignors: Mapping[str, str] = field(default_factory=dict)
 
 
 class _InLoopUvicorn(uvicorn.Server):
@@ -103,6 +104,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         auth_token=config.auth_token,
         group_defaults=config.group_defaults,
         startup_grace_ms=config.startup_grace_ms,
+        group_assignors=dict(config.group_assignors),
     )
     runtime = CoordinatorRuntime(settings, store)
     try:

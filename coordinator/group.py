@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from coordinator.load import BucketLoad
 from coordinator.positions import Position, RangePositionMap
 from coordinator.ranges import EMPTY, RangeSet, SlotRange
 
@@ -24,8 +25,16 @@ MAX_HANDOFF_HISTORY = 200
 class GroupConfig:
     """Per-group knobs; defaults come from the daemon's flags."""
 
-    assignor: str = "balanced"
+    assignor: str = "load-aware"
     drain_timeout_ms: int = 10_000
+    # Load-driven rebalancing (strategies that read load): move boundaries only when the
+    # busiest member's load share / capacity share exceeds the best achievable (a slot
+    # hotter than a fair share sets a floor) by this factor...
+    rebalance_threshold: float = 1.25
+    # ...continuously for this long (hysteresis: no thrashing on bursts).
+    rebalance_hold_ms: int = 30_000
+    balance_check_ms: int = 5_000
+    load_half_life_ms: int = 30_000
     # Extra wait past a lost member's session timeout before its ranges move, covering
     # clock skew and the member's own detection delay.
     lost_member_margin_ms: int = 500
@@ -48,6 +57,7 @@ class Member:
     starting: RangeSet = EMPTY  # StartFetcher sent, not yet acknowledged
     # When we last sent it a request: it restarts its own session clock on every one.
     last_contacted: float = 0.0
+    fixed_ranges: RangeSet | None = None  # declared at Register (sticky strategy)
     load: dict[int, int] = field(default_factory=dict)
     processed: int = 0
 
@@ -97,12 +107,18 @@ class GroupState:
     partitions: tuple[TopicPartition, ...] = ()
     members: dict[str, Member] = field(default_factory=dict)
     target: dict[str, RangeSet] = field(default_factory=dict)
+    unassigned: RangeSet = EMPTY  # slots the strategy gives nobody: their records wait
+    notes: tuple[str, ...] = ()  # what the strategy reported (e.g. a slot too hot to split)
+    load: BucketLoad = field(default_factory=BucketLoad)
+    imbalanced_since: float | None = None
+    # Partition ends as the members' fetches last saw them: what lag is measured against.
+    high_watermarks: dict[TopicPartition, int] = field(default_factory=dict)
     quarantined: list[Quarantine] = field(default_factory=list)
     positions: dict[TopicPartition, RangePositionMap] = field(default_factory=dict)
     handoffs: deque[Handoff] = field(default_factory=lambda: deque(maxlen=MAX_HANDOFF_HISTORY))
     grants_allowed_at: float = 0.0
     next_handoff_id: int = 1
-    membership_version: int = 0
+    inputs_version: int = 0  # bumped by whatever should make the target be recomputed
     target_version: int = -1
     positions_version: int = 0
 
@@ -137,6 +153,7 @@ class MemberJoined:
     topics: tuple[str, ...]
     partitions: tuple[TopicPartition, ...]
     at: float
+    fixed_ranges: RangeSet | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +161,7 @@ class MemberHeard:
     member_id: str
     at: float
     load: tuple[tuple[int, int], ...] = ()
+    high_watermarks: tuple[tuple[TopicPartition, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +180,22 @@ class PositionsAdvanced:
 @dataclass(frozen=True, slots=True)
 class TargetComputed:
     target: tuple[tuple[str, RangeSet], ...]
-    membership_version: int
+    inputs_version: int
+    unassigned: RangeSet = EMPTY
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceRequested:
+    """Recompute the target with the current inputs (load moved, or an operator asked)."""
+
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ImbalanceObserved:
+    since: float | None  # None: balanced again
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +262,8 @@ Record = (
     | MemberContacted
     | PositionsAdvanced
     | TargetComputed
+    | RebalanceRequested
+    | ImbalanceObserved
     | RangesRevoked
     | RangesReleased
     | RangesGranted
@@ -251,10 +286,11 @@ def replay(state: GroupState, record: Record) -> None:
                 session_timeout_ms=record.session_timeout_ms,
                 joined_at=record.at,
                 last_heard=record.at,
+                fixed_ranges=record.fixed_ranges,
             )
             state.topics = record.topics
             state.partitions = record.partitions
-            state.membership_version += 1
+            state.inputs_version += 1
         case MemberHeard():
             member = state.members.get(record.member_id)
             if member is not None:
@@ -262,6 +298,9 @@ def replay(state: GroupState, record: Record) -> None:
                 if record.load:
                     member.load = dict(record.load)
                     member.processed += sum(c for _, c in record.load)
+                    state.load.add(record.load, record.at)
+                for tp, offset in record.high_watermarks:
+                    state.high_watermarks[tp] = max(state.high_watermarks.get(tp, 0), offset)
         case MemberContacted():
             member = state.members.get(record.member_id)
             if member is not None:
@@ -277,7 +316,14 @@ def replay(state: GroupState, record: Record) -> None:
             state.positions_version += 1
         case TargetComputed():
             state.target = dict(record.target)
-            state.target_version = record.membership_version
+            state.target_version = record.inputs_version
+            state.unassigned = record.unassigned
+            state.notes = record.notes
+        case RebalanceRequested():
+            state.inputs_version += 1
+            state.imbalanced_since = None
+        case ImbalanceObserved():
+            state.imbalanced_since = record.since
         case RangesRevoked():
             member = state.members[record.member_id]
             member.draining = member.draining | record.ranges
@@ -327,7 +373,7 @@ def replay(state: GroupState, record: Record) -> None:
                     _open_handoff(state, kind, member.member_id, fresh, record.at)
                 if record.quarantine_until is None:
                     _mark_released(state, member.owned, record.at)
-            state.membership_version += 1
+            state.inputs_version += 1
         case QuarantineLifted():
             lifted = [q for q in state.quarantined if q.until <= record.at]
             state.quarantined = [q for q in state.quarantined if q.until > record.at]

@@ -7,13 +7,14 @@ channel, arm or cancel a keyed timer). Tests drive these with a hand-moved clock
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from coordinator.assignor import AssignmentSpec, Assignor, MemberSpec
 from coordinator.group import (
     GrantAcknowledged,
     GroupState,
+    ImbalanceObserved,
     MemberContacted,
     MemberHeard,
     MemberJoined,
@@ -24,6 +25,7 @@ from coordinator.group import (
     RangesGranted,
     RangesReleased,
     RangesRevoked,
+    RebalanceRequested,
     Record,
     TargetComputed,
     TopicPartition,
@@ -91,6 +93,7 @@ def quarantine_key(member_id: str) -> str:
 
 
 GRACE_KEY = "grace"
+BALANCE_KEY = "balance"
 
 
 def register(
@@ -103,12 +106,16 @@ def register(
     topics: tuple[str, ...],
     partitions: tuple[TopicPartition, ...],
     now: float,
+    fixed_ranges: RangeSet | None = None,
+    validate_ranges: Callable[[Mapping[str, RangeSet], str, RangeSet | None], str | None]
+    | None = None,
 ) -> Result:
     """A consumer joins.
 
     1. Validate: every member of a group reads the same topics, because the slot space is
        shared by all of them (one key, one owner, in every topic).
-    2. Record the member and arm its session timer.
+    2. A strategy with declared ranges (sticky) validates them against the other members'.
+    3. Record the member and arm its session timer.
     The next `reconcile` computes the new target and starts the handoff.
     """
     if state.members and set(topics) != set(state.topics):
@@ -119,9 +126,18 @@ def register(
                 f"this consumer asked for {sorted(topics)}",
             )
         )
+    if validate_ranges is not None:
+        declared = {
+            mid: m.fixed_ranges for mid, m in state.members.items() if m.fixed_ranges is not None
+        }
+        problem = validate_ranges(declared, member_id, fixed_ranges)
+        if problem is not None:
+            return Result(error=(ErrorCode.INVALID_RANGES, problem))
     return Result(
         records=[
-            MemberJoined(member_id, name, capacity, session_timeout_ms, topics, partitions, now)
+            MemberJoined(
+                member_id, name, capacity, session_timeout_ms, topics, partitions, now, fixed_ranges
+            )
         ],
         effects=[SetTimer(session_key(member_id), now + session_timeout_ms / 1000)],
     )
@@ -135,8 +151,9 @@ def ping_answered(
     positions: PositionUpdate,
     load: Iterable[tuple[int, int]],
     now: float,
+    high_watermarks: Iterable[tuple[TopicPartition, int]] = (),
 ) -> Result:
-    """A Ping reply: proof of life, progress and load.
+    """A Ping reply: proof of life, progress, load and the partition ends it sees.
 
     1. Unknown member (fenced or removed meanwhile): error, nothing applied.
     2. Renew the session.
@@ -148,7 +165,7 @@ def ping_answered(
     if member is None:
         return Result(error=(ErrorCode.UNKNOWN_MEMBER, f"member {member_id!r} is not in the group"))
     result = Result(
-        records=[MemberHeard(member_id, now, tuple(load))],
+        records=[MemberHeard(member_id, now, tuple(load), tuple(high_watermarks))],
         effects=[SetTimer(session_key(member_id), now + member.session_timeout_ms / 1000)],
     )
     if epoch != member.epoch:
@@ -288,6 +305,53 @@ def _remove(
     return result
 
 
+def assignment_spec(state: GroupState, now: float) -> AssignmentSpec:
+    """The assignor's inputs: members, their previous targets (stickiness), measured load."""
+    return AssignmentSpec(
+        members=tuple(
+            MemberSpec(m.member_id, m.capacity, m.fixed_ranges) for m in state.members.values()
+        ),
+        current={mid: state.target.get(mid, m.owned) for mid, m in state.members.items()},
+        slot_load=state.load.slot_load(now),
+    )
+
+
+def balance_check(
+    state: GroupState,
+    *,
+    now: float,
+    imbalance: Callable[[AssignmentSpec, Mapping[str, RangeSet]], float] | None,
+) -> Result:
+    """Periodic load check with hysteresis, for strategies that read load.
+
+    1. Re-arm the check.
+    2. Skip while a handoff is in flight or nothing was measured: moving boundaries on top
+       of moving boundaries is how thrashing starts.
+    3. Imbalance (busiest member's load share / capacity share) above the threshold starts
+       a clock; below it stops the clock; above it for `rebalance_hold_ms` requests a
+       rebalance, which recomputes the target with the measured load.
+    """
+    config = state.config
+    result = Result(effects=[SetTimer(BALANCE_KEY, now + config.balance_check_ms / 1000)])
+    busy = any(m.draining or m.starting for m in state.members.values())
+    if imbalance is None or not state.members or busy or state.quarantined:
+        return result
+    spec = assignment_spec(state, now)
+    if spec.slot_load is None:
+        return result
+    measured = imbalance(spec, state.target)
+    if measured <= config.rebalance_threshold:
+        if state.imbalanced_since is not None:
+            result.records.append(ImbalanceObserved(None))
+    elif state.imbalanced_since is None:
+        result.records.append(ImbalanceObserved(now))
+    elif now - state.imbalanced_since >= config.rebalance_hold_ms / 1000:
+        result.records.append(
+            RebalanceRequested(f"load imbalance {measured:.2f} > {config.rebalance_threshold}", now)
+        )
+    return result
+
+
 def reconcile(state: GroupState, *, now: float, assignor: Assignor) -> Result:
     """Drive ownership toward the target, in the order that keeps every key with one owner.
 
@@ -302,14 +366,16 @@ def reconcile(state: GroupState, *, now: float, assignor: Assignor) -> Result:
     if not state.members:
         return result
     target = state.target
-    if state.target_version != state.membership_version:
-        spec = AssignmentSpec(
-            members=tuple(MemberSpec(m.member_id, m.capacity) for m in state.members.values()),
-            current={mid: state.target.get(mid, m.owned) for mid, m in state.members.items()},
-        )
-        target = dict(assignor.assign(spec).ranges)
+    if state.target_version != state.inputs_version:
+        assignment = assignor.assign(assignment_spec(state, now))
+        target = dict(assignment.ranges)
         result.records.append(
-            TargetComputed(tuple(sorted(target.items())), state.membership_version)
+            TargetComputed(
+                tuple(sorted(target.items())),
+                state.inputs_version,
+                assignment.unassigned,
+                assignment.notes,
+            )
         )
     epochs = {mid: m.epoch for mid, m in state.members.items()}
     drain_timeout = state.config.drain_timeout_ms / 1000

@@ -12,7 +12,7 @@ import mmh3
 SLOT_COUNT = 65536
 MAX_SLOT = SLOT_COUNT - 1
 ORDERING_KEY_HEADER = "ordering-key"
-LOAD_BUCKET_SHIFT = 8  # 256 load buckets of 256 slots each, reported on Ping
+LOAD_BUCKET_SHIFT = 4  # 4096 load buckets of 16 slots each, reported on Ping
 LOAD_BUCKET_COUNT = SLOT_COUNT >> LOAD_BUCKET_SHIFT
 
 

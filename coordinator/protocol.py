@@ -50,6 +50,7 @@ __all__ = [
     "ErrorCode",
     "ErrorResponse",
     "FrameDecoder",
+    "HighWatermark",
     "LeaveRequest",
     "LeaveResponse",
     "Message",
@@ -239,12 +240,22 @@ class PingRequest(_WireMessage):
     member_epoch: int
 
 
+class HighWatermark(_WireModel):
+    """A partition's end as the consumer's own fetches last saw it: the lag reference
+    (ListOffsets can under-report on some brokers, the fetch response does not)."""
+
+    topic: str = Field(min_length=1, max_length=249)
+    partition: int = Field(ge=0)
+    offset: int = Field(ge=0)
+
+
 class PingResponse(_WireMessage):
     type: Literal["ping_response"] = "ping_response"
     member_epoch: int
     positions: list[PartitionPositions] = Field(default_factory=list)
-    # bucket index (0..255) -> records processed since the last ping.
-    load: dict[Annotated[int, Field(ge=0, le=255)], Annotated[int, Field(ge=0)]] = Field(
+    high_watermarks: list[HighWatermark] = Field(default_factory=list)
+    # load bucket (0..4095, 16 slots each) -> records processed since the last ping.
+    load: dict[Annotated[int, Field(ge=0, le=4095)], Annotated[int, Field(ge=0)]] = Field(
         default_factory=dict
     )
 

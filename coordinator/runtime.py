@@ -16,8 +16,8 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coordinator import handlers
@@ -30,6 +30,8 @@ from coordinator.group import (
     MemberHeard,
     PositionsAdvanced,
     PositionsLoaded,
+    RebalanceRequested,
+    TargetComputed,
     replay,
 )
 from coordinator.handlers import (
@@ -40,6 +42,7 @@ from coordinator.handlers import (
     SendStop,
     SetTimer,
 )
+from coordinator.load import BucketLoad
 from coordinator.protocol import (
     ErrorCode,
     Message,
@@ -53,9 +56,15 @@ from coordinator.protocol import (
     StopFetcherResponse,
 )
 from coordinator.store import StateStore
+from coordinator.strategies.traits import strategy_traits
 from coordinator.timers import AsyncioTimers, Clock, Timers
 from coordinator.transport import Channel, ChannelClosed, RemoteError
-from coordinator.wire import positions_from_wire, positions_to_wire, ranges_to_wire
+from coordinator.wire import (
+    positions_from_wire,
+    positions_to_wire,
+    ranges_from_wire,
+    ranges_to_wire,
+)
 
 log = logging.getLogger(__name__)
 PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced)
@@ -80,6 +89,12 @@ class RuntimeSettings:
     startup_grace_ms: int = 10_500
     flush_interval_ms: int = 200
     coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    # Per-group strategy overrides: group -> assignor name (the rest use group_defaults).
+    group_assignors: Mapping[str, str] = field(default_factory=dict)
+
+    def config_for(self, group: str) -> GroupConfig:
+        name = self.group_assignors.get(group)
+        return self.group_defaults if name is None else replace(self.group_defaults, assignor=name)
 
 
 class CoordinatorRuntime:
@@ -165,6 +180,10 @@ class CoordinatorRuntime:
             topics=topics,
             partitions=partitions,
             now=self.clock(),
+            fixed_ranges=(
+                None if request.fixed_ranges is None else ranges_from_wire(request.fixed_ranges)
+            ),
+            validate_ranges=strategy_traits(state.config.assignor).validate_ranges,
         )
         if result.error is not None:
             raise CoordinatorError(*result.error)
@@ -222,7 +241,15 @@ class CoordinatorRuntime:
     def _group(self, group: str) -> GroupState:
         state = self.groups.get(group)
         if state is None:
-            state = self.groups[group] = GroupState(group, self.settings.group_defaults)
+            config = self.settings.config_for(group)
+            state = self.groups[group] = GroupState(
+                group, config, load=BucketLoad(config.load_half_life_ms / 1000)
+            )
+            self.timers.set(
+                f"{group}/{handlers.BALANCE_KEY}",
+                self.clock() + config.balance_check_ms / 1000,
+                self._on_timer,
+            )
             if self._grants_allowed_at > self.clock():
                 replay(state, GrantsDeferred(self._grants_allowed_at))
                 self.timers.set(
@@ -244,6 +271,10 @@ class CoordinatorRuntime:
         for record in result.records:
             log.debug("%s: %s", group, record)
             replay(state, record)
+            if isinstance(record, RebalanceRequested):
+                log.info("group %s: rebalancing: %s", group, record.reason)
+            elif isinstance(record, TargetComputed) and record.notes:
+                log.warning("group %s: %s", group, "; ".join(record.notes))
         for effect in result.effects:
             match effect:
                 case SendStop():
@@ -263,7 +294,12 @@ class CoordinatorRuntime:
     def _on_timer(self, full_key: str) -> None:
         group, _, key = full_key.partition("/")
         state = self.groups.get(group)
-        if state is not None:
+        if state is None:
+            return
+        if key == handlers.BALANCE_KEY:
+            imbalance = strategy_traits(state.config.assignor).imbalance
+            self._run(group, handlers.balance_check(state, now=self.clock(), imbalance=imbalance))
+        else:
             self._run(group, handlers.timer_fired(state, key=key, now=self.clock()))
 
     # ---- effects ------------------------------------------------------------------
@@ -381,6 +417,7 @@ class CoordinatorRuntime:
                 positions=positions_from_wire(reply.positions),
                 load=sorted(reply.load.items()),
                 now=self.clock(),
+                high_watermarks=[((h.topic, h.partition), h.offset) for h in reply.high_watermarks],
             )
             if result.error is not None and result.error[0] != ErrorCode.STALE_EPOCH:
                 log.info("ping reply of %s rejected: %s", member_id, result.error[1])

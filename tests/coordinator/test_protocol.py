@@ -129,7 +129,7 @@ MESSAGE_STRATEGIES: dict[type[BaseModel], st.SearchStrategy[Any]] = {
         correlation_id=correlation_ids,
         member_epoch=epochs,
         positions=position_lists,
-        load=st.dictionaries(st.integers(0, 255), st.integers(0, 2**40), max_size=8),
+        load=st.dictionaries(st.integers(0, 4095), st.integers(0, 2**40), max_size=8),
     ),
     StopFetcherRequest: st.builds(
         StopFetcherRequest, correlation_id=correlation_ids, member_epoch=epochs, ranges=range_lists
@@ -278,10 +278,10 @@ def test_wire_shape_is_compact_json_with_inclusive_range_lists() -> None:
 
 
 def test_ping_response_load_keys_round_trip_as_ints() -> None:
-    message = PingResponse(correlation_id=1, member_epoch=1, load={0: 5, 255: 0})
+    message = PingResponse(correlation_id=1, member_epoch=1, load={0: 5, 4095: 0})
     (decoded,) = FrameDecoder().feed(encode(message))
     assert isinstance(decoded, PingResponse)
-    assert decoded.load == {0: 5, 255: 0}
+    assert decoded.load == {0: 5, 4095: 0}
 
 
 # --------------------------------------------------------------------------- fuzzing

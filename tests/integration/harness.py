@@ -197,15 +197,17 @@ async def produce(
     topic: str = TOPIC,
     start: int = 0,
     rate: float | None = None,
+    key_of: Callable[[int], str] | None = None,
 ) -> list[Produced]:
-    """Produce `count` keyed records (key = record index mod `keys`), optionally paced."""
+    """Produce `count` keyed records (key = record index mod `keys`, or `key_of(index)`),
+    optionally paced to `rate` records per second."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=2)
     await producer.start()
     try:
         began = time.monotonic()
         sent = []
         for i in range(start, start + count):
-            key = f"key-{i % keys}"
+            key = key_of(i) if key_of is not None else f"key-{i % keys}"
             sent.append((key, await producer.send(topic, key=key.encode(), value=str(i).encode())))
             if rate is not None and i % 50 == 0:
                 await asyncio.sleep(max(0.0, began + (i - start) / rate - time.monotonic()))

@@ -115,11 +115,27 @@ async def _stored_low_watermark_is(broker: EmbeddedBroker, expected: int) -> boo
 
 
 async def test_stuck_handler_is_fenced_and_its_ranges_move(
-    coordinator: CoordinatorProcess, workers: Workers
+    broker: EmbeddedBroker, tmp_path: Path
 ) -> None:
     """One member owns everything and hangs (once) on key K; a second joins and gets the
-    upper half, K's half. The stuck member cannot drain, is fenced at the 2 s deadline,
-    and after that processes nothing of the moved range under its fenced identity."""
+    upper half, K's half (the balanced strategy splits by slot count, so the test knows
+    which half moves). The stuck member cannot drain, is fenced at the 2 s deadline, and
+    after that processes nothing of the moved range under its fenced identity."""
+    coordinator = CoordinatorProcess(
+        broker.bootstrap_servers,
+        tmp_path,
+        extra=["--drain-timeout-ms", "2000", "--assignor", "balanced"],
+    )
+    workers = Workers(coordinator, tmp_path)
+    await coordinator.start()
+    try:
+        await _stuck_scenario(coordinator, workers)
+    finally:
+        workers.stop_all()
+        coordinator.stop()
+
+
+async def _stuck_scenario(coordinator: CoordinatorProcess, workers: Workers) -> None:
     await create_topic(coordinator.bootstrap)
     keys = 50
     stuck_key = next(f"key-{i}" for i in range(keys) if slot_for_key(f"key-{i}".encode()) >= 32768)

@@ -1,0 +1,155 @@
+"""Helpers shared by the range strategies: contiguous tilings and load prefix sums.
+
+The strategies that promise one contiguous range per member (auto-split, load-aware) both
+start from `spec.current`, which may not be a tiling at all: the coordinator may drop
+departed members from it (leaving gaps), or the group may have switched from a strategy
+that hands out several ranges per member. `tiles_from_current` turns any previous
+assignment into a tiling that keeps as much of it as possible, so those strategies can
+reason about "left and right neighbours" and "the boundary between two members".
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+from coordinator.assignor import MemberSpec
+from coordinator.hashing import MAX_SLOT, SLOT_COUNT
+from coordinator.ranges import EMPTY, RangeSet, SlotRange
+
+
+@dataclass(frozen=True, slots=True)
+class Tile:
+    """One contiguous run of the slot line; `member_id` None marks slots nobody owned."""
+
+    member_id: str | None
+    start: int
+    end: int  # inclusive
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start + 1
+
+
+def tiles_from_current(current: Mapping[str, RangeSet]) -> list[Tile]:
+    """Cover 0..MAX_SLOT with one tile per previous member plus tiles for unowned gaps.
+
+    Each member keeps its largest previous range (lowest start on ties; members claim in
+    id order, so an overlap goes to the lower id). Its other ranges become gaps: a
+    contiguous strategy cannot keep them, and reporting them as gaps lets the caller hand
+    them to a neighbour by its own rule. Returns [] when nobody owned anything.
+    """
+    claimed = EMPTY
+    picks: list[Tile] = []
+    for member_id in sorted(current):
+        free = current[member_id] - claimed
+        if not free:
+            continue
+        best = max(free, key=lambda r: (r.size, -r.start))
+        picks.append(Tile(member_id, best.start, best.end))
+        claimed = claimed | RangeSet((best,))
+    picks.sort(key=lambda t: t.start)
+    tiles: list[Tile] = []
+    cursor = 0
+    for tile in picks:
+        if tile.start > cursor:
+            tiles.append(Tile(None, cursor, tile.start - 1))
+        tiles.append(tile)
+        cursor = tile.end + 1
+    if picks and cursor <= MAX_SLOT:
+        tiles.append(Tile(None, cursor, MAX_SLOT))
+    return tiles
+
+
+def sanitized_load(slot_load: Sequence[float] | None) -> list[float] | None:
+    """Per-slot load with negatives and non-finite values read as 0; None if nothing measured.
+
+    A load vector that sums to zero carries no information, so it is treated exactly like
+    no measurement: callers then fall back to slot counts.
+    """
+    if slot_load is None:
+        return None
+    if len(slot_load) != SLOT_COUNT:
+        raise ValueError(f"slot_load has {len(slot_load)} entries, expected {SLOT_COUNT}")
+    clean = [float(v) if v > 0 else 0.0 for v in slot_load]  # NaN > 0 is False
+    if not math.isfinite(sum(clean)):  # rare: an infinite rate (or an overflowing sum)
+        clean = [v if math.isfinite(v) else 0.0 for v in clean]
+    return clean if any(clean) else None
+
+
+class LoadPrefix:
+    """Prefix sums of per-slot weights: the load of any slot range in O(1).
+
+    `prefix[i]` is the total weight of slots 0..i-1, so `load(a, b)` (inclusive) is
+    `prefix[b + 1] - prefix[a]`. Weights are non-negative, so the prefix is monotone and
+    "the slot where cumulative load reaches X" is a bisection.
+    """
+
+    __slots__ = ("_by_weight", "_heavy", "_neg_weights", "measured", "prefix", "weights")
+
+    def __init__(self, slot_load: Sequence[float] | None) -> None:
+        clean = sanitized_load(slot_load)
+        self.measured = clean is not None
+        self.weights: list[float] = clean if clean is not None else [1.0] * SLOT_COUNT
+        self.prefix: list[float] = [0.0, *accumulate(self.weights)]
+        self._by_weight: list[int] = []
+        self._neg_weights: list[float] = []
+        self._heavy: dict[float, list[int]] = {}
+
+    @property
+    def total(self) -> float:
+        return self.prefix[-1]
+
+    def heavier_than(self, threshold: float) -> list[int]:
+        """Slots whose weight exceeds `threshold`, in slot order (cached per threshold)."""
+        cached = self._heavy.get(threshold)
+        if cached is None:
+            if not self._by_weight:
+                self._by_weight = sorted(range(SLOT_COUNT), key=self.weights.__getitem__)[::-1]
+                self._neg_weights = [-self.weights[s] for s in self._by_weight]
+            count = bisect_left(self._neg_weights, -threshold)
+            cached = self._heavy[threshold] = sorted(self._by_weight[:count])
+        return cached
+
+    def load(self, start: int, end: int) -> float:
+        return self.prefix[end + 1] - self.prefix[start]
+
+    def of(self, owned: RangeSet) -> float:
+        return sum(self.load(r.start, r.end) for r in owned)
+
+    def last_end_within(self, start: int, budget: float) -> int:
+        """Largest end e such that load(start, e) <= budget (start - 1 if even one slot is over)."""
+        return self.last_end_at_most(self.prefix[start] + budget)
+
+    def last_end_at_most(self, cumulative: float) -> int:
+        """Largest end e whose cumulative load prefix[e + 1] is <= `cumulative` (-1 if none)."""
+        return bisect_right(self.prefix, cumulative) - 2
+
+    def first_start_within(self, end: int, budget: float) -> int:
+        """Smallest start s such that load(s, end) <= budget (end + 1 if even one slot is over)."""
+        return bisect_left(self.prefix, self.prefix[end + 1] - budget)
+
+    def first_end_reaching(self, cumulative: float) -> int:
+        """Smallest end e whose cumulative load prefix[e + 1] is >= `cumulative`."""
+        return min(MAX_SLOT, max(0, bisect_left(self.prefix, cumulative) - 1))
+
+
+def capacity(member: MemberSpec) -> int:
+    """Capacity as `quotas` reads it: anything below 1 counts as 1."""
+    return max(1, member.capacity)
+
+
+def single(start: int, end: int) -> RangeSet:
+    return RangeSet((SlotRange(start, end),)) if start <= end else EMPTY
+
+
+def describe_ranges(ranges: Iterable[SlotRange], limit: int = 8) -> str:
+    """Human-readable list of ranges for notes and errors, truncated after `limit`."""
+    items = list(ranges)
+    text = ", ".join(str(r) for r in items[:limit])
+    if len(items) > limit:
+        text += f" and {len(items) - limit} more"
+    return text
