@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from coordinator.admin_client import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from coordinator.group import GroupConfig
 
 
@@ -95,6 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add(coord, "--auth-token", default=None, help="token consumers must present at Register")
     _add(
         coord,
+        "--admin-token",
+        default=None,
+        help="bearer token the admin API requires for every change (none: changes refused)",
+    )
+    coord.add_argument(
+        "--admin-auth-reads",
+        action="store_true",
+        default=os.environ.get("KEYSHARD_ADMIN_AUTH_READS", "").lower() in ("1", "true", "yes"),
+        help="require the admin token for reads too [env KEYSHARD_ADMIN_AUTH_READS=1]",
+    )
+    _add(
+        coord,
         "--drain-timeout-ms",
         type=_positive_ms,
         default=10_000,
@@ -114,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=500,
         help="extra wait past a lost member's session before its ranges move",
     )
+
+    add_admin_commands(sub)
 
     demo = sub.add_parser("demo", help="embedded broker + coordinator + consumers + producer")
     demo.add_argument("--records", type=int, default=20_000)
@@ -154,6 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_foreground(host, port, args.storage_engine)
         if args.command == "coordinator":
             return _run_coordinator(args)
+        if args.command in ADMIN_COMMANDS:
+            return run_admin_command(args)
         if args.command == "demo":
             from coordinator.demo import run_demo
 
@@ -180,6 +197,8 @@ def _run_coordinator(args: argparse.Namespace) -> int:
         admin_port=admin_port,
         state_topic=args.state_topic,
         auth_token=args.auth_token,
+        admin_token=args.admin_token,
+        admin_auth_reads=bool(args.admin_auth_reads),
         group_defaults=GroupConfig(
             drain_timeout_ms=int(args.drain_timeout_ms),
             lost_member_margin_ms=int(args.lost_member_margin_ms),
