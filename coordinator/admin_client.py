@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from typing import Any
@@ -58,6 +59,8 @@ ADMIN_COMMANDS = {"groups", "status", "where", "rebalance", "fence"}
 
 
 def run_admin_command(args: argparse.Namespace) -> int:
+    # httpx logs every request at INFO: noise on an operator's terminal, not an error.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     console = Console()
     try:
         data = _call(args)
