@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--admin-auth-reads",
         action="store_true",
         default=os.environ.get("KEYSHARD_ADMIN_AUTH_READS", "").lower() in ("1", "true", "yes"),
-        help="require the admin token for reads too [env KEYSHARD_ADMIN_AUTH_READS=1]",
+        help="require the admin token for reads too (env: 1, true or yes) "
+        "[env KEYSHARD_ADMIN_AUTH_READS]",
     )
     _add(
         coord,
