@@ -7,13 +7,14 @@ contract: the CLI, the dashboard and the schemathesis test all rely on it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from coordinator.assignor import ASSIGNORS
 from coordinator.group import GroupConfig, GroupState, Handoff
 from coordinator.positions import RangePositionMap
+from coordinator.ranges import RangeSet
 
 
 class PositionSegment(BaseModel):
@@ -36,6 +37,20 @@ class DrainView(BaseModel):
     blocking_offsets: dict[str, int]  # "topic/partition" -> lowest unfinished offset
 
 
+class RangeLag(BaseModel):
+    """Records of one partition not yet done in one owned range: the partition's high
+    watermark (as the members' own fetches last saw it) minus the range's lowest next
+    offset. Absent until a member has reported a high watermark for the partition."""
+
+    start: int
+    end: int
+    topic: str
+    partition: int
+    next_offset: int
+    high_watermark: int
+    lag: int
+
+
 class MemberView(BaseModel):
     member_id: str
     name: str
@@ -50,6 +65,8 @@ class MemberView(BaseModel):
     # Records per second over the last few seconds of polling; None until two samples.
     processed_per_s: float | None = None
     last_heard_s_ago: float
+    lag: int | None = None  # sum over `range_lag`; None before any high watermark
+    range_lag: list[RangeLag] = []
 
 
 class HandoffView(BaseModel):
@@ -102,6 +119,25 @@ def partition_view(tp: tuple[str, int], pmap: RangePositionMap) -> PartitionView
             for s, p in pmap.segments()
         ],
     )
+
+
+def _lag_of(state: GroupState, owned: RangeSet) -> dict[str, Any]:
+    lags = []
+    for tp in state.partitions:
+        high = state.high_watermarks.get(tp)
+        if high is None:
+            continue
+        pmap = state.position_map(tp)
+        for slots in owned:
+            next_offset = pmap.minimum_offset(RangeSet((slots,)))
+            lags.append(
+                RangeLag(
+                    start=slots.start, end=slots.end, topic=tp[0], partition=tp[1],
+                    next_offset=next_offset, high_watermark=high,
+                    lag=max(0, high - next_offset),
+                )
+            )  # fmt: skip
+    return {"lag": sum(r.lag for r in lags) if lags else None, "range_lag": lags}
 
 
 def handoff_view(h: Handoff) -> HandoffView:
@@ -163,6 +199,7 @@ def group_view(
                 processed=m.processed,
                 processed_per_s=rates.get(m.member_id),
                 last_heard_s_ago=now - m.last_heard,
+                **_lag_of(state, m.owned),
             )
         )
     return GroupView(
