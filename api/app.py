@@ -1,32 +1,245 @@
 """The admin HTTP API: `create_app(runtime)`, served by uvicorn in the daemon's own loop,
-so every view reads the live group state without copies or locks."""
+so every view reads the live group state without copies or locks.
+
+Reads are cheap views of `runtime.groups`; mutations go through `coordinator.operations`,
+which feeds them to the runtime's single apply path, so an operator cannot do anything a
+consumer's request could not (no ownership change bypasses the handoff rules).
+"""
 
 from __future__ import annotations
 
-from fastapi import FastAPI, HTTPException
+from importlib import resources
+from typing import Any
 
-from api.models import GroupView, group_view
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.auth import AdminAuth, AdminAuthError
+from api.metrics import metrics_registry, render
+from api.models import (
+    ErrorView,
+    FenceView,
+    GroupConfigUpdate,
+    GroupConfigView,
+    GroupsView,
+    GroupView,
+    HandoffsView,
+    HealthView,
+    KeyPosition,
+    KeyView,
+    ReadyView,
+    RebalanceView,
+    config_view,
+    group_view,
+    handoffs_view,
+    summary_view,
+)
+from api.rates import ProcessedRates
+from coordinator import operations
 from coordinator.runtime import CoordinatorRuntime
 
+ERROR_NAMES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+}
+AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorView, "description": "missing bearer token"},
+    403: {"model": ErrorView, "description": "wrong token, or mutations disabled"},
+}
+GROUP_ERRORS: dict[int | str, dict[str, Any]] = {
+    **AUTH_ERRORS,
+    404: {"model": ErrorView, "description": "unknown group (or member)"},
+}
 
-def create_app(runtime: CoordinatorRuntime) -> FastAPI:
+
+def _error(status_code: int, error: str, detail: str, **headers: str) -> JSONResponse:
+    body = ErrorView(error=error, detail=detail).model_dump()
+    return JSONResponse(body, status_code=status_code, headers=headers or None)
+
+
+def create_app(
+    runtime: CoordinatorRuntime, *, admin_token: str | None = None, auth_reads: bool = False
+) -> FastAPI:
     app = FastAPI(
         title="keyshard admin API",
         description="Inspect and steer keyshard consumer groups.",
         version="0.1.0",
     )
+    auth = AdminAuth(admin_token, auth_reads)
+    read, mutate = auth.for_reads(), auth.for_mutations()
+    registry = metrics_registry(runtime)
+    rates = ProcessedRates()
+    dashboard = resources.files("api").joinpath("dashboard.html").read_text(encoding="utf-8")
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        """Liveness: the process and its event loop answer."""
-        return {"status": "ok"}
+    @app.exception_handler(AdminAuthError)
+    async def auth_failed(request: Request, err: AdminAuthError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if err.status_code == 401 else {}
+        return _error(err.status_code, err.error, err.detail, **headers)
 
-    @app.get("/v1/groups/{group}", response_model=GroupView)
+    @app.exception_handler(LookupError)
+    async def not_found(request: Request, err: LookupError) -> JSONResponse:
+        return _error(404, "not_found", str(err.args[0] if err.args else err))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        """Every 4xx, including the router's own 404/405, in the one documented shape."""
+        name = ERROR_NAMES.get(err.status_code, "error")
+        return _error(err.status_code, name, str(err.detail), **(err.headers or {}))
+
+    def state_of(group: str) -> Any:
+        return operations.group_state(runtime, group)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def dashboard_page() -> HTMLResponse:
+        """The live dashboard: static HTML/JS that polls the JSON API (no build step)."""
+        return HTMLResponse(dashboard)
+
+    @app.get("/healthz", response_model=HealthView)
+    async def healthz() -> HealthView:
+        """Liveness: the process and its event loop answer. Never needs a token, so a
+        probe can always tell a hung daemon from a locked one."""
+        return HealthView(status="ok")
+
+    @app.get(
+        "/readyz",
+        response_model=ReadyView,
+        responses={503: {"model": ReadyView, "description": "not ready, with the reason"}},
+    )
+    async def readyz() -> Response:
+        """Readiness: state loaded and Kafka reachable; otherwise 503 and why."""
+        reason = await operations.not_ready_reason(runtime)
+        view = ReadyView(ready=reason is None, reason=reason)
+        return JSONResponse(view.model_dump(), status_code=200 if reason is None else 503)
+
+    @app.get(
+        "/metrics",
+        response_model=None,
+        dependencies=[read],
+        responses={
+            200: {
+                "description": "Prometheus text exposition format",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            **AUTH_ERRORS,
+        },
+    )
+    async def metrics() -> PlainTextResponse:
+        """Prometheus text format, computed from the live state at scrape time."""
+        return PlainTextResponse(render(registry), media_type="text/plain; version=0.0.4")
+
+    @app.get(
+        "/v1/groups",
+        response_model=GroupsView,
+        dependencies=[read],
+        responses=AUTH_ERRORS,
+    )
+    async def list_groups() -> GroupsView:
+        """Every group this coordinator knows, with a one-line summary each."""
+        return GroupsView(groups=[summary_view(runtime.groups[g]) for g in sorted(runtime.groups)])
+
+    @app.get(
+        "/v1/groups/{group}",
+        response_model=GroupView,
+        dependencies=[read],
+        responses=GROUP_ERRORS,
+    )
     async def get_group(group: str) -> GroupView:
-        """Members with epochs and ranges, positions per partition, handoffs in progress."""
-        state = runtime.groups.get(group)
-        if state is None:
-            raise HTTPException(status_code=404, detail=f"unknown group {group!r}")
-        return group_view(state, runtime.clock())
+        """Members with epochs, ranges and processed rate; positions per partition;
+        handoffs with the ranges still draining and the offset that blocks each."""
+        state = state_of(group)
+        now = runtime.clock()
+        member_rates = {
+            mid: rates.observe(group, mid, m.processed, now) for mid, m in state.members.items()
+        }
+        rates.forget_except(group, set(state.members))
+        return group_view(state, now, member_rates)
+
+    @app.put(
+        "/v1/groups/{group}/config",
+        response_model=GroupConfigView,
+        dependencies=[mutate],
+        responses={
+            **GROUP_ERRORS,
+            400: {"model": ErrorView, "description": "body is not JSON"},
+        },
+    )
+    async def put_config(group: str, update: GroupConfigUpdate) -> GroupConfigView:
+        """Change drain timeout, lost-member margin, ping interval or assignor at run time.
+        A new assignor takes effect at once (the target is recomputed)."""
+        state_of(group)
+        config = operations.update_config(runtime, group, **update.model_dump())
+        return config_view(config)
+
+    @app.post(
+        "/v1/groups/{group}/rebalance",
+        response_model=RebalanceView,
+        dependencies=[mutate],
+        responses=GROUP_ERRORS,
+    )
+    async def post_rebalance(group: str) -> RebalanceView:
+        """Recompute the target assignment now; moved slots are handed off as usual."""
+        outcome = operations.rebalance(runtime, group)
+        return RebalanceView(
+            group=group,
+            moved_slots=outcome.moved_slots(),
+            target={mid: r.to_pairs() for mid, r in sorted(outcome.target_after.items())},
+        )
+
+    @app.delete(
+        "/v1/groups/{group}/members/{member}",
+        response_model=FenceView,
+        dependencies=[mutate],
+        responses=GROUP_ERRORS,
+    )
+    async def delete_member(group: str, member: str) -> FenceView:
+        """Fence a member: its channel is closed, and its ranges move once it must have
+        stopped on its own (session timeout + margin), never earlier."""
+        operations.fence(runtime, group, member)
+        return FenceView(group=group, member_id=member, fenced=True)
+
+    @app.get(
+        "/v1/groups/{group}/keys/{key:path}",
+        response_model=KeyView,
+        dependencies=[read],
+        responses=GROUP_ERRORS,
+    )
+    async def get_key(
+        group: str,
+        key: str,
+        topic: str | None = Query(default=None, description="only this topic's partitions"),
+    ) -> KeyView:
+        """Which slot a key hashes to, who runs it, where it resumes, and whether its
+        records are blocked (slot draining, unowned or quarantined)."""
+        where = operations.locate_key(state_of(group), key.encode(), topic)
+        return KeyView(
+            group=group,
+            key=key,
+            slot=where.slot,
+            owner=where.owner,
+            draining=where.draining,
+            starting=where.starting,
+            quarantined=where.quarantined,
+            blocked=where.blocked,
+            positions=[
+                KeyPosition(topic=t, partition=p, next_offset=o)
+                for (t, p), o in where.positions.items()
+            ],
+        )
+
+    @app.get(
+        "/v1/groups/{group}/handoffs",
+        response_model=HandoffsView,
+        dependencies=[read],
+        responses=GROUP_ERRORS,
+    )
+    async def get_handoffs(group: str) -> HandoffsView:
+        """Recent handoffs (newest first) with their durations, and every range still
+        draining with the offset that blocks it."""
+        return handoffs_view(state_of(group), runtime.clock())
 
     return app

@@ -1,11 +1,20 @@
-"""Response models of the admin API, built from the coordinator's group state."""
+"""Request and response models of the admin API, built from the coordinator's group state.
+
+Every route declares one of these as its response model so the OpenAPI document is the
+contract: the CLI, the dashboard and the schemathesis test all rely on it.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from collections.abc import Mapping
+from typing import Annotated, Any
 
-from coordinator.group import GroupState, Handoff
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+
+from coordinator.assignor import ASSIGNORS
+from coordinator.group import GroupConfig, GroupState, Handoff
 from coordinator.positions import RangePositionMap
+from coordinator.ranges import RangeSet
 
 
 class PositionSegment(BaseModel):
@@ -28,6 +37,20 @@ class DrainView(BaseModel):
     blocking_offsets: dict[str, int]  # "topic/partition" -> lowest unfinished offset
 
 
+class RangeLag(BaseModel):
+    """Records of one partition not yet done in one owned range: the partition's high
+    watermark (as the members' own fetches last saw it) minus the range's lowest next
+    offset. Absent until a member has reported a high watermark for the partition."""
+
+    start: int
+    end: int
+    topic: str
+    partition: int
+    next_offset: int
+    high_watermark: int
+    lag: int
+
+
 class MemberView(BaseModel):
     member_id: str
     name: str
@@ -39,7 +62,11 @@ class MemberView(BaseModel):
     starting: list[tuple[int, int]]
     draining: DrainView | None
     processed: int
+    # Records per second over the last few seconds of polling; None until two samples.
+    processed_per_s: float | None = None
     last_heard_s_ago: float
+    lag: int | None = None  # sum over `range_lag`; None before any high watermark
+    range_lag: list[RangeLag] = []
 
 
 class HandoffView(BaseModel):
@@ -61,10 +88,18 @@ class QuarantineView(BaseModel):
     until_in_s: float
 
 
+class GroupConfigView(BaseModel):
+    assignor: str
+    drain_timeout_ms: int
+    lost_member_margin_ms: int
+    ping_interval_ms: int | None
+
+
 class GroupView(BaseModel):
     group: str
     topics: list[str]
     assignor: str
+    config: GroupConfigView
     members: list[MemberView]
     unowned: list[tuple[int, int]]
     unassigned: list[tuple[int, int]]  # the strategy gives these to nobody: records wait
@@ -89,6 +124,25 @@ def partition_view(tp: tuple[str, int], pmap: RangePositionMap) -> PartitionView
     )
 
 
+def _lag_of(state: GroupState, owned: RangeSet) -> dict[str, Any]:
+    lags = []
+    for tp in state.partitions:
+        high = state.high_watermarks.get(tp)
+        if high is None:
+            continue
+        pmap = state.position_map(tp)
+        for slots in owned:
+            next_offset = pmap.minimum_offset(RangeSet((slots,)))
+            lags.append(
+                RangeLag(
+                    start=slots.start, end=slots.end, topic=tp[0], partition=tp[1],
+                    next_offset=next_offset, high_watermark=high,
+                    lag=max(0, high - next_offset),
+                )
+            )  # fmt: skip
+    return {"lag": sum(r.lag for r in lags) if lags else None, "range_lag": lags}
+
+
 def handoff_view(h: Handoff) -> HandoffView:
     return HandoffView(
         handoff_id=h.handoff_id,
@@ -104,19 +158,36 @@ def handoff_view(h: Handoff) -> HandoffView:
     )
 
 
-def group_view(state: GroupState, now: float) -> GroupView:
+def config_view(config: GroupConfig) -> GroupConfigView:
+    return GroupConfigView(
+        assignor=config.assignor,
+        drain_timeout_ms=config.drain_timeout_ms,
+        lost_member_margin_ms=config.lost_member_margin_ms,
+        ping_interval_ms=config.ping_interval_ms,
+    )
+
+
+def drain_view(state: GroupState, member_id: str, now: float) -> DrainView | None:
+    m = state.members[member_id]
+    if not m.draining:
+        return None
+    return DrainView(
+        ranges=m.draining.to_pairs(),
+        deadline_in_s=None if m.drain_deadline is None else m.drain_deadline - now,
+        blocking_offsets={
+            f"{t}/{p}": state.position_map((t, p)).minimum_offset(m.draining)
+            for t, p in state.partitions
+        },
+    )
+
+
+def group_view(
+    state: GroupState, now: float, rates: Mapping[str, float | None] | None = None
+) -> GroupView:
+    rates = rates or {}
     members = []
     for m in sorted(state.members.values(), key=lambda m: m.member_id):
-        drain = None
-        if m.draining:
-            drain = DrainView(
-                ranges=m.draining.to_pairs(),
-                deadline_in_s=None if m.drain_deadline is None else m.drain_deadline - now,
-                blocking_offsets={
-                    f"{t}/{p}": state.position_map((t, p)).minimum_offset(m.draining)
-                    for t, p in state.partitions
-                },
-            )
+        drain = drain_view(state, m.member_id, now)
         members.append(
             MemberView(
                 member_id=m.member_id,
@@ -129,13 +200,16 @@ def group_view(state: GroupState, now: float) -> GroupView:
                 starting=m.starting.to_pairs(),
                 draining=drain,
                 processed=m.processed,
+                processed_per_s=rates.get(m.member_id),
                 last_heard_s_ago=now - m.last_heard,
+                **_lag_of(state, m.owned),
             )
         )
     return GroupView(
         group=state.group,
         topics=list(state.topics),
         assignor=state.config.assignor,
+        config=config_view(state.config),
         members=members,
         unowned=state.busy().complement().to_pairs(),
         unassigned=state.unassigned.to_pairs(),
@@ -149,4 +223,130 @@ def group_view(state: GroupState, now: float) -> GroupView:
         ],
         partitions=[partition_view(tp, state.positions[tp]) for tp in sorted(state.positions)],
         handoffs=[handoff_view(h) for h in reversed(state.handoffs)],
+    )
+
+
+# ---- the rest of the admin surface ----------------------------------------------------
+
+
+class ErrorView(BaseModel):
+    """Body of every 4xx answer except request validation (422)."""
+
+    error: str  # machine-readable: "unauthorized", "forbidden", "not_found", ...
+    detail: str
+
+
+class HealthView(BaseModel):
+    status: str
+
+
+class ReadyView(BaseModel):
+    ready: bool
+    reason: str | None = None
+
+
+class GroupSummary(BaseModel):
+    group: str
+    topics: list[str]
+    members: int
+    owned_slots: int
+    unowned_slots: int
+    draining_ranges: int
+    open_handoffs: int
+
+
+class GroupsView(BaseModel):
+    groups: list[GroupSummary]
+
+
+class GroupConfigUpdate(BaseModel):
+    """Knobs an operator may change at run time; absent fields stay as they are.
+
+    Session timeouts are absent on purpose: each member picks its own at Register.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    drain_timeout_ms: int | None = Field(default=None, ge=100, le=3_600_000)
+    lost_member_margin_ms: int | None = Field(default=None, ge=0, le=600_000)
+    ping_interval_ms: int | None = Field(default=None, ge=100, le=600_000)
+    # A str checked against the registry (not a Literal): assignors are pluggable, and
+    # the document still lists the known names as an enum.
+    assignor: Annotated[
+        str | None,
+        WithJsonSchema({"anyOf": [{"enum": sorted(ASSIGNORS)}, {"type": "null"}]}),
+    ] = None
+
+    @field_validator("assignor")
+    @classmethod
+    def _known_assignor(cls, value: str | None) -> str | None:
+        if value is not None and value not in ASSIGNORS:
+            raise ValueError(f"unknown assignor; known: {', '.join(sorted(ASSIGNORS))}")
+        return value
+
+
+class RebalanceView(BaseModel):
+    group: str
+    moved_slots: int
+    target: dict[str, list[tuple[int, int]]]
+
+
+class FenceView(BaseModel):
+    group: str
+    member_id: str
+    fenced: bool
+
+
+class KeyPosition(BaseModel):
+    topic: str
+    partition: int
+    next_offset: int
+
+
+class KeyView(BaseModel):
+    group: str
+    key: str
+    slot: int
+    owner: str | None
+    draining: bool
+    starting: bool
+    quarantined: bool
+    blocked: bool
+    positions: list[KeyPosition]
+
+
+class DrainingRangesView(BaseModel):
+    member_id: str
+    drain: DrainView
+
+
+class HandoffsView(BaseModel):
+    group: str
+    handoffs: list[HandoffView]
+    draining: list[DrainingRangesView]
+
+
+def summary_view(state: GroupState) -> GroupSummary:
+    owned = sum(m.owned.size for m in state.members.values())
+    return GroupSummary(
+        group=state.group,
+        topics=list(state.topics),
+        members=len(state.members),
+        owned_slots=owned,
+        unowned_slots=state.busy().complement().size,
+        draining_ranges=sum(len(m.draining) for m in state.members.values()),
+        open_handoffs=len(state.open_handoffs()),
+    )
+
+
+def handoffs_view(state: GroupState, now: float) -> HandoffsView:
+    draining = []
+    for member_id in sorted(state.members):
+        drain = drain_view(state, member_id, now)
+        if drain is not None:
+            draining.append(DrainingRangesView(member_id=member_id, drain=drain))
+    return HandoffsView(
+        group=state.group,
+        handoffs=[handoff_view(h) for h in reversed(state.handoffs)],
+        draining=draining,
     )

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from coordinator.admin_client import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from coordinator.group import GroupConfig
 
 
@@ -128,6 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add(coord, "--auth-token", default=None, help="token consumers must present at Register")
     _add(
         coord,
+        "--admin-token",
+        default=None,
+        help="bearer token the admin API requires for every change (none: changes refused)",
+    )
+    coord.add_argument(
+        "--admin-auth-reads",
+        action="store_true",
+        default=os.environ.get("KEYSHARD_ADMIN_AUTH_READS", "").lower() in ("1", "true", "yes"),
+        help="require the admin token for reads too (env: 1, true or yes) "
+        "[env KEYSHARD_ADMIN_AUTH_READS]",
+    )
+    _add(
+        coord,
         "--drain-timeout-ms",
         type=_positive_ms,
         default=10_000,
@@ -186,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(coord, "--load-half-life-ms", type=_positive_ms, default=30_000,
          help="half-life of the measured per-slot load")  # fmt: skip
 
+    add_admin_commands(sub)
+
     demo = sub.add_parser("demo", help="embedded broker + coordinator + consumers + producer")
     demo.add_argument("--records", type=int, default=20_000)
     demo.add_argument("--keys", type=int, default=500)
@@ -225,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_foreground(host, port, args.storage_engine)
         if args.command == "coordinator":
             return _run_coordinator(args)
+        if args.command in ADMIN_COMMANDS:
+            return run_admin_command(args)
         if args.command == "demo":
             from coordinator.demo import run_demo
 
@@ -251,6 +269,8 @@ def _run_coordinator(args: argparse.Namespace) -> int:
         admin_port=admin_port,
         state_topic=args.state_topic,
         auth_token=args.auth_token,
+        admin_token=args.admin_token,
+        admin_auth_reads=bool(args.admin_auth_reads),
         group_defaults=GroupConfig(
             assignor=args.assignor,
             drain_timeout_ms=int(args.drain_timeout_ms),

@@ -34,6 +34,8 @@ class DaemonConfig:
     admin_port: int = 7172
     state_topic: str = "__keyshard_state"
     auth_token: str | None = None
+    admin_token: str | None = None  # bearer token for admin mutations (and reads if below)
+    admin_auth_reads: bool = False
     group_defaults: GroupConfig = field(default_factory=GroupConfig)
     startup_grace_ms: int = 10_500
     max_frame_bytes: int = 1 << 20
@@ -128,7 +130,8 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         if broker is not None:
             broker.stop()
         raise
-    admin = _InLoopUvicorn(uvicorn.Config(create_app(runtime), log_level="warning", lifespan="off"))
+    app = create_app(runtime, admin_token=config.admin_token, auth_reads=config.admin_auth_reads)
+    admin = _InLoopUvicorn(uvicorn.Config(app, log_level="warning", lifespan="off"))
     admin_task = asyncio.create_task(admin.serve(sockets=[admin_socket]), name="admin-api")
     # uvicorn exposes readiness only as a flag, so poll it (bounded by the task ending).
     while not admin.started and not admin_task.done():  # noqa: ASYNC110

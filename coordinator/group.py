@@ -256,6 +256,22 @@ class PositionsLoaded:
     positions: RangePositionMap
 
 
+@dataclass(frozen=True, slots=True)
+class RebalanceRequested:
+    """An operator asked for a fresh target: the next reconcile recomputes it even though
+    membership did not change (the assignor still starts from the current target)."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfigChanged:
+    """An operator changed the group's knobs; they apply from the next decision on."""
+
+    config: GroupConfig
+    at: float
+
+
 Record = (
     MemberJoined
     | MemberHeard
@@ -272,6 +288,8 @@ Record = (
     | QuarantineLifted
     | GrantsDeferred
     | PositionsLoaded
+    | RebalanceRequested
+    | GroupConfigChanged
 )
 
 
@@ -383,6 +401,10 @@ def replay(state: GroupState, record: Record) -> None:
             state.grants_allowed_at = record.until
         case PositionsLoaded():
             state.positions[record.tp] = record.positions.copy()
+        case RebalanceRequested():
+            state.membership_version += 1
+        case GroupConfigChanged():
+            state.config = record.config
 
 
 def _open_handoff(

@@ -197,3 +197,12 @@ class StateStore:
             if parts:
                 counts[topic] = len(parts)
         return counts
+
+    async def probe(self) -> None:
+        """One metadata round trip to the cluster: raises when Kafka is unreachable.
+
+        Used by the admin API's readiness check; the caller bounds it with a short timeout.
+        """
+        if self._metadata is None:
+            raise StoreError("state store is not started")
+        await self._metadata.fetch_all_metadata()

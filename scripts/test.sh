@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
+# The dashboard test drives Debian's chromium through Playwright (no browser download).
+# Only root can install it; otherwise tests/api/test_dashboard.py skips and says why.
+if [ "$(id -u)" = 0 ]; then
+  command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

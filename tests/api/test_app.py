@@ -1,0 +1,105 @@
+"""The admin app over an in-memory group: auth rules, readiness, metrics, key lookup and
+config validation, without processes (the real-daemon tests are in test_api.py)."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from coordinator.hashing import slot_for_key
+from tests.api.fake_runtime import GROUP, TOPIC, fake_runtime
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def client(**kwargs: object) -> tuple[TestClient, object]:
+    runtime = fake_runtime()
+    return TestClient(create_app(runtime, admin_token=TOKEN, **kwargs)), runtime  # type: ignore[arg-type]
+
+
+def test_mutations_need_the_admin_token_and_change_nothing_without_it() -> None:
+    http, _ = client()
+    before = http.get(f"/v1/groups/{GROUP}").json()
+    missing = http.post(f"/v1/groups/{GROUP}/rebalance")
+    assert missing.status_code == 401
+    assert missing.json()["error"] == "unauthorized"
+    assert missing.headers["www-authenticate"] == "Bearer"
+    wrong = http.delete(f"/v1/groups/{GROUP}/members/a-1", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 403
+    assert wrong.json() == {"error": "forbidden", "detail": "wrong admin token"}
+    bad_config = http.put(f"/v1/groups/{GROUP}/config", json={"drain_timeout_ms": 500})
+    assert bad_config.status_code == 401
+    after = http.get(f"/v1/groups/{GROUP}").json()
+    assert [m["member_id"] for m in after["members"]] == ["a-1", "b-2"]
+    assert after["config"] == before["config"]
+
+
+def test_without_a_configured_token_mutations_are_refused() -> None:
+    http = TestClient(create_app(fake_runtime()))
+    response = http.post(f"/v1/groups/{GROUP}/rebalance", headers=AUTH)
+    assert response.status_code == 403
+    assert "--admin-token" in response.json()["detail"]
+
+
+def test_reads_are_open_unless_protected() -> None:
+    open_reads, _ = client()
+    assert open_reads.get("/v1/groups").status_code == 200
+    closed, _ = client(auth_reads=True)
+    assert closed.get("/v1/groups").status_code == 401
+    assert closed.get("/metrics").status_code == 401
+    assert closed.get("/v1/groups", headers=AUTH).status_code == 200
+    assert closed.get("/healthz").status_code == 200  # liveness never needs a token
+
+
+def test_readyz_names_the_reason() -> None:
+    http, runtime = client()
+    assert http.get("/readyz").json() == {"ready": True, "reason": None}
+    runtime.store.reachable = False  # type: ignore[attr-defined]
+    response = http.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["reason"].startswith("broker unreachable")
+    runtime.ready = False  # type: ignore[attr-defined]
+    assert http.get("/readyz").json()["reason"].startswith("state not loaded")
+
+
+def test_metrics_read_live_state() -> None:
+    http, _ = client()
+    text = http.get("/metrics").text
+    assert f'keyshard_group_members{{group="{GROUP}"}} 2.0' in text
+    assert f'keyshard_member_owned_slots{{group="{GROUP}",member="a-1"}} 32768.0' in text
+    assert f'keyshard_member_processed_total{{group="{GROUP}",member="a-1"}} 42.0' in text
+    assert f'keyshard_draining_ranges{{group="{GROUP}",member="b-2"}} 1.0' in text
+    low = f'keyshard_position_low_watermark{{group="{GROUP}",partition="1",topic="{TOPIC}"}}'
+    assert f"{low} 0.0" in text
+
+
+def test_key_lookup_reports_owner_position_and_blocking() -> None:
+    http, _ = client()
+    key = next(k for k in (f"k{i}" for i in range(10_000)) if slot_for_key(k.encode()) >= 60000)
+    view = http.get(f"/v1/groups/{GROUP}/keys/{key}", params={"topic": TOPIC}).json()
+    assert view["slot"] == slot_for_key(key.encode())
+    assert view["owner"] == "b-2"
+    assert view["draining"] and view["blocked"]
+    assert {(p["partition"], p["next_offset"]) for p in view["positions"]} == {(0, 99), (1, 0)}
+
+
+def test_config_update_is_validated_and_applied() -> None:
+    http, _ = client()
+    url = f"/v1/groups/{GROUP}/config"
+    assert http.put(url, json={"drain_timeout_ms": -1}, headers=AUTH).status_code == 422
+    assert http.put(url, json={"assignor": "nope"}, headers=AUTH).status_code == 422
+    assert http.put(url, json={"session_timeout_ms": 1}, headers=AUTH).status_code == 422
+    missing = http.put("/v1/groups/nope/config", json={}, headers=AUTH)
+    assert missing.status_code == 404
+    assert missing.json()["error"] == "not_found"
+    done = http.put(url, json={"drain_timeout_ms": 2500}, headers=AUTH)
+    assert done.status_code == 200
+    assert http.get(f"/v1/groups/{GROUP}").json()["config"]["drain_timeout_ms"] == 2500
+
+
+def test_dashboard_is_served() -> None:
+    http, _ = client()
+    page = http.get("/")
+    assert page.status_code == 200
+    assert "<canvas" in page.text

@@ -1,0 +1,91 @@
+"""`keyshard groups|status|where|rebalance|fence` as an operator runs them: subprocesses
+against a real daemon, and one-line errors (exit 1, no traceback) when things go wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coordinator.broker import free_port
+from tests.api.conftest import ADMIN_TOKEN
+from tests.integration.harness import GROUP, CoordinatorProcess, Workers, create_topic, wait_for
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def keyshard(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KEYSHARD_")}
+    clean.update(env, COLUMNS="200")
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator.cli", *args],
+        cwd=REPO_ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert needle in result.stderr
+
+
+def test_daemon_down_is_one_clear_line() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    for args in (["groups"], ["status", "g"], ["where", "g", "k"], ["rebalance", "g"]):
+        assert_one_line_error(keyshard(*args, "--admin", url), "cannot reach the keyshard daemon")
+    # The environment variable works as well as the flag.
+    assert_one_line_error(keyshard("groups", KEYSHARD_ADMIN=url), url)
+
+
+@pytest.mark.integration
+async def test_cli_against_a_live_daemon(daemon: CoordinatorProcess, consumers: Workers) -> None:
+    await create_topic(daemon.bootstrap)
+    consumers.spawn("c0")
+    consumers.spawn("c1")
+    view = await wait_for(lambda: daemon.settled(2), 30, "2 settled members")
+    admin = ("--admin", daemon.admin_url)
+
+    groups = keyshard("groups", *admin)
+    assert groups.returncode == 0, groups.stderr
+    assert GROUP in groups.stdout and "65536" in groups.stdout
+
+    status = keyshard("status", GROUP, *admin)
+    assert status.returncode == 0, status.stderr
+    for member in view["members"]:
+        assert member["member_id"] in status.stdout
+
+    where = keyshard("where", GROUP, "key-3", *admin, "--json")
+    assert where.returncode == 0, where.stderr
+    located = json.loads(where.stdout)
+    assert located["owner"] in {m["member_id"] for m in view["members"]}
+    assert "slot" in keyshard("where", GROUP, "key-3", *admin).stdout
+
+    assert_one_line_error(keyshard("status", "nope", *admin), "unknown group 'nope'")
+    assert_one_line_error(keyshard("rebalance", GROUP, *admin), "authentication needed")
+    assert_one_line_error(
+        keyshard("rebalance", GROUP, *admin, "--token", "wrong"), "not allowed: wrong admin token"
+    )
+    assert_one_line_error(
+        keyshard("fence", GROUP, "x", *admin, KEYSHARD_ADMIN_TOKEN="wrong"), "wrong admin token"
+    )
+    rebalance = keyshard("rebalance", GROUP, *admin, KEYSHARD_ADMIN_TOKEN=ADMIN_TOKEN)
+    assert rebalance.returncode == 0, rebalance.stderr
+    assert "0 moved" in rebalance.stdout
+
+    victim = view["members"][0]["member_id"]
+    fence = keyshard("fence", GROUP, victim, *admin, "--token", ADMIN_TOKEN)
+    assert fence.returncode == 0, fence.stderr
+    assert f"member {victim} of group {GROUP} fenced" in fence.stdout
+    assert_one_line_error(
+        keyshard("fence", GROUP, victim, *admin, "--token", ADMIN_TOKEN), "has no member"
+    )

@@ -1,0 +1,71 @@
+"""The dashboard in a real headless browser (Debian's chromium driven by Playwright): it
+shows the members of a live group and changes when a consumer joins. The screenshot is
+kept in test-artifacts/dashboard.png for a human to look at."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import CoordinatorProcess, Workers, create_topic, wait_for
+
+pytestmark = pytest.mark.integration
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM = shutil.which("chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--headless=new",
+]
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="Debian's chromium is not installed (scripts/test.sh installs it when run as root)",
+)
+async def test_dashboard_follows_a_consumer_joining(
+    daemon: CoordinatorProcess, consumers: Workers
+) -> None:
+    from playwright.async_api import async_playwright
+
+    await create_topic(daemon.bootstrap)
+    consumers.spawn("c0")
+    first = await wait_for(lambda: daemon.settled(1), 30, "1 settled member")
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1000, "height": 900})
+            await page.goto(daemon.admin_url + "/")
+            rows = page.locator("#members tbody tr")
+            await rows.first.wait_for(timeout=15_000)
+            assert await rows.count() == 1
+            assert first["members"][0]["member_id"] in await rows.first.inner_text()
+
+            consumers.spawn("c1")
+            second = await wait_for(lambda: daemon.settled(2), 30, "2 settled members")
+            for member in second["members"]:
+                await page.locator(f'#members tr[data-member="{member["member_id"]}"]').wait_for(
+                    timeout=15_000
+                )
+            assert await rows.count() == 2
+            # The timeline shows two colours once the join has been drawn.
+            await page.wait_for_function(
+                """() => {
+                    const c = document.getElementById('timeline');
+                    const data = c.getContext('2d').getImageData(c.width - 2, 0, 1, c.height).data;
+                    const seen = new Set();
+                    for (let i = 0; i < data.length; i += 4) {
+                        seen.add(data[i] + ',' + data[i + 1] + ',' + data[i + 2]);
+                    }
+                    return seen.size >= 2;
+                }""",
+                timeout=15_000,
+            )
+            assert "error" not in (await page.locator("#status").get_attribute("class") or "")
+            ARTIFACTS.mkdir(exist_ok=True)
+            await page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+        finally:
+            await browser.close()
