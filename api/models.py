@@ -6,12 +6,13 @@ contract: the CLI, the dashboard and the schemathesis test all rely on it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
-from coordinator.assignor import ASSIGNORS
+from coordinator.assignor import known_assignors
 from coordinator.group import GroupConfig, GroupState, Handoff
 from coordinator.positions import RangePositionMap
 from coordinator.ranges import RangeSet
@@ -89,10 +90,16 @@ class QuarantineView(BaseModel):
 
 
 class GroupConfigView(BaseModel):
+    """Mirrors coordinator.group.GroupConfig field for field."""
+
     assignor: str
     drain_timeout_ms: int
     lost_member_margin_ms: int
     ping_interval_ms: int | None
+    rebalance_threshold: float
+    rebalance_hold_ms: int
+    balance_check_ms: int
+    load_half_life_ms: int
 
 
 class GroupView(BaseModel):
@@ -159,12 +166,7 @@ def handoff_view(h: Handoff) -> HandoffView:
 
 
 def config_view(config: GroupConfig) -> GroupConfigView:
-    return GroupConfigView(
-        assignor=config.assignor,
-        drain_timeout_ms=config.drain_timeout_ms,
-        lost_member_margin_ms=config.lost_member_margin_ms,
-        ping_interval_ms=config.ping_interval_ms,
-    )
+    return GroupConfigView(**dataclasses.asdict(config))
 
 
 def drain_view(state: GroupState, member_id: str, now: float) -> DrainView | None:
@@ -270,18 +272,21 @@ class GroupConfigUpdate(BaseModel):
     drain_timeout_ms: int | None = Field(default=None, ge=100, le=3_600_000)
     lost_member_margin_ms: int | None = Field(default=None, ge=0, le=600_000)
     ping_interval_ms: int | None = Field(default=None, ge=100, le=600_000)
+    rebalance_threshold: float | None = Field(default=None, gt=1.0, le=100.0)
+    rebalance_hold_ms: int | None = Field(default=None, ge=0, le=3_600_000)
+    balance_check_ms: int | None = Field(default=None, ge=100, le=600_000)
     # A str checked against the registry (not a Literal): assignors are pluggable, and
     # the document still lists the known names as an enum.
     assignor: Annotated[
         str | None,
-        WithJsonSchema({"anyOf": [{"enum": sorted(ASSIGNORS)}, {"type": "null"}]}),
+        WithJsonSchema({"anyOf": [{"enum": known_assignors()}, {"type": "null"}]}),
     ] = None
 
     @field_validator("assignor")
     @classmethod
     def _known_assignor(cls, value: str | None) -> str | None:
-        if value is not None and value not in ASSIGNORS:
-            raise ValueError(f"unknown assignor; known: {', '.join(sorted(ASSIGNORS))}")
+        if value is not None and value not in known_assignors():
+            raise ValueError(f"unknown assignor; known: {', '.join(known_assignors())}")
         return value
 
 

@@ -155,6 +155,13 @@ def register_assignor(assignor: Assignor) -> None:
     ASSIGNORS[assignor.name] = assignor
 
 
+def known_assignors() -> list[str]:
+    """Every registered strategy name, the built-in ones included."""
+    import coordinator.strategies  # noqa: F401 - registers the built-in strategies
+
+    return sorted(ASSIGNORS)
+
+
 def assignor_named(name: str) -> Assignor:
     import coordinator.strategies  # noqa: F401 - registers the built-in strategies
 

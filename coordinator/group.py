@@ -187,7 +187,8 @@ class TargetComputed:
 
 @dataclass(frozen=True, slots=True)
 class RebalanceRequested:
-    """Recompute the target with the current inputs (load moved, or an operator asked)."""
+    """Recompute the target with the current inputs (load moved, or an operator asked);
+    the assignor still starts from the current target, so only what must move moves."""
 
     reason: str
     at: float
@@ -254,14 +255,6 @@ class GrantsDeferred:
 class PositionsLoaded:
     tp: TopicPartition
     positions: RangePositionMap
-
-
-@dataclass(frozen=True, slots=True)
-class RebalanceRequested:
-    """An operator asked for a fresh target: the next reconcile recomputes it even though
-    membership did not change (the assignor still starts from the current target)."""
-
-    at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,8 +394,6 @@ def replay(state: GroupState, record: Record) -> None:
             state.grants_allowed_at = record.until
         case PositionsLoaded():
             state.positions[record.tp] = record.positions.copy()
-        case RebalanceRequested():
-            state.membership_version += 1
         case GroupConfigChanged():
             state.config = record.config
 

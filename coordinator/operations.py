@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
-from coordinator.assignor import ASSIGNORS
+from coordinator.assignor import known_assignors
 from coordinator.group import GroupConfig, GroupConfigChanged, GroupState, RebalanceRequested
 from coordinator.handlers import Result
 from coordinator.hashing import slot_for_key
@@ -60,45 +61,33 @@ def rebalance(runtime: CoordinatorRuntime, group: str) -> RebalanceOutcome:
     """Recompute the group's target now and start whatever handoffs it implies."""
     state = group_state(runtime, group)
     before = dict(state.target)
-    runtime._run(group, Result(records=[RebalanceRequested(runtime.clock())]))
+    runtime._run(group, Result(records=[RebalanceRequested("operator request", runtime.clock())]))
     return RebalanceOutcome(before, dict(state.target))
 
 
-def update_config(
-    runtime: CoordinatorRuntime,
-    group: str,
-    *,
-    drain_timeout_ms: int | None = None,
-    lost_member_margin_ms: int | None = None,
-    ping_interval_ms: int | None = None,
-    assignor: str | None = None,
-) -> GroupConfig:
-    """Change a group's knobs; None leaves a knob as it is.
+def update_config(runtime: CoordinatorRuntime, group: str, **knobs: Any) -> GroupConfig:
+    """Change a group's knobs (GroupConfig field names); None leaves a knob as it is.
 
     Session timeouts are not here: each member chooses its own at Register. A changed
     assignor is followed by a rebalance so it takes effect now, not at the next join.
     """
     state = group_state(runtime, group)
-    if assignor is not None and assignor not in ASSIGNORS:
+    changes = {name: value for name, value in knobs.items() if value is not None}
+    unknown = set(changes) - {f.name for f in dataclasses.fields(GroupConfig)}
+    if unknown:
+        raise InvalidConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+    assignor = changes.get("assignor")
+    if assignor is not None and assignor not in known_assignors():
         raise InvalidConfigError(
-            f"unknown assignor {assignor!r}; known: {', '.join(sorted(ASSIGNORS))}"
+            f"unknown assignor {assignor!r}; known: {', '.join(known_assignors())}"
         )
-    changes: dict[str, object] = {}
-    if drain_timeout_ms is not None:
-        changes["drain_timeout_ms"] = drain_timeout_ms
-    if lost_member_margin_ms is not None:
-        changes["lost_member_margin_ms"] = lost_member_margin_ms
-    if ping_interval_ms is not None:
-        changes["ping_interval_ms"] = ping_interval_ms
-    if assignor is not None:
-        changes["assignor"] = assignor
-    config = dataclasses.replace(state.config, **changes)  # type: ignore[arg-type]
+    config = dataclasses.replace(state.config, **changes)
     if config == state.config:
         return config
     now = runtime.clock()
     records: list[GroupConfigChanged | RebalanceRequested] = [GroupConfigChanged(config, now)]
     if config.assignor != state.config.assignor:
-        records.append(RebalanceRequested(now))
+        records.append(RebalanceRequested(f"assignor changed to {config.assignor}", now))
     # Config alone moves nothing, so apply without a reconcile unless asked to rebalance.
     if len(records) == 1:
         runtime._apply(group, state, Result(records=list(records)))

@@ -64,7 +64,7 @@ def fake_runtime() -> CoordinatorRuntime:
     low, high = RangeSet.from_pairs([(0, 32767)]), RangeSet.from_pairs([(32768, 65535)])
     for member in ("a-1", "b-2"):
         replay(state, MemberJoined(member, member[0], 64, 6000, (TOPIC,), partitions, now))
-    replay(state, TargetComputed((("a-1", low), ("b-2", high)), state.membership_version))
+    replay(state, TargetComputed((("a-1", low), ("b-2", high)), state.inputs_version))
     for member, ranges in (("a-1", low), ("b-2", high)):
         replay(state, RangesGranted(member, ranges, 2, now))
         replay(state, GrantAcknowledged(member, ranges, now))

@@ -48,9 +48,14 @@ async def test_views_and_operations_on_a_live_group(
             members = view["members"]
             done = sum(m["processed"] for m in members) >= 2_000
             rated = all(m["processed_per_s"] is not None for m in members)
-            return view if done and rated else None
+            # Lag: the partition's end as the consumers' fetches saw it, minus each owned
+            # range's position; everything was processed, so it drains to 0.
+            caught_up = all(m["lag"] == 0 and m["range_lag"] for m in members)
+            return view if done and rated and caught_up else None
 
-        view = await wait_for(processed_reported, 15, "processed counts reported")
+        view = await wait_for(processed_reported, 15, "processed counts and zero lag reported")
+        high = {r["high_watermark"] for m in view["members"] for r in m["range_lag"]}
+        assert high == {2_000}
         assert view["config"]["drain_timeout_ms"] == 2000
 
         where = (await http.get(f"/v1/groups/{GROUP}/keys/key-7", params={"topic": TOPIC})).json()

@@ -93,9 +93,14 @@ def test_config_update_is_validated_and_applied() -> None:
     missing = http.put("/v1/groups/nope/config", json={}, headers=AUTH)
     assert missing.status_code == 404
     assert missing.json()["error"] == "not_found"
+    assert http.put(url, json={"rebalance_threshold": 0.9}, headers=AUTH).status_code == 422
     done = http.put(url, json={"drain_timeout_ms": 2500}, headers=AUTH)
     assert done.status_code == 200
     assert http.get(f"/v1/groups/{GROUP}").json()["config"]["drain_timeout_ms"] == 2500
+    knobs = {"rebalance_threshold": 1.5, "rebalance_hold_ms": 1000, "assignor": "consistent-hash"}
+    assert http.put(url, json=knobs, headers=AUTH).status_code == 200
+    config = http.get(f"/v1/groups/{GROUP}").json()["config"]
+    assert {k: config[k] for k in knobs} == knobs
 
 
 def test_dashboard_is_served() -> None:
