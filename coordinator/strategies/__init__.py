@@ -4,8 +4,9 @@ The strategies import `coordinator.assignor` (for the spec types), so `assignor.
 cannot import them at module level; it imports this package lazily instead, and
 importing it registers everything below.
 
-- `load-aware` (the default): one contiguous range per member, boundaries where measured
-  load matches capacity shares; stable under small load drift.
+- `load-aware` (the default): a few ranges per member whose measured load matches its
+  capacity share, moving close to the minimum on a join or leave; stable under small
+  load drift.
 - `balanced`: capacity-weighted slot counts, fewest slots moved, ranges may fragment.
 - `consistent-hash`: Pulsar's ring; a pure function of the member set.
 - `auto-split`: PIP-34; a joiner halves the busiest range, a leaver's range goes to its

@@ -1,10 +1,10 @@
 """Helpers shared by the range strategies: contiguous tilings and load prefix sums.
 
-The strategies that promise one contiguous range per member (auto-split, load-aware) both
-start from `spec.current`, which may not be a tiling at all: the coordinator may drop
+The strategy that promises one contiguous range per member (auto-split) starts
+from `spec.current`, which may not be a tiling at all: the coordinator may drop
 departed members from it (leaving gaps), or the group may have switched from a strategy
 that hands out several ranges per member. `tiles_from_current` turns any previous
-assignment into a tiling that keeps as much of it as possible, so those strategies can
+assignment into a tiling that keeps as much of it as possible, so it can
 reason about "left and right neighbours" and "the boundary between two members".
 """
 

@@ -1,27 +1,32 @@
-"""Load-aware contiguous ranges: the default strategy.
+"""Load-aware ranges: the default strategy.
 
-Every member owns one contiguous range, and the boundaries between ranges are placed so
-that each member's share of the measured load (`spec.slot_load`) matches its share of
-capacity. Slot counts are the wrong thing to balance: with skewed keys one slot can carry
-more records than ten thousand others, so equal slot counts can still leave one consumer
-with most of the work.
+Each member's share of the measured load (`spec.slot_load`) matches its share of
+capacity, and a rebalance moves about as little load as that requires. Slot counts are
+the wrong thing to balance: with skewed keys one slot can carry more records than ten
+thousand others, so equal slot counts can still leave one consumer with most of the work.
 
-How a target is computed (all pure, all deterministic):
+It is `balanced` weighted by load (all pure, all deterministic):
 
-1. Order. Members keep the slot order of their current ranges (`tiles_from_current`), so a
-   rebalance only slides boundaries and never swaps neighbours — a swap would move two
-   whole ranges. Departed members drop out of the order (their slots go to a neighbour
-   when the boundaries are placed). A joiner is tried at the gaps a cheap estimate ranks
-   best and goes where placing the boundaries moves the fewest slots; with no current
-   ranges at all the order is by member id.
-2. The profile to balance caps every slot at the smallest member's fair share
+1. The profile to balance caps every slot at the smallest member's fair share
    (`_capped`): a hotter slot cannot be split, and counting it as one full share gives
-   its holder little else while the others balance among themselves.
-3. Boundaries (`_placement.place`): the best achievable bottleneck R* and floor m* are
-   found by bisection over an exact feasibility test. The current split is kept while
-   every member is within `tolerance` of them; otherwise a new split within half the
-   tolerance is placed, each boundary as close to where it is now as allowed. The two
-   bands are hysteresis: identical load moves nothing, drifting load moves little.
+   its holder little else while the others balance among themselves. Member j's fair
+   load is the capped total times its capacity share.
+2. Hysteresis. With nothing orphaned, the current assignment is kept while every member is
+   within `tolerance` of its fair load, or while it is within `tolerance` of the
+   assignment step 3 would place (slots hotter than the tolerance make a tighter band
+   unreachable). Identical load moves nothing, drifting load moves little.
+3. Otherwise members keep what they own. A member above its fair load by more than half
+   the tolerance releases the excess: whole small ranges first (which also undoes old
+   fragmentation), then slices from a range edge, preferring an edge next to free slots
+   or an under-loaded member. When the released load would not cover what the
+   under-loaded members lack, the release limit is lowered towards the fair load (a
+   join: every member gives up about its share of the joiner's load, not more).
+   Members below their fair load by more than half the tolerance then fill up to it,
+   most under-loaded first, from free slots adjacent to their own ranges, then from the
+   free run that best fits the deficit; leftovers go to members still below their fair
+   load, and finally to the less loaded owner next to them.
+4. Fragmentation is bounded: a member with more than `max_ranges` ranges hands its
+   lightest ranges back to the pool (and refills), so churn cannot pile up fragments.
 
 Without a measurement (slot_load None or all zero) every slot weighs 1, which balances
 slot counts like `quotas` (within the tolerance). A slot hotter than the fair share of
@@ -35,41 +40,37 @@ the benchmarks use.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 
 from coordinator.assignor import Assignment, AssignmentSpec, MemberSpec
 from coordinator.hashing import MAX_SLOT, SLOT_COUNT
-from coordinator.ranges import EMPTY, RangeSet
-from coordinator.strategies._common import LoadPrefix, capacity, single, tiles_from_current
-from coordinator.strategies._placement import place
+from coordinator.ranges import EMPTY, RangeSet, SlotRange
+from coordinator.strategies._common import LoadPrefix, capacity
 
-# Splits placed for real when choosing where joiners go, shared by all joiners of one
-# call: at most 128, and fewer for large groups (a split costs ~1-4 ms at 64 members and
-# ~20-100 ms at 256), so a join stays within a few hundred milliseconds.
-_EXACT_SOLVES = 128
-_EXACT_MEMBER_SOLVES = 2048
+Run = tuple[int, int]  # inclusive
+_MAX_PASSES = 4
 
 
 class LoadAwareAssignor:
-    """Contiguous ranges whose measured loads match capacity shares, moving few slots.
+    """Ranges whose measured loads match capacity shares, moving few slots.
 
-    `tolerance` is in units of a fair share. The current split is kept while every
-    member is within `tolerance` of the best achievable balance (see `_placement.place`);
-    a new one is placed within half of it. It trades balance for movement: on uniform
-    keys with 16-64 members (bench/README.md) a join or leave moves about 4-16x the
-    minimum at 0.02, 4-11x at 0.05 (default) and 1.7-3.8x at 0.25 — the price of one
-    contiguous range per member, where absorbing a change means sliding the boundaries
-    of the members in between. `max_notes` caps how many hot slots are named in
-    `Assignment.notes`.
+    `tolerance` is in units of a fair share: the current assignment is kept while every
+    member is within it; a rebalance aims for half of it. `max_ranges` bounds how many
+    ranges a member may own (a member above it releases its lightest ranges and
+    refills). `max_notes` caps how many hot slots are named in `Assignment.notes`.
     """
 
     name = "load-aware"
 
-    def __init__(self, tolerance: float = 0.05, max_notes: int = 5) -> None:
+    def __init__(self, tolerance: float = 0.05, max_notes: int = 5, max_ranges: int = 16) -> None:
         if tolerance < 0:
             raise ValueError("tolerance must be >= 0")
+        if max_ranges < 1:
+            raise ValueError("max_ranges must be >= 1")
         self.tolerance = tolerance
         self.max_notes = max_notes
+        self.max_ranges = max_ranges
 
     def assign(self, spec: AssignmentSpec) -> Assignment:
         members = {m.member_id: m for m in spec.members}
@@ -78,101 +79,42 @@ class LoadAwareAssignor:
         if len(members) > SLOT_COUNT:
             raise ValueError(f"{len(members)} members cannot each own one of {SLOT_COUNT} slots")
         measured = LoadPrefix(spec.slot_load)
-        caps = [capacity(m) for m in members.values()]
-        load = _capped(measured, min(caps) / sum(caps))
-        kept = [t for t in tiles_from_current(spec.current) if t.member_id in members]
-        order = [t.member_id for t in kept if t.member_id is not None]
-        old = {mid: (t.start, t.end) for mid, t in zip(order, kept, strict=True)}
-        # Each member would like to keep its current last slot; whoever is last now also
-        # covers a departed tail.
-        preferred = [t.end for t in kept[:-1]] + [MAX_SLOT] * bool(kept)
-        joiners = sorted(set(members) - set(order))
-        if not order:  # fresh start: order by id, nothing to stay close to
-            order, joiners = joiners, []
-            ends = self._solve(load, [capacity(members[mid]) for mid in order], None)
-        else:
-            budget = min(_EXACT_SOLVES, max(4, _EXACT_MEMBER_SOLVES // len(members)))
-            per_joiner = max(1, budget // max(1, len(joiners)))
-            for joiner in joiners:
-                order, preferred = self._insert(
-                    joiner, order, preferred, old, members, load, per_joiner
-                )
-            ends = self._solve(load, [capacity(members[mid]) for mid in order], preferred)
-        ranges: dict[str, RangeSet] = {}
-        start = 0
-        for mid, end in zip(order, ends, strict=True):
-            ranges[mid] = single(start, end)
-            start = end + 1
+        caps = {mid: capacity(m) for mid, m in members.items()}
+        total_cap = sum(caps.values())
+        load = _capped(measured, min(caps.values()) / total_cap)
+        fair = {mid: load.total * c / total_cap for mid, c in caps.items()}
+        current = _claimed(spec.current, members)
         notes = self._hot_slot_notes(measured, members) if measured.measured else ()
-        return Assignment(dict(sorted(ranges.items())), notes=notes)
+        complete = sum(sum(b - a + 1 for a, b in rs) for rs in current.values()) == SLOT_COUNT
+        if complete and self._fits(load, fair, current, 1 - self.tolerance, 1 + self.tolerance):
+            return Assignment(_to_ranges(current), notes=notes)
+        # A rebalance can leave a member outside the band (a slot too heavy to place
+        # well); the next one would then move again with nothing changed. So repeat until
+        # the result is one the next call keeps (in practice at most one extra pass).
+        result = current
+        for _ in range(_MAX_PASSES):
+            target = _Rebalance(load, fair, result, self.tolerance / 2, self.max_ranges).run()
+            if complete or result is not current:
+                lo, hi = _ratio_span(load, fair, target)
+                if self._fits(load, fair, result, lo - self.tolerance, hi + self.tolerance):
+                    break
+            result = target
+        return Assignment(_to_ranges(result), notes=notes)
 
-    def _solve(self, load: LoadPrefix, caps: list[int], preferred: list[int] | None) -> list[int]:
-        """Last slot of each member, in order (see `_placement`)."""
-        return place(load, caps, preferred, self.tolerance)
-
-    def _insert(
+    def _fits(
         self,
-        joiner: str,
-        order: list[str],
-        preferred: list[int],
-        old: Mapping[str, tuple[int, int]],
-        members: Mapping[str, MemberSpec],
         load: LoadPrefix,
-        tries: int,
-    ) -> tuple[list[str], list[int]]:
-        """Insert `joiner` at the gap whose placement moves the fewest slots.
-
-        The joiner owns nothing yet, so it prefers its left neighbour's end (an empty
-        range). A cheap estimate ranks the gaps; the best `tries` of them are placed for
-        real and the slots that would leave their current owners counted (ties: lowest
-        gap). Returns the new order and preferences.
-        """
-        caps = [capacity(members[mid]) for mid in order]
-        joiner_cap = capacity(members[joiner])
-        estimate = self._estimated_moves(caps, preferred, joiner_cap, load)
-        gaps = sorted(range(len(order) + 1), key=lambda at: (estimate[at], at))[:tries]
-
-        def inserted(at: int) -> tuple[list[str], list[int], list[int]]:
-            prefs = [*preferred[:at], preferred[at - 1] if at > 0 else -1, *preferred[at:]]
-            prefs[-1] = MAX_SLOT
-            return [*order[:at], joiner, *order[at:]], prefs, [*caps[:at], joiner_cap, *caps[at:]]
-
-        if len(gaps) == 1:
-            new_order, prefs, _ = inserted(gaps[0])
-            return new_order, prefs
-        best: tuple[int, int, list[str], list[int]] | None = None
-        for at in gaps:
-            new_order, prefs, new_caps = inserted(at)
-            moved = _moved(old, new_order, self._solve(load, new_caps, prefs))
-            if best is None or (moved, at) < best[:2]:
-                best = (moved, at, new_order, prefs)
-        assert best is not None
-        return best[2], best[3]
-
-    def _estimated_moves(
-        self, caps: list[int], preferred: list[int], joiner_cap: int, load: LoadPrefix
-    ) -> list[int]:
-        """Per gap: how far boundaries would travel to the new cumulative targets.
-
-        Each boundary is snapped as close to its current position as the tolerance
-        allows; hot slots and budgets are ignored, which is why this only shortlists.
-        """
-        total_cap = sum(caps) + joiner_cap
-        slack = self.tolerance * load.total * min([*caps, joiner_cap]) / total_cap
-        costs: list[int] = []
-        for at in range(len(caps) + 1):
-            new_caps = [*caps[:at], joiner_cap, *caps[at:]]
-            prefs = [*preferred[:at], preferred[at - 1] if at > 0 else -1, *preferred[at:]]
-            cost = 0
-            cumulative = 0
-            for j in range(len(new_caps) - 1):
-                cumulative += new_caps[j]
-                target = load.total * cumulative / total_cap
-                lo = load.first_end_reaching(target - slack)
-                hi = max(lo, load.first_end_reaching(target + slack))
-                cost += abs(min(max(prefs[j], lo), hi) - prefs[j])
-            costs.append(cost)
-        return costs
+        fair: Mapping[str, float],
+        owned: Mapping[str, list[Run]],
+        low: float,
+        high: float,
+    ) -> bool:
+        """Every member's load within [low, high] fair shares."""
+        for mid, runs in owned.items():
+            ratio = sum(load.load(a, b) for a, b in runs) / fair[mid] if fair[mid] else 1.0
+            if not low - 1e-9 <= ratio <= high + 1e-9:
+                return False
+        return True
 
     def _hot_slot_notes(
         self, load: LoadPrefix, members: Mapping[str, MemberSpec]
@@ -194,6 +136,348 @@ class LoadAwareAssignor:
         if len(hot) > self.max_notes:
             notes.append(f"... and {len(hot) - self.max_notes} more slots above a fair share")
         return tuple(notes)
+
+
+def _claimed(
+    current: Mapping[str, RangeSet], members: Mapping[str, MemberSpec]
+) -> dict[str, list[Run]]:
+    """What each present member owns now (an overlap goes to the lower id)."""
+    claimed = EMPTY
+    owned: dict[str, list[Run]] = {}
+    for mid in sorted(members):
+        mine = current.get(mid, EMPTY) - claimed
+        owned[mid] = mine.to_pairs()
+        claimed = claimed | mine
+    return owned
+
+
+def _merged(runs: list[Run]) -> list[Run]:
+    out: list[Run] = []
+    for a, b in sorted(runs):
+        if out and a <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _to_ranges(owned: Mapping[str, list[Run]]) -> dict[str, RangeSet]:
+    return {mid: RangeSet(SlotRange(a, b) for a, b in _merged(owned[mid])) for mid in sorted(owned)}
+
+
+def _ratio_span(
+    load: LoadPrefix, fair: Mapping[str, float], owned: Mapping[str, list[Run]]
+) -> tuple[float, float]:
+    ratios = [
+        sum(load.load(a, b) for a, b in runs) / fair[mid] if fair[mid] else 1.0
+        for mid, runs in owned.items()
+    ]
+    return min(ratios), max(ratios)
+
+
+class _Rebalance:
+    """One rebalance: keep, release the excess, fill the deficits (see the module doc)."""
+
+    def __init__(
+        self,
+        load: LoadPrefix,
+        fair: Mapping[str, float],
+        current: Mapping[str, list[Run]],
+        band: float,
+        max_ranges: int,
+    ) -> None:
+        self.load = load
+        self.fair = fair
+        self.band = band
+        self.max_ranges = max_ranges
+        self.owned: dict[str, list[Run]] = {mid: _merged(runs) for mid, runs in current.items()}
+        self.held = {mid: self._sum(runs) for mid, runs in self.owned.items()}
+        taken = sorted(r for runs in self.owned.values() for r in runs)
+        self.free: list[Run] = []  # sorted, disjoint, maximal
+        cursor = 0
+        for a, b in taken:
+            if a > cursor:
+                self.free.append((cursor, a - 1))
+            cursor = b + 1
+        if cursor <= MAX_SLOT:
+            self.free.append((cursor, MAX_SLOT))
+        self.starts: list[int] = []
+        self.owner_at: dict[int, tuple[int, str]] = {}
+        self._index_owners()
+
+    def _index_owners(self) -> None:
+        """Owner of each owned run, by start (for "who is next to this edge")."""
+        self.owner_at = {a: (b, mid) for mid, runs in self.owned.items() for a, b in runs}
+        self.starts = sorted(self.owner_at)
+
+    def _owner_beside(self, run: Run, mid: str) -> str | None:
+        """The less loaded other owner of a slot next to `run` (None if both are free)."""
+        beside = {
+            m for m in (self._neighbour(run[0] - 1), self._neighbour(run[1] + 1)) if m is not None
+        } - {mid}
+        return min(beside, key=lambda m: (self.ratio(m), m)) if beside else None
+
+    def _sum(self, runs: list[Run]) -> float:
+        return sum(self.load.load(a, b) for a, b in runs)
+
+    def ratio(self, mid: str) -> float:
+        return self.held[mid] / self.fair[mid] if self.fair[mid] else 1.0
+
+    # -- the free pool ----------------------------------------------------------------
+
+    def _add_free(self, a: int, b: int) -> None:
+        i = bisect_left(self.free, (a, b))
+        if i > 0 and self.free[i - 1][1] + 1 == a:
+            i -= 1
+            a = self.free.pop(i)[0]
+        if i < len(self.free) and self.free[i][0] == b + 1:
+            b = self.free.pop(i)[1]
+        self.free.insert(i, (a, b))
+
+    def _take_free(self, a: int, b: int) -> None:
+        """Remove [a, b] from the free run containing it."""
+        i = bisect_right(self.free, (a, MAX_SLOT + 1)) - 1
+        ra, rb = self.free.pop(i)
+        assert ra <= a and b <= rb
+        if b < rb:
+            self.free.insert(i, (b + 1, rb))
+        if ra < a:
+            self.free.insert(i, (ra, a - 1))
+
+    def _neighbour(self, slot: int) -> str | None:
+        """Owner of `slot` as of the start (None if free or out of range)."""
+        if not 0 <= slot <= MAX_SLOT:
+            return None
+        i = bisect_right(self.starts, slot) - 1
+        if i < 0:
+            return None
+        end, mid = self.owner_at[self.starts[i]]
+        # Valid until the fills start: a slot not free is still the indexed owner's.
+        return mid if slot <= end and not self._is_free(slot) else None
+
+    def _is_free(self, slot: int) -> bool:
+        if not 0 <= slot <= MAX_SLOT:
+            return False
+        i = bisect_right(self.free, (slot, MAX_SLOT + 1)) - 1
+        return i >= 0 and self.free[i][0] <= slot <= self.free[i][1]
+
+    # -- release ----------------------------------------------------------------------
+
+    def _release(self, mid: str, limit: float, needy: set[str]) -> None:
+        """Give up load above `limit`: lightest whole ranges first, then an edge slice."""
+        excess = self.held[mid] - limit
+        if excess <= 0:
+            return
+        runs = self.owned[mid]
+        by_weight = sorted(runs, key=lambda r: (self.load.load(*r), r[1] - r[0], -r[0]))
+        for r in by_weight:
+            w = self.load.load(*r)
+            if len(runs) <= 1 or w > excess:
+                break
+            runs.remove(r)
+            self._add_free(*r)
+            self.held[mid] -= w
+            excess -= w
+        if excess <= 0:
+            return
+        # Slice an edge: one whose cut comes close to the excess (a hot slot near an edge
+        # can make one side useless), preferring an edge next to free slots or to a
+        # member that needs load (its fill then stays adjacent).
+        near_enough = self.band * self.fair[mid] / 2
+        best: tuple[tuple[bool, int, float, Run, bool], Run] | None = None
+        for a, b in runs:
+            for high in (True, False):
+                cut = self._cut(a, b, excess, from_high=high, at_least=True)
+                if cut is None:
+                    continue
+                error = abs(self.load.load(*cut) - excess)
+                edge = b + 1 if high else a - 1
+                score = 2 if self._is_free(edge) else 1 if self._neighbour(edge) in needy else 0
+                key = (error <= near_enough, score, -error, (a, b), high)
+                if best is None or key > best[0]:
+                    best = (key, cut)
+        if best is None:
+            return
+        (a, b), high = best[0][3], best[0][4]
+        ca, cb = best[1]
+        runs.remove((a, b))
+        if high:
+            if a < ca:
+                runs.append((a, ca - 1))
+        elif cb < b:
+            runs.append((cb + 1, b))
+        runs.sort()
+        self._add_free(ca, cb)
+        self.held[mid] -= self.load.load(ca, cb)
+
+    def _cut(
+        self, a: int, b: int, want: float, from_high: bool, at_least: bool = False
+    ) -> Run | None:
+        """A slice of [a, b] at one end whose load is closest to `want` (never all of it
+        when releasing; None if the closest is empty)."""
+        load = self.load
+        if from_high:
+            # largest s with load(s, b) >= want, and s + 1
+            s_over = bisect_right(load.prefix, load.prefix[b + 1] - want) - 1
+            s_over = max(a, min(b, s_over))
+            options = [s_over, s_over + 1]
+            s = min(
+                options,
+                key=lambda s: (abs(load.load(s, b) - want) if s <= b else want, -s),
+            )
+            if at_least and s == a:
+                s = a + 1
+            return (s, b) if s <= b else None
+        e_over = max(a, min(b, load.first_end_reaching(load.prefix[a] + want)))
+        e = min(
+            [e_over - 1, e_over],
+            key=lambda e: (abs(load.load(a, e) - want) if e >= a else want, e),
+        )
+        if at_least and e == b:
+            e = b - 1
+        return (a, e) if e >= a else None
+
+    # -- fill -------------------------------------------------------------------------
+
+    def _fill(self, mid: str, want: float, must_take: bool) -> None:
+        """Take about `want` load from the pool: adjacent runs first, then best fit."""
+        runs = self.owned[mid]
+        while self.free and (want > 0 or (must_take and not runs)):
+            piece = self._adjacent_piece(runs, want) or self._best_piece(want, not runs)
+            if piece is None:
+                return
+            self._take_free(*piece)
+            runs.append(piece)
+            runs[:] = _merged(runs)
+            got = self.load.load(*piece)
+            self.held[mid] += got
+            want -= got
+
+    def _adjacent_piece(self, runs: list[Run], want: float) -> Run | None:
+        """The heaviest free run touching one of `runs`, or the slice of it nearest them."""
+        best: Run | None = None
+        best_w = -1.0
+        for a, b in runs:
+            for high, edge in ((False, b + 1), (True, a - 1)):  # take the near end
+                if not self._is_free(edge):
+                    continue
+                run = self.free[bisect_right(self.free, (edge, MAX_SLOT + 1)) - 1]
+                w = self.load.load(*run)
+                piece = run if w <= want else self._cut(*run, want, from_high=high)
+                if piece is not None and w > best_w:
+                    best, best_w = piece, w
+        return best
+
+    def _best_piece(self, want: float, must: bool) -> Run | None:
+        """A whole free run or an end slice of one whose load is closest to `want`."""
+        best: tuple[float, float, int] | None = None
+        pick: Run | None = None
+        for a, b in self.free:
+            w = self.load.load(a, b)
+            options: list[Run | None] = (
+                [(a, b)]
+                if w <= want
+                else [self._cut(a, b, want, from_high=False), self._cut(a, b, want, True)]
+            )
+            for piece in options:
+                if piece is None:
+                    continue
+                key = (abs(self.load.load(*piece) - want), -w, piece[0])
+                if best is None or key < best:
+                    best, pick = key, piece
+        if pick is None and must:  # owns nothing yet: at least one slot
+            a, b = min(self.free, key=lambda r: (self.load.load(r[0], r[0]), r[0]))
+            pick = (a, a)
+        if pick is not None and self.load.load(*pick) == 0 and want > 0 and not must:
+            return pick if self.load.load(*pick) < want else None
+        return pick
+
+    # -- the whole rebalance ----------------------------------------------------------
+
+    def run(self) -> dict[str, list[Run]]:
+        fair = self.fair
+        ids = sorted(self.owned)
+        # Too many ranges: the lightest go to the owner next to them (which merges them
+        # into its own range, so its count does not grow); the loads are evened out by
+        # the release and fill below.
+        for mid in ids:
+            runs = self.owned[mid]
+            if len(runs) <= self.max_ranges:
+                continue
+            by_weight = sorted(runs, key=lambda r: (self.load.load(*r), r[0]))
+            for r in by_weight[: len(runs) - self.max_ranges]:
+                heir = self._owner_beside(r, mid)
+                runs.remove(r)
+                self.held[mid] -= self.load.load(*r)
+                if heir is None:
+                    self._add_free(*r)
+                else:
+                    self.owned[heir] = _merged([*self.owned[heir], r])
+                    self.held[heir] += self.load.load(*r)
+                self._index_owners()
+        lo, hi = 1 - self.band, 1 + self.band
+        needy = {mid for mid in ids if self.held[mid] < lo * fair[mid] or not self.owned[mid]}
+        need = sum(fair[mid] - self.held[mid] for mid in needy)
+        # Above the band: release down to its top.
+        for mid in sorted(ids, key=lambda m: (-self.ratio(m), m)):
+            if mid not in needy and self.held[mid] > hi * fair[mid]:
+                self._release(mid, hi * fair[mid], needy)
+        # Not enough for those below it (a join): more donors, each down to the band's
+        # bottom so that few are needed, next to free slots first (their slice then
+        # joins an existing free run instead of making a new one), fullest first.
+        short = need - sum(self.load.load(a, b) for a, b in self.free)
+        donors = {m for m in ids if m not in needy and self.held[m] > lo * fair[m]}
+        while short > 0 and donors:
+
+            def appeal(m: str) -> tuple[bool, float, str]:
+                touches = any(
+                    self._is_free(a - 1) or self._is_free(b + 1) for a, b in self.owned[m]
+                )
+                return (touches, self.ratio(m), m)
+
+            donor = max(donors, key=appeal)
+            donors.discard(donor)
+            before = self.held[donor]
+            give = min(before - lo * fair[donor], short)
+            self._release(donor, before - give, needy)
+            short -= before - self.held[donor]
+        order = sorted(ids, key=lambda m: (self.ratio(m), m))
+        for mid in order:
+            if mid in needy:
+                self._fill(mid, fair[mid] - self.held[mid], must_take=True)
+        for mid in sorted(ids, key=lambda m: (self.ratio(m), m)):
+            if self.held[mid] < fair[mid]:
+                self._fill(mid, fair[mid] - self.held[mid], must_take=False)
+        self._leftovers()
+        return self.owned
+
+    def _leftovers(self) -> None:
+        """Free runs left over (rounding, heavy slots): the least loaded member below its
+        fair load takes the nearest piece; what nobody lacks goes to the less loaded
+        owner next to it."""
+        while self.free:
+            mid = min(self.owned, key=lambda m: (self.ratio(m), m))
+            want = self.fair[mid] - self.held[mid]
+            if want > 0:
+                runs = self.owned[mid]
+                piece = self._adjacent_piece(runs, want) or self._best_piece(want, True)
+                assert piece is not None
+                self._take_free(*piece)
+                runs[:] = _merged([*runs, piece])
+                self.held[mid] += self.load.load(*piece)
+                continue
+            a, b = self.free.pop()
+            pieces = sorted((r, m) for m, runs in self.owned.items() for r in runs)
+            starts = [r[0] for r, _ in pieces]
+            i = bisect_left(starts, a)
+            beside = []
+            if i > 0 and pieces[i - 1][0][1] == a - 1:
+                beside.append(pieces[i - 1][1])
+            if i < len(pieces) and pieces[i][0][0] == b + 1:
+                beside.append(pieces[i][1])
+            heir = min(beside or list(self.owned), key=lambda m: (self.ratio(m), m))
+            self.owned[heir] = _merged([*self.owned[heir], (a, b)])
+            self.held[heir] += self.load.load(a, b)
 
 
 def _capped(load: LoadPrefix, min_share: float) -> LoadPrefix:
@@ -219,18 +503,6 @@ def _capped(load: LoadPrefix, min_share: float) -> LoadPrefix:
             break
         cap = settled
     return LoadPrefix([min(w, cap) for w in load.weights])
-
-
-def _moved(old: Mapping[str, tuple[int, int]], order: list[str], ends: list[int]) -> int:
-    """Slots of the current ranges `old` whose owner differs under the new `ends`."""
-    moved = 0
-    start = 0
-    for mid, end in zip(order, ends, strict=True):
-        if mid in old:
-            a, b = old[mid]
-            moved += (b - a + 1) - max(0, min(b, end) - max(a, start) + 1)
-        start = end + 1
-    return moved
 
 
 def imbalance(
