@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
 from coordinator.broker import EmbeddedBroker
+from tests.integration.harness import CoordinatorProcess, Workers
 
 
 def _stop_broker(broker: EmbeddedBroker) -> None:
@@ -33,3 +35,29 @@ def broker() -> Iterator[EmbeddedBroker]:
         yield b
     finally:
         _stop_broker(b)
+
+
+@pytest.fixture
+async def coordinator(
+    broker: EmbeddedBroker, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[CoordinatorProcess]:
+    """A coordinator daemon process on the test's broker, with a 2 s drain deadline and
+    any extra flags from `@pytest.mark.coordinator_args(...)`."""
+    marker = request.node.get_closest_marker("coordinator_args")
+    extra = ["--drain-timeout-ms", "2000", *(marker.args if marker else ())]
+    coord = CoordinatorProcess(broker.bootstrap_servers, tmp_path, extra=extra)
+    try:
+        await coord.start()
+        yield coord
+    finally:
+        coord.stop()
+
+
+@pytest.fixture
+def workers(coordinator: CoordinatorProcess, tmp_path: Path) -> Iterator[Workers]:
+    """Consumer worker processes on `coordinator`, all stopped (by pid) afterwards."""
+    w = Workers(coordinator, tmp_path)
+    try:
+        yield w
+    finally:
+        w.stop_all()

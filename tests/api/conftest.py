@@ -1,36 +1,7 @@
-"""A real coordinator daemon with an admin token, and real consumer workers on it."""
+"""API tests run a real daemon with an admin token (the shared `coordinator` fixture
+with `ADMIN_ARGS`), and real consumer workers on it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-
-import pytest
-
-from coordinator.broker import EmbeddedBroker
-from tests.integration.harness import CoordinatorProcess, Workers
-
 ADMIN_TOKEN = "admin-test-token"
-
-
-@pytest.fixture
-async def daemon(broker: EmbeddedBroker, tmp_path: Path) -> AsyncIterator[CoordinatorProcess]:
-    coord = CoordinatorProcess(
-        broker.bootstrap_servers,
-        tmp_path,
-        extra=["--drain-timeout-ms", "2000", "--admin-token", ADMIN_TOKEN],
-    )
-    try:
-        await coord.start()
-        yield coord
-    finally:
-        coord.stop()
-
-
-@pytest.fixture
-def consumers(daemon: CoordinatorProcess, tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(daemon, tmp_path)
-    try:
-        yield w
-    finally:
-        w.stop_all()
+ADMIN_ARGS = ("--admin-token", ADMIN_TOKEN)

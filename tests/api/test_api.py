@@ -1,4 +1,4 @@
-"""The admin API of a real daemon, with real consumers on a real broker: views, metrics,
+"""The admin API of a real coordinator, with real workers on a real broker: views, metrics,
 readiness, rebalance, config, fence, key lookup and the bearer-token rules."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from coordinator.broker import EmbeddedBroker
 from coordinator.hashing import slot_for_key
-from tests.api.conftest import ADMIN_TOKEN
+from tests.api.conftest import ADMIN_ARGS, ADMIN_TOKEN
 from tests.integration.harness import (
     GROUP,
     TOPIC,
@@ -21,7 +21,7 @@ from tests.integration.harness import (
     wait_for,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.coordinator_args(*ADMIN_ARGS)]
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
@@ -30,16 +30,16 @@ def ownership(view: dict[str, Any]) -> dict[str, tuple[int, list[list[int]]]]:
 
 
 async def test_views_and_operations_on_a_live_group(
-    daemon: CoordinatorProcess, consumers: Workers
+    coordinator: CoordinatorProcess, workers: Workers
 ) -> None:
-    await create_topic(daemon.bootstrap)
-    consumers.spawn("c0")
-    consumers.spawn("c1")
-    await wait_for(lambda: daemon.settled(2), 30, "2 settled members")
-    await produce(daemon.bootstrap, 2_000, 100)
-    await wait_for(lambda: consumers.unique() >= 2_000, 60, "2,000 records processed")
+    await create_topic(coordinator.bootstrap)
+    workers.spawn("c0")
+    workers.spawn("c1")
+    await wait_for(lambda: coordinator.settled(2), 30, "2 settled members")
+    await produce(coordinator.bootstrap, 2_000, 100)
+    await wait_for(lambda: workers.unique() >= 2_000, 60, "2,000 records processed")
 
-    async with httpx.AsyncClient(base_url=daemon.admin_url, timeout=5) as http:
+    async with httpx.AsyncClient(base_url=coordinator.admin_url, timeout=5) as http:
         groups = (await http.get("/v1/groups")).json()["groups"]
         assert [(g["group"], g["members"], g["owned_slots"]) for g in groups] == [(GROUP, 2, 65536)]
 
@@ -48,7 +48,7 @@ async def test_views_and_operations_on_a_live_group(
             members = view["members"]
             done = sum(m["processed"] for m in members) >= 2_000
             rated = all(m["processed_per_s"] is not None for m in members)
-            # Lag: the partition's end as the consumers' fetches saw it, minus each owned
+            # Lag: the partition's end as the workers' fetches saw it, minus each owned
             # range's position; everything was processed, so it drains to 0.
             caught_up = all(m["lag"] == 0 and m["range_lag"] for m in members)
             return view if done and rated and caught_up else None
@@ -108,7 +108,7 @@ async def test_views_and_operations_on_a_live_group(
         assert fenced.status_code == 200 and fenced.json()["fenced"]
 
         async def victim_gone_and_settled() -> dict[str, Any] | None:
-            view = await daemon.settled(2)  # the fenced worker re-registers as a new member
+            view = await coordinator.settled(2)  # the fenced worker re-registers as a new member
             return view if view and victim not in ownership(view) else None
 
         await wait_for(victim_gone_and_settled, 30, "fenced member replaced, group settled")
@@ -119,9 +119,9 @@ async def test_views_and_operations_on_a_live_group(
 
 
 async def test_readyz_reports_an_unreachable_broker(
-    daemon: CoordinatorProcess, broker: EmbeddedBroker
+    coordinator: CoordinatorProcess, broker: EmbeddedBroker
 ) -> None:
-    async with httpx.AsyncClient(base_url=daemon.admin_url, timeout=5) as http:
+    async with httpx.AsyncClient(base_url=coordinator.admin_url, timeout=5) as http:
         assert (await http.get("/readyz")).status_code == 200
         broker.kill()
 

@@ -1,5 +1,5 @@
 """`keyshard groups|status|where|rebalance|fence` as an operator runs them: subprocesses
-against a real daemon, and one-line errors (exit 1, no traceback) when things go wrong."""
+against a real coordinator, and one-line errors (exit 1, no traceback) when things go wrong."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.broker import free_port
-from tests.api.conftest import ADMIN_TOKEN
+from tests.api.conftest import ADMIN_ARGS, ADMIN_TOKEN
 from tests.integration.harness import GROUP, CoordinatorProcess, Workers, create_topic, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -48,12 +48,13 @@ def test_daemon_down_is_one_clear_line() -> None:
 
 
 @pytest.mark.integration
-async def test_cli_against_a_live_daemon(daemon: CoordinatorProcess, consumers: Workers) -> None:
-    await create_topic(daemon.bootstrap)
-    consumers.spawn("c0")
-    consumers.spawn("c1")
-    view = await wait_for(lambda: daemon.settled(2), 30, "2 settled members")
-    admin = ("--admin", daemon.admin_url)
+@pytest.mark.coordinator_args(*ADMIN_ARGS)
+async def test_cli_against_a_live_daemon(coordinator: CoordinatorProcess, workers: Workers) -> None:
+    await create_topic(coordinator.bootstrap)
+    workers.spawn("c0")
+    workers.spawn("c1")
+    view = await wait_for(lambda: coordinator.settled(2), 30, "2 settled members")
+    admin = ("--admin", coordinator.admin_url)
 
     groups = keyshard("groups", *admin)
     assert groups.returncode == 0, groups.stderr

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.api.conftest import ADMIN_ARGS
 from tests.integration.harness import CoordinatorProcess, Workers, create_topic, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.coordinator_args(*ADMIN_ARGS)]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = shutil.which("chromium")
 CHROMIUM_ARGS = [
@@ -27,25 +28,25 @@ CHROMIUM_ARGS = [
     reason="Debian's chromium is not installed (scripts/test.sh installs it when run as root)",
 )
 async def test_dashboard_follows_a_consumer_joining(
-    daemon: CoordinatorProcess, consumers: Workers
+    coordinator: CoordinatorProcess, workers: Workers
 ) -> None:
     from playwright.async_api import async_playwright
 
-    await create_topic(daemon.bootstrap)
-    consumers.spawn("c0")
-    first = await wait_for(lambda: daemon.settled(1), 30, "1 settled member")
+    await create_topic(coordinator.bootstrap)
+    workers.spawn("c0")
+    first = await wait_for(lambda: coordinator.settled(1), 30, "1 settled member")
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = await browser.new_page(viewport={"width": 1000, "height": 900})
-            await page.goto(daemon.admin_url + "/")
+            await page.goto(coordinator.admin_url + "/")
             rows = page.locator("#members tbody tr")
             await rows.first.wait_for(timeout=15_000)
             assert await rows.count() == 1
             assert first["members"][0]["member_id"] in await rows.first.inner_text()
 
-            consumers.spawn("c1")
-            second = await wait_for(lambda: daemon.settled(2), 30, "2 settled members")
+            workers.spawn("c1")
+            second = await wait_for(lambda: coordinator.settled(2), 30, "2 settled members")
             for member in second["members"]:
                 await page.locator(f'#members tr[data-member="{member["member_id"]}"]').wait_for(
                     timeout=15_000
