@@ -169,8 +169,9 @@ def create_app(
         },
     )
     async def put_config(group: str, update: GroupConfigUpdate) -> GroupConfigView:
-        """Change drain timeout, lost-member margin, ping interval or assignor at run time.
-        A new assignor takes effect at once (the target is recomputed)."""
+        """Change a group's knobs at run time: assignor, drain timeout, lost-member margin,
+        ping interval, rebalance threshold / hold / check interval. A new assignor takes
+        effect at once (the target is recomputed)."""
         state_of(group)
         config = operations.update_config(runtime, group, **update.model_dump())
         return config_view(config)
