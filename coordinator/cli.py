@@ -51,11 +51,10 @@ def _servers(value: str) -> str:
 
 
 def _assignor(value: str) -> str:
-    from coordinator.assignor import ASSIGNORS
-    from coordinator.strategies import STRATEGY_NAMES  # registers the built-in strategies
+    from coordinator.assignor import known_assignors
 
-    if value not in ASSIGNORS:
-        known = ", ".join(sorted(set(ASSIGNORS) | set(STRATEGY_NAMES)))
+    if value not in known_assignors():
+        known = ", ".join(known_assignors())
         raise argparse.ArgumentTypeError(f"unknown assignor {value!r} (known: {known})")
     return value
 
