@@ -55,8 +55,11 @@ _MAX_PASSES = 4
 class LoadAwareAssignor:
     """Ranges whose measured loads match capacity shares, moving few slots.
 
-    `tolerance` is in units of a fair share: the current assignment is kept while every
-    member is within it; a rebalance aims for half of it. `max_ranges` bounds how many
+    `tolerance` is in units of a fair share: the current assignment is kept while no
+    member is above its fair share by more than it, nor below by more than twice it
+    (under-load does not raise the busiest member's share, which is what balance is
+    about; a symmetric band made small load drifts trigger large moves). A rebalance
+    aims for half of it. `max_ranges` bounds how many
     ranges a member may own (a member above it releases its lightest ranges and
     refills). `max_notes` caps how many hot slots are named in `Assignment.notes`.
     """
@@ -86,7 +89,8 @@ class LoadAwareAssignor:
         current = _claimed(spec.current, members)
         notes = self._hot_slot_notes(measured, members) if measured.measured else ()
         complete = sum(sum(b - a + 1 for a, b in rs) for rs in current.values()) == SLOT_COUNT
-        if complete and self._fits(load, fair, current, 1 - self.tolerance, 1 + self.tolerance):
+        keep_low, keep_high = 1 - 2 * self.tolerance, 1 + self.tolerance
+        if complete and self._fits(load, fair, current, keep_low, keep_high):
             return Assignment(_to_ranges(current), notes=notes)
         # A rebalance can leave a member outside the band (a slot too heavy to place
         # well); the next one would then move again with nothing changed. So repeat until
