@@ -1,0 +1,106 @@
+{{/*
+Names and labels shared by every template (the usual `helm create` shapes).
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "keyshard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name of the release's resources: the release name, with the chart name added
+unless the release name already contains it. Truncated to 63 characters (DNS label);
+53 would leave room for suffixes, so suffixed names truncate again.
+*/}}
+{{- define "keyshard.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the consumer-channel Service. */}}
+{{- define "keyshard.consumerServiceName" -}}
+{{- printf "%s-consumer" (include "keyshard.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- end }}
+
+{{/* Name of the admin API Service. */}}
+{{- define "keyshard.adminServiceName" -}}
+{{- printf "%s-admin" (include "keyshard.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
+{{/* Chart name and version, for the helm.sh/chart label. */}}
+{{- define "keyshard.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every resource. */}}
+{{- define "keyshard.labels" -}}
+helm.sh/chart: {{ include "keyshard.chart" . }}
+{{ include "keyshard.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | trunc 63 | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: keyshard
+{{- end }}
+
+{{/* Labels that select the coordinator pod; they never change over upgrades. */}}
+{{- define "keyshard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "keyshard.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: coordinator
+{{- end }}
+
+{{/* The ServiceAccount the pod runs as. */}}
+{{- define "keyshard.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "keyshard.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the tokens: the user's existing one, or the chart's own. */}}
+{{- define "keyshard.secretName" -}}
+{{- default (include "keyshard.fullname" .) .Values.auth.existingSecret }}
+{{- end }}
+
+{{/* "true" when the pod reads the consumer token from a Secret. */}}
+{{- define "keyshard.hasConsumerToken" -}}
+{{- if .Values.auth.existingSecret }}
+{{- if .Values.auth.consumerTokenKey }}true{{ end }}
+{{- else if .Values.auth.consumerToken }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the pod reads the admin token from a Secret. */}}
+{{- define "keyshard.hasAdminToken" -}}
+{{- if .Values.auth.existingSecret }}
+{{- if .Values.auth.adminTokenKey }}true{{ end }}
+{{- else if .Values.auth.adminToken }}true{{ end }}
+{{- end }}
+
+{{/* The image reference. */}}
+{{- define "keyshard.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/*
+Guards that also hold when schema validation is skipped (--skip-schema-validation):
+the same rules as values.schema.json, with the reason.
+*/}}
+{{- define "keyshard.validate" -}}
+{{- if not .Values.config.bootstrapServers }}
+{{- fail "config.bootstrapServers is required: the Kafka cluster as HOST:PORT[,HOST:PORT...] (in a cluster the coordinator never starts its embedded test broker)" }}
+{{- end }}
+{{- if gt (int .Values.replicaCount) 1 }}
+{{- fail "replicaCount must be 0 or 1: keyshard has no leader election and the coordinator must be the only writer of its state topic" }}
+{{- end }}
+{{- if and .Values.config.adminAuthReads (ne (include "keyshard.hasAdminToken" .) "true") }}
+{{- fail "config.adminAuthReads needs an admin token: set auth.adminToken, or auth.existingSecret with auth.adminTokenKey" }}
+{{- end }}
+{{- end }}
