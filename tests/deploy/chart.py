@@ -1,0 +1,169 @@
+"""Render the Helm chart in-process (helm-python-sdk: Helm's Go SDK through a bundled
+shared library; no helm binary, no cluster, no network) and validate what comes out."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import yaml
+from kubernetes_validate import utils as kv
+from referencing import Registry, Resource
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "keyshard"
+NAMESPACE = "streaming"
+RELEASE = "ks"
+# The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
+KUBE_VERSIONS = ("1.25.0", kv.latest_version())
+
+# The one value the chart cannot default: where Kafka is.
+MINIMAL: dict[str, Any] = {"config": {"bootstrapServers": "kafka-0.kafka:9092"}}
+
+# Everything non-default at once: every daemon setting changed, tokens on (the chart's
+# own Secret), reads protected, ServiceMonitor, PDB, resources and the rest.
+FULL: dict[str, Any] = {
+    "replicaCount": 1,
+    "image": {"repository": "registry.example/keyshard", "tag": "9.9.9", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "config": {
+        "bootstrapServers": "kafka-0.kafka:9092,kafka-1.kafka:9092",
+        "stateTopic": "__keyshard_state_prod",
+        "assignor": "balanced",
+        "groupAssignors": {"orders": "sticky", "audit": "consistent-hash"},
+        "drainTimeoutMs": 12_345,
+        "startupGraceMs": 20_000,
+        "lostMemberMarginMs": 750,
+        "rebalanceThreshold": 1.5,
+        "rebalanceHoldMs": 45_000,
+        "balanceCheckMs": 2_500,
+        "loadHalfLifeMs": 60_000,
+        "adminAuthReads": True,
+        "logLevel": "DEBUG",
+        "listenHost": "0.0.0.0",
+    },
+    "auth": {"consumerToken": "consumer-secret", "adminToken": "admin-secret"},
+    "ports": {"consumer": 9171, "admin": 9172},
+    "service": {
+        "consumer": {"type": "LoadBalancer", "port": 7171, "annotations": {"a/b": "c"}},
+        "admin": {"type": "ClusterIP", "port": 8080},
+    },
+    "extraEnv": [{"name": "TZ", "value": "UTC"}],
+    "extraArgs": [],
+    "serviceAccount": {"create": True, "name": "keyshard-sa", "annotations": {"x/y": "z"}},
+    "podAnnotations": {"team": "streaming"},
+    "podLabels": {"tier": "control"},
+    "resources": {
+        "requests": {"cpu": "250m", "memory": "256Mi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    },
+    "podDisruptionBudget": {"enabled": True, "minAvailable": 1},
+    "serviceMonitor": {
+        "enabled": True,
+        "labels": {"release": "kube-prometheus-stack"},
+        "interval": "15s",
+        "scrapeTimeout": "5s",
+    },
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    "priorityClassName": "high",
+}
+
+# A parked release (no coordinator), tokens from a Secret the user manages.
+PARKED: dict[str, Any] = {
+    "replicaCount": 0,
+    "config": {"bootstrapServers": "kafka:9092"},
+    "auth": {"existingSecret": "keyshard-tokens", "consumerTokenKey": ""},
+    "serviceAccount": {"create": False},
+}
+
+VALUE_SETS = {"minimal": MINIMAL, "full": FULL, "parked": PARKED}
+
+
+def merged(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge value layers, later ones winning (as repeated `-f` files do)."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = merged(out[key], value)
+            else:
+                out[key] = copy.deepcopy(value)
+    return out
+
+
+def render(values: dict[str, Any], chart: Path = CHART) -> dict[str, str]:
+    """Template path -> rendered text, as `helm template` would print them."""
+    with helm.Chart.load(chart) as loaded:
+        return loaded.render(values=values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+
+
+def manifests(values: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every Kubernetes object the chart renders (NOTES.txt is not one)."""
+    objects: list[dict[str, Any]] = []
+    for path, text in sorted(render(values).items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return objects
+
+
+def notes(values: dict[str, Any]) -> str:
+    return next(text for path, text in render(values).items() if path.endswith("NOTES.txt"))
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def service(objects: list[dict[str, Any]], suffix: str) -> dict[str, Any]:
+    """The Service whose name ends in -consumer or -admin."""
+    (found,) = [
+        o
+        for o in objects
+        if o["kind"] == "Service" and o["metadata"]["name"].endswith(f"-{suffix}")
+    ]
+    return found
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    pod = find(objects, "Deployment")["spec"]["template"]["spec"]
+    (coordinator,) = [c for c in pod["containers"] if c["name"] == "coordinator"]
+    return dict(coordinator)
+
+
+# ServiceMonitor is a CRD (prometheus-operator), so kubernetes-validate has no schema for
+# it. servicemonitor.schema.json is ours: written from prometheus-operator's API reference
+# for monitoring.coreos.com/v1 and limited to the fields this chart renders, each object
+# closed (additionalProperties: false) like the strict Kubernetes schemas; metadata and
+# the label selector are checked against the real Kubernetes definitions.
+_SERVICE_MONITOR_SCHEMA = json.loads(
+    (Path(__file__).with_name("servicemonitor.schema.json")).read_text(encoding="utf-8")
+)
+
+
+def _k8s_definitions(version: str) -> Resource[Any]:
+    major_minor = ".".join(version.split(".")[:2])
+    available = [v for v in kv.all_versions() if kv.major_minor(v) == major_minor]
+    path = f"kubernetes-json-schema/v{available[0]}-local-strict/_definitions.json"
+    return Resource.from_contents(kv.schema_contents(path, version))
+
+
+def validate_custom(obj: dict[str, Any], version: str) -> None:
+    """Validate a ServiceMonitor; raises jsonschema.ValidationError with the path."""
+    registry: Registry[Any] = _k8s_definitions(version) @ Registry()
+    jsonschema.Draft202012Validator(_SERVICE_MONITOR_SCHEMA, registry=registry).validate(obj)
+
+
+def validate_object(obj: dict[str, Any], version: str) -> None:
+    """Strict validation (unknown fields are errors) of one rendered object."""
+    if obj["apiVersion"] == "monitoring.coreos.com/v1" and obj["kind"] == "ServiceMonitor":
+        validate_custom(obj, version)
+    else:
+        kv.validate(obj, version, strict=True)

@@ -1,0 +1,331 @@
+"""The Helm chart renders, lints clean, validates strictly, and refuses bad values."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import pytest
+import yaml
+from kubernetes_validate import utils as kv
+
+from tests.deploy.chart import (
+    CHART,
+    FULL,
+    KUBE_VERSIONS,
+    MINIMAL,
+    PARKED,
+    VALUE_SETS,
+    container,
+    find,
+    manifests,
+    merged,
+    notes,
+    render,
+    service,
+    validate_custom,
+    validate_object,
+)
+
+# `helm lint` reports an INFO "icon is recommended" for any chart without an icon URL.
+# keyshard has no hosted icon, and a made-up URL would be worse than the INFO; this is
+# the only finding tolerated, and only at INFO level.
+TOLERATED_LINT = {(1, "Chart.yaml", "icon is recommended")}
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_lint_has_no_findings(name: str) -> None:
+    report = helm.lint(CHART, VALUE_SETS[name], strict=True, namespace="streaming")
+    findings = {(m["severity"], m["path"], m["error"]) for m in report["messages"]}
+    assert report["total_charts_linted"] == 1
+    assert report["errors"] == []
+    assert findings <= TOLERATED_LINT, findings - TOLERATED_LINT
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_every_manifest_validates_strictly(name: str, version: str) -> None:
+    objects = manifests(VALUE_SETS[name])
+    assert objects
+    for obj in objects:
+        validate_object(obj, version)
+
+
+def test_strict_validation_catches_an_unknown_field() -> None:
+    """The validation above can fail: a misspelt field in a rendered object is an error,
+    for the built-in kinds and for the ServiceMonitor schema alike."""
+    objects = manifests(FULL)
+    deployment = find(objects, "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+    with pytest.raises(kv.ValidationError, match="livenesProbe"):
+        validate_object(deployment, KUBE_VERSIONS[-1])
+    monitor = find(objects, "ServiceMonitor")
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError, match="intervall"):
+        validate_custom(monitor, KUBE_VERSIONS[-1])
+    monitor = find(manifests(FULL), "ServiceMonitor")
+    monitor["metadata"]["labelz"] = {}
+    with pytest.raises(jsonschema.ValidationError, match="labelz"):
+        validate_custom(monitor, KUBE_VERSIONS[-1])
+
+
+def test_minimal_values_render_the_expected_objects() -> None:
+    kinds = sorted(o["kind"] for o in manifests(MINIMAL))
+    assert kinds == ["ConfigMap", "Deployment", "Service", "Service", "ServiceAccount"]
+
+
+def test_full_values_render_the_optional_objects() -> None:
+    kinds = sorted(o["kind"] for o in manifests(FULL))
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Secret",
+        "Service",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ]
+
+
+def test_every_object_carries_the_standard_labels() -> None:
+    for values in VALUE_SETS.values():
+        for obj in manifests(values):
+            labels = obj["metadata"]["labels"]
+            for key in (
+                "app.kubernetes.io/name",
+                "app.kubernetes.io/instance",
+                "app.kubernetes.io/version",
+                "app.kubernetes.io/managed-by",
+                "app.kubernetes.io/component",
+                "helm.sh/chart",
+            ):
+                assert labels.get(key), f"{obj['kind']} {obj['metadata']['name']} lacks {key}"
+            assert obj["metadata"]["namespace"] == "streaming"
+
+
+def test_one_coordinator_never_two() -> None:
+    """No leader election: the Deployment must never run an old and a new coordinator at
+    once (Recreate), and more than one replica is refused."""
+    deployment = find(manifests(FULL), "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert find(manifests(PARKED), "Deployment")["spec"]["replicas"] == 0
+    assert "PARKED" in notes(PARKED)
+    with pytest.raises(helm.HelmValuesError, match=r"/replicaCount': maximum: got 2, want 1"):
+        render(merged(MINIMAL, {"replicaCount": 2}))
+
+
+def test_security_context_is_locked_down() -> None:
+    objects = manifests(MINIMAL)
+    pod = find(objects, "Deployment")["spec"]["template"]["spec"]
+    ctx = container(objects)["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert ctx["runAsUser"] != 0
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["enableServiceLinks"] is False
+    mounts = {m["mountPath"] for m in container(objects)["volumeMounts"]}
+    assert mounts == {"/tmp"}  # the only writable path
+
+
+def test_resources_come_from_values() -> None:
+    assert container(manifests(FULL))["resources"] == FULL["resources"]
+
+
+def test_tokens_go_to_a_secret_never_the_configmap() -> None:
+    objects = manifests(FULL)
+    secret = find(objects, "Secret")
+    decoded = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert decoded == {"consumer-token": "consumer-secret", "admin-token": "admin-secret"}
+    assert "secret" not in yaml.safe_dump(find(objects, "ConfigMap")["data"])
+    env = {e["name"]: e for e in container(objects)["env"]}
+    tokens = {"KEYSHARD_AUTH_TOKEN": "consumer-token", "KEYSHARD_ADMIN_TOKEN": "admin-token"}
+    for var, key in tokens.items():
+        ref = env[var]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": secret["metadata"]["name"], "key": key}
+
+
+def test_existing_secret_is_referenced_not_created() -> None:
+    objects = manifests(PARKED)
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    env = {e["name"]: e for e in container(objects)["env"]}
+    assert set(env) == {"KEYSHARD_ADMIN_TOKEN"}  # consumerTokenKey "" = no consumer token
+    assert env["KEYSHARD_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "keyshard-tokens",
+        "key": "admin-token",
+    }
+
+
+def test_service_monitor_scrapes_metrics_with_the_admin_token() -> None:
+    objects = manifests(FULL)
+    monitor = find(objects, "ServiceMonitor")
+    admin, consumer = service(objects, "admin"), service(objects, "consumer")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= admin["metadata"]["labels"].items()
+    assert not selector.items() <= consumer["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in admin["spec"]["ports"]}
+    assert endpoint["authorization"]["credentials"] == {
+        "name": find(objects, "Secret")["metadata"]["name"],
+        "key": "admin-token",
+    }
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_config_change_restarts_the_pod() -> None:
+    def checksum(values: dict[str, Any]) -> str:
+        annotations = find(manifests(values), "Deployment")["spec"]["template"]["metadata"]
+        return str(annotations["annotations"]["checksum/config"])
+
+    assert checksum(MINIMAL) != checksum(merged(MINIMAL, {"config": {"drainTimeoutMs": 5000}}))
+
+
+# --- values the schema refuses, each with the message a user sees --------------------
+
+BAD_VALUES = [
+    pytest.param({}, r"/config/bootstrapServers': minLength: got 0, want 1", id="no-bootstrap"),
+    pytest.param(
+        {"config": {"bootstrapServers": None}},
+        r"at '/config': missing property 'bootstrapServers'",
+        id="null-bootstrap",
+    ),
+    pytest.param(
+        {"config": {"bootstrapServers": "kafka"}},
+        r"/config/bootstrapServers': 'kafka' does not match pattern",
+        id="bootstrap-without-port",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"config": {"drainTimeoutMs": "10s"}}),
+        r"/config/drainTimeoutMs': got string, want integer",
+        id="wrong-type",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"config": {"rebalanceThreshold": 1}}),
+        r"/config/rebalanceThreshold': exclusiveMinimum",
+        id="threshold-not-above-1",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"config": {"assignor": "round-robin"}}),
+        r"/config/assignor': value must be one of",
+        id="unknown-assignor",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"config": {"groupAssignors": {"orders": "nope"}}}),
+        r"/config/groupAssignors/orders': value must be one of",
+        id="unknown-group-assignor",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"replicaCount": 3}),
+        r"/replicaCount': maximum: got 3, want 1",
+        id="replicas",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"ports": {"admin": 70000}}),
+        r"/ports/admin': maximum: got 70,000, want 65,535",
+        id="port-range",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"auth": {"existingSecret": "mine", "adminToken": "x"}}),
+        r"/auth/adminToken': maxLength: got 1, want 0",
+        id="token-and-existing-secret",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"config": {"drainTimeoutMS": 5}}),
+        r"additional properties 'drainTimeoutMS' not allowed",
+        id="misspelt-key",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"serviceMonitor": {"interval": "15 seconds"}}),
+        r"/serviceMonitor/interval': '15 seconds' does not match pattern",
+        id="bad-duration",
+    ),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), BAD_VALUES)
+def test_schema_refuses_bad_values(values: dict[str, Any], message: str) -> None:
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError, match=message):
+        chart.validate_schema(values)
+    with pytest.raises(helm.HelmValuesError, match="don't meet the specifications"):
+        render(values)
+
+
+def test_a_bad_values_file_is_refused(tmp_path: Path) -> None:
+    """The same through a YAML file, as `helm install -f bad.yaml` reads it."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("config:\n  bootstrapServers: kafka:9092\n  startupGraceMs: soon\n")
+    values = helm.values_from_yaml(bad.read_text())
+    message = r"/config/startupGraceMs': got string, want integer"
+    with pytest.raises(helm.HelmValuesError, match=message):
+        render(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({}, "config.bootstrapServers is required"),
+        (merged(MINIMAL, {"replicaCount": 2}), "replicaCount must be 0 or 1"),
+        (
+            merged(MINIMAL, {"config": {"adminAuthReads": True}}),
+            "config.adminAuthReads needs an admin token",
+        ),
+    ],
+)
+def test_template_guards_hold_without_the_schema(
+    tmp_path: Path, values: dict[str, Any], message: str
+) -> None:
+    """`helm install --skip-schema-validation` still gets the reason, from the templates."""
+    chart = tmp_path / "keyshard"
+    shutil.copytree(CHART, chart)
+    (chart / "values.schema.json").unlink()
+    with pytest.raises(helm.HelmRenderError, match=message):
+        render(values, chart)
+
+
+def undocumented_keys(text: str) -> list[str]:
+    """Keys of a values.yaml without a comment block right above them. A block starting
+    with `# --` documents a whole value: a mapping under it (a securityContext, say) is
+    that value's content and needs no comments of its own; a plain `#` block documents a
+    group whose keys each need one."""
+    lines = text.splitlines()
+    missing: list[str] = []
+    path: list[tuple[int, str]] = []
+    opaque_below: int | None = None
+    for number, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        indent = len(line) - len(line.lstrip())
+        if opaque_below is not None:
+            if indent > opaque_below:
+                continue
+            opaque_below = None
+        key = stripped.split(":", 1)[0]
+        path = [(i, k) for i, k in path if i < indent] + [(indent, key)]
+        block: list[str] = []
+        back = number - 1
+        while back >= 0 and lines[back].strip().startswith("#"):
+            block.insert(0, lines[back].strip())
+            back -= 1
+        if not block:
+            missing.append(".".join(k for _, k in path))
+        elif block[0].startswith("# --"):
+            opaque_below = indent
+    return missing
+
+
+def test_every_values_key_has_a_comment() -> None:
+    assert undocumented_keys((CHART / "values.yaml").read_text(encoding="utf-8")) == []
+
+
+def test_the_comment_check_can_fail() -> None:
+    text = "# group\ngroup:\n  # -- fine\n  a: 1\n  b: 2\n# -- whole value\nctx:\n  x: 1\n"
+    assert undocumented_keys(text) == ["group.b"]

@@ -1,0 +1,257 @@
+"""The chart, the Dockerfile and the README agree with what `keyshard coordinator`
+accepts. Everything is read from the code (build_parser(), the admin app's routes,
+known_assignors()), never from a copy of it."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import re
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from coordinator.assignor import known_assignors
+from coordinator.cli import build_parser
+from tests.api.fake_runtime import fake_runtime
+from tests.deploy.chart import CHART, FULL, MINIMAL, ROOT, container, find, manifests, service
+
+# values.yaml key (under config/auth) -> argparse dest of `keyshard coordinator`. A new
+# flag without a chart value fails test_every_flag_is_reachable_from_values.
+VALUE_FOR_DEST = {
+    "bootstrap_servers": ("config", "bootstrapServers"),
+    "listen": ("ports", "consumer"),
+    "admin_listen": ("ports", "admin"),
+    "state_topic": ("config", "stateTopic"),
+    "auth_token": ("auth", "consumerToken"),
+    "admin_token": ("auth", "adminToken"),
+    "admin_auth_reads": ("config", "adminAuthReads"),
+    "drain_timeout_ms": ("config", "drainTimeoutMs"),
+    "startup_grace_ms": ("config", "startupGraceMs"),
+    "lost_member_margin_ms": ("config", "lostMemberMarginMs"),
+    "assignor": ("config", "assignor"),
+    "group_assignor": ("config", "groupAssignors"),
+    "rebalance_threshold": ("config", "rebalanceThreshold"),
+    "rebalance_hold_ms": ("config", "rebalanceHoldMs"),
+    "balance_check_ms": ("config", "balanceCheckMs"),
+    "load_half_life_ms": ("config", "loadHalfLifeMs"),
+    "log_level": ("config", "logLevel"),
+}
+
+
+def _coordinator_parser() -> argparse.ArgumentParser:
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    coordinator = sub.choices["coordinator"]
+    assert isinstance(coordinator, argparse.ArgumentParser)
+    return coordinator
+
+
+def daemon_flags() -> dict[str, str]:
+    """Every flag that configures the running daemon -> its argparse dest: the options of
+    the `coordinator` subcommand plus the top-level --log-level."""
+    flags: dict[str, str] = {}
+    for parser in (build_parser(), _coordinator_parser()):
+        for action in parser._actions:
+            long = [s for s in action.option_strings if s.startswith("--")]
+            if long and action.dest != "help" and not isinstance(action, argparse._HelpAction):
+                flags[long[0]] = action.dest
+    return flags
+
+
+def env_name(flag: str) -> str:
+    """The documented rule (coordinator/cli.py): KEYSHARD_ + flag, dashes to underscores."""
+    return "KEYSHARD_" + flag.removeprefix("--").replace("-", "_").upper()
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No KEYSHARD_* from the test run's own environment leaks into build_parser()."""
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("KEYSHARD_"):
+            monkeypatch.delenv(key)
+    return monkeypatch
+
+
+def pod_environment(values: dict[str, Any]) -> dict[str, str]:
+    """The environment the coordinator container gets: the ConfigMap (envFrom) plus the
+    env entries, with secretKeyRefs resolved through the rendered Secret."""
+    objects = manifests(values)
+    env = dict(find(objects, "ConfigMap")["data"])
+    secrets = {
+        o["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in o["data"].items()}
+        for o in objects
+        if o["kind"] == "Secret"
+    }
+    for entry in container(objects).get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = entry["value"]
+        else:
+            ref = entry["valueFrom"]["secretKeyRef"]
+            env[entry["name"]] = secrets[ref["name"]][ref["key"]]
+    return env
+
+
+def parse_with_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> argparse.Namespace:
+    """What the daemon would run with: `keyshard coordinator` and this environment."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return build_parser().parse_args(["coordinator"])
+
+
+def test_every_flag_has_its_env_variable_in_the_help() -> None:
+    """The help text (what operators read) names the same variable the rule gives."""
+    coordinator = _coordinator_parser()
+    for action in coordinator._actions:
+        long = [s for s in action.option_strings if s.startswith("--")]
+        if not long or isinstance(action, argparse._HelpAction):
+            continue
+        assert f"[env {env_name(long[0])}]" in str(action.help), long[0]
+
+
+def test_every_flag_is_reachable_from_values() -> None:
+    assert set(daemon_flags().values()) == set(VALUE_FOR_DEST)
+
+
+def test_full_values_set_every_variable_and_the_daemon_reads_them(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    env = pod_environment(FULL)
+    keyshard_env = {k for k in env if k.startswith("KEYSHARD_")}
+    assert keyshard_env == {env_name(flag) for flag in daemon_flags()}
+
+    clean = build_parser().parse_args(["coordinator"])  # before the pod's environment
+    args = parse_with_env(clean_env, env)
+    config, auth = FULL["config"], FULL["auth"]
+    expected = {
+        "bootstrap_servers": config["bootstrapServers"],
+        "listen": (config["listenHost"], FULL["ports"]["consumer"]),
+        "admin_listen": (config["listenHost"], FULL["ports"]["admin"]),
+        "state_topic": config["stateTopic"],
+        "auth_token": auth["consumerToken"],
+        "admin_token": auth["adminToken"],
+        "admin_auth_reads": config["adminAuthReads"],
+        "drain_timeout_ms": config["drainTimeoutMs"],
+        "startup_grace_ms": config["startupGraceMs"],
+        "lost_member_margin_ms": config["lostMemberMarginMs"],
+        "assignor": config["assignor"],
+        "group_assignor": sorted(config["groupAssignors"].items()),
+        "rebalance_threshold": config["rebalanceThreshold"],
+        "rebalance_hold_ms": config["rebalanceHoldMs"],
+        "balance_check_ms": config["balanceCheckMs"],
+        "load_half_life_ms": config["loadHalfLifeMs"],
+        "log_level": config["logLevel"],
+    }
+    actual = {dest: getattr(args, dest) for dest in expected}
+    actual["group_assignor"] = sorted(actual["group_assignor"])
+    assert actual == expected
+    # Every value differs from the daemon's default, so none passed by accident.
+    for dest in expected:
+        assert getattr(clean, dest) != getattr(args, dest), dest
+
+
+def test_chart_defaults_are_the_daemons_defaults(clean_env: pytest.MonkeyPatch) -> None:
+    """Only where the chart must differ: Kafka is required, and in a pod the listeners
+    bind every interface instead of loopback."""
+    daemon = build_parser().parse_args(["coordinator"])
+    chart = parse_with_env(clean_env, pod_environment(MINIMAL))
+    differ = {d for d in VALUE_FOR_DEST if getattr(daemon, d) != getattr(chart, d)}
+    assert differ == {"bootstrap_servers", "listen", "admin_listen"}
+    assert chart.listen == ("0.0.0.0", daemon.listen[1])
+    assert chart.admin_listen == ("0.0.0.0", daemon.admin_listen[1])
+
+
+def test_container_ports_are_the_ports_the_daemon_listens_on(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    for values in (MINIMAL, FULL):
+        objects = manifests(values)
+        args = parse_with_env(clean_env, pod_environment(values))
+        ports = {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
+        assert ports == {"consumer": args.listen[1], "admin": args.admin_listen[1]}
+        for name in ("consumer", "admin"):
+            (svc_port,) = service(objects, name)["spec"]["ports"]
+            assert svc_port["targetPort"] == name  # resolves to the container port above
+
+
+def test_probe_paths_exist_and_never_need_the_token() -> None:
+    """The probes GET the admin app's real routes; even with reads protected they answer
+    without a token (a 401 would make the kubelet restart a healthy coordinator)."""
+    app = create_app(fake_runtime(), admin_token="t0ken", auth_reads=True)
+    routes = {getattr(r, "path", None) for r in app.routes}
+    objects = manifests(FULL)
+    coordinator = container(objects)
+    client = TestClient(app)
+    expected = {
+        "startupProbe": ("/healthz", {200}),
+        "livenessProbe": ("/healthz", {200}),
+        "readinessProbe": ("/readyz", {200, 503}),
+    }
+    for probe, (path, statuses) in expected.items():
+        get = coordinator[probe]["httpGet"]
+        assert get["path"] == path and path in routes
+        assert get["port"] == "admin"
+        assert client.get(path).status_code in statuses, probe
+    # The ServiceMonitor scrapes a real route, which does need the token here.
+    (endpoint,) = find(objects, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["path"] in routes
+    assert client.get(endpoint["path"]).status_code == 401
+    authorized = client.get(endpoint["path"], headers={"Authorization": "Bearer t0ken"})
+    assert authorized.status_code == 200
+
+
+def test_schema_knows_exactly_the_daemons_assignors() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    config = schema["properties"]["config"]["properties"]
+    assert sorted(config["assignor"]["enum"]) == sorted(known_assignors())
+    assert sorted(config["groupAssignors"]["additionalProperties"]["enum"]) == sorted(
+        known_assignors()
+    )
+
+
+def _readme_table() -> dict[str, tuple[str, str]]:
+    """flag -> (env variable, default) from the README's flag table."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows: dict[str, tuple[str, str]] = {}
+    row = re.compile(r"^\| `(--[a-z-]+)[^`]*` \| `(KEYSHARD_[A-Z_]+)[^|]*\| ([^|]+)\|", re.M)
+    for match in row.finditer(text):
+        rows[match[1]] = (match[2], match[3].strip().strip("`"))
+    return rows
+
+
+def test_readme_table_lists_every_flag_with_its_variable_and_default(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    rows = _readme_table()
+    flags = daemon_flags()
+    assert set(rows) == set(flags)
+    defaults = build_parser().parse_args(["coordinator"])
+    for flag, (env, default) in rows.items():
+        assert env == env_name(flag), flag
+        value = getattr(defaults, flags[flag])
+        if isinstance(value, tuple):
+            value = ":".join(map(str, value))
+        if value in (None, False, []):
+            assert default in ("none", "off", "embedded broker"), flag
+        else:
+            assert default == str(value), flag
+
+
+def test_dockerfile_environment_and_ports_match_the_daemon(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    from tests.deploy.dockerfile import parse_dockerfile
+
+    image = parse_dockerfile(ROOT / "Dockerfile")
+    keyshard_env = {k: v for k, v in image.env.items() if k.startswith("KEYSHARD_")}
+    assert set(keyshard_env) <= {env_name(flag) for flag in daemon_flags()}
+    args = parse_with_env(clean_env, keyshard_env)
+    assert image.exposed == {args.listen[1], args.admin_listen[1]}
+    assert image.entrypoint + image.cmd == ["keyshard", "coordinator"]
+    values = (CHART / "values.yaml").read_text(encoding="utf-8")
+    assert f"runAsUser: {image.user.split(':')[0]}" in values
