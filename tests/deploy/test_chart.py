@@ -31,11 +31,6 @@ from tests.deploy.chart import (
     validate_object,
 )
 
-# `helm lint` reports an INFO "icon is recommended" for any chart without an icon URL.
-# keyshard has no hosted icon, and a made-up URL would be worse than the INFO; this is
-# the only finding tolerated, and only at INFO level.
-TOLERATED_LINT = {(1, "Chart.yaml", "icon is recommended")}
-
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
 def test_lint_has_no_findings(name: str) -> None:
@@ -43,7 +38,7 @@ def test_lint_has_no_findings(name: str) -> None:
     findings = {(m["severity"], m["path"], m["error"]) for m in report["messages"]}
     assert report["total_charts_linted"] == 1
     assert report["errors"] == []
-    assert findings <= TOLERATED_LINT, findings - TOLERATED_LINT
+    assert findings == set()
 
 
 @pytest.mark.parametrize("version", KUBE_VERSIONS)
