@@ -27,7 +27,7 @@ from spark_jobs.planning import ReadSlice, SourceError, TopicPartition
 Watermarks = dict[TopicPartition, tuple[int, int]]
 
 
-def _consumer(bootstrap_servers: str, **extra: Any) -> AIOKafkaConsumer:
+def make_consumer(bootstrap_servers: str, **extra: Any) -> AIOKafkaConsumer:
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap_servers,
         enable_auto_commit=False,
@@ -37,7 +37,9 @@ def _consumer(bootstrap_servers: str, **extra: Any) -> AIOKafkaConsumer:
     )
 
 
-async def _start(consumer: AIOKafkaConsumer, bootstrap_servers: str, timeout: float) -> None:
+async def start_consumer(
+    consumer: AIOKafkaConsumer, bootstrap_servers: str, timeout: float
+) -> None:
     try:
         await asyncio.wait_for(consumer.start(), timeout)
     except (KafkaError, OSError, TimeoutError) as err:
@@ -91,8 +93,8 @@ async def read_watermarks(
     bootstrap_servers: str, topics: Sequence[str], timeout: float = 15.0
 ) -> Watermarks:
     """(low, high) offsets of every partition of `topics`, high = the fetch high watermark."""
-    consumer = _consumer(bootstrap_servers)
-    await _start(consumer, bootstrap_servers, timeout)
+    consumer = make_consumer(bootstrap_servers)
+    await start_consumer(consumer, bootstrap_servers, timeout)
     try:
         tps = await topic_partitions(consumer, topics, timeout)
         if not tps:
@@ -146,8 +148,8 @@ async def aread_slice(
     batch_rows: int,
     stall_timeout: float,
 ) -> AsyncGenerator[list[tuple[Any, ...]], None]:
-    consumer = _consumer(bootstrap_servers, max_partition_fetch_bytes=4 * 1024 * 1024)
-    await _start(consumer, bootstrap_servers, stall_timeout)
+    consumer = make_consumer(bootstrap_servers, max_partition_fetch_bytes=4 * 1024 * 1024)
+    await start_consumer(consumer, bootstrap_servers, stall_timeout)
     try:
         ktp = KafkaTP(piece.topic, piece.partition)
         consumer.assign([ktp])

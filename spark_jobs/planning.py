@@ -1,11 +1,12 @@
 """Planning of keyshard reads: pure values, no Spark, no Kafka.
 
-A Spark partition of the `keyshard` source is a `ReadSlice`: one topic-partition, a set of
-slot segments each with the `Position` it resumes from, and an offset bound `until`
-(exclusive). Reading a slice means reading the topic-partition from the lowest next offset
-of its segments up to `until`, keeping only records whose slot falls in a segment and whose
-offset that segment's position has not marked done (acknowledged-ahead offsets handed over
-with a range are skipped the same way the consumer client skips them).
+A Spark partition of the `keyshard` source is a `ReadSlice`: one topic-partition and a set
+of slot segments, each with two `Position`s: `lower` (done before this batch) and `upper`
+(done once this batch is done). The slice's records are, per segment, the offsets done in
+`upper` but not in `lower`: the topic-partition is read from the lowest `lower` next offset
+up to the highest `upper` next offset, keeping only records whose slot falls in a segment.
+Acknowledged-ahead offsets handed over with a range are in `lower`, so they are skipped
+the same way the consumer client skips them.
 
 Each slice is read by one task, in offset order, so per-key order holds inside a task; a
 slice covers a slot range, not an offset range, so splitting a partition never splits a key.
@@ -51,7 +52,7 @@ def equal_ranges(count: int) -> list[SlotRange]:
 
 # ---- slices ---------------------------------------------------------------------------
 
-Segment = tuple[SlotRange, Position]
+Segment = tuple[SlotRange, Position, Position]  # slots, lower, upper
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +60,19 @@ class ReadSlice:
     topic: str
     partition: int
     segments: tuple[Segment, ...]  # disjoint, sorted by slot
-    until: int  # exclusive offset bound
 
     @property
     def tp(self) -> TopicPartition:
         return (self.topic, self.partition)
 
     @property
+    def until(self) -> int:
+        """Exclusive offset bound of the read."""
+        return max((upper.next_offset for _, _, upper in self.segments), default=0)
+
+    @property
     def from_offset(self) -> int:
-        return min((p.next_offset for _, p in self.segments), default=self.until)
+        return min((lower.next_offset for _, lower, _ in self.segments), default=self.until)
 
     @property
     def is_empty(self) -> bool:
@@ -80,19 +85,20 @@ class ReadSlice:
 class SlotFilter:
     """Fast "does this slice want (slot, offset)?" for the executor's hot loop."""
 
-    __slots__ = ("_ends", "_positions", "_starts")
+    __slots__ = ("_ends", "_lowers", "_starts", "_uppers")
 
     def __init__(self, segments: Iterable[Segment]) -> None:
         ordered = sorted(segments, key=lambda s: s[0].start)
-        self._starts = [seg.start for seg, _ in ordered]
-        self._ends = [seg.end for seg, _ in ordered]
-        self._positions = [pos for _, pos in ordered]
+        self._starts = [seg.start for seg, _, _ in ordered]
+        self._ends = [seg.end for seg, _, _ in ordered]
+        self._lowers = [lower for _, lower, _ in ordered]
+        self._uppers = [upper for _, _, upper in ordered]
 
     def wants(self, slot: int, offset: int) -> bool:
         i = bisect_right(self._starts, slot) - 1
         if i < 0 or slot > self._ends[i]:
             return False
-        return not self._positions[i].is_done(offset)
+        return self._uppers[i].is_done(offset) and not self._lowers[i].is_done(offset)
 
 
 def plan_batch(
@@ -104,7 +110,7 @@ def plan_batch(
         if start >= until:
             continue
         for r in ranges:
-            slices.append(ReadSlice(topic, partition, ((r, Position(start)),), until))
+            slices.append(ReadSlice(topic, partition, ((r, Position(start), Position(until)),)))
     return slices
 
 

@@ -15,6 +15,8 @@ Batch read: every record from the earliest offset (or `starting_positions`, the 
 Spark's Kafka `startingOffsets`) up to the fetch high watermark at planning time, one Spark
 partition per (topic-partition x slot range), `ranges` equal slices of the slot space
 (default: Spark's default parallelism, fixed by `register`).
+
+Streaming read: the query is a coordinated consumer; see `spark_jobs.stream`.
 """
 
 from __future__ import annotations
@@ -23,20 +25,24 @@ import asyncio
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 
-from coordinator.hashing import ORDERING_KEY_HEADER
-from spark_jobs.kafka_io import read_slice, read_watermarks
+from spark_jobs.kafka_io import read_watermarks
 from spark_jobs.planning import (
-    ReadSlice,
     equal_ranges,
     parse_int,
     parse_starting_positions,
     parse_topics,
     plan_batch,
-    require,
     resolve_start,
 )
+from spark_jobs.reading import ReadSettings, SlicePartition, arrow_batches, spark_schema
+from spark_jobs.stream import KeyshardStreamReader
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -44,82 +50,6 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 FORMAT = "keyshard"
-
-
-class SlicePartition(InputPartition):
-    """A Spark partition: one `ReadSlice` (picklable, shipped to the executor)."""
-
-    def __init__(self, piece: ReadSlice) -> None:
-        super().__init__(piece)
-        self.piece = piece
-
-
-class ReadSettings:
-    """What every executor needs besides its slice."""
-
-    def __init__(self, options: Mapping[str, str]) -> None:
-        self.bootstrap_servers = require(options, "bootstrap_servers")
-        self.ordering_header = options.get("ordering_header", ORDERING_KEY_HEADER)
-        self.batch_rows = parse_int(options, "batch_rows", 8192, 1)
-        self.stall_timeout = float(parse_int(options, "stall_timeout_s", 30, 1))
-
-
-def arrow_batches(piece: ReadSlice, settings: ReadSettings) -> Iterator[pa.RecordBatch]:
-    """Rows as Arrow batches in the exact schema Spark expects (no per-row conversion)."""
-    import pyarrow as pa
-
-    schema = arrow_schema()
-    for rows in read_slice(
-        piece,
-        settings.bootstrap_servers,
-        ordering_header=settings.ordering_header,
-        batch_rows=settings.batch_rows,
-        stall_timeout=settings.stall_timeout,
-    ):
-        keys, values, topics, parts, offsets, stamps, slots = zip(*rows, strict=True)
-        yield pa.RecordBatch.from_arrays(
-            [
-                pa.array(keys, pa.binary()),
-                pa.array(values, pa.binary()),
-                pa.array(topics, pa.string()),
-                pa.array(parts, pa.int32()),
-                pa.array(offsets, pa.int64()),
-                pa.array([ms * 1000 for ms in stamps], schema.field("timestamp").type),
-                pa.array(slots, pa.int32()),
-            ],
-            schema=schema,
-        )
-
-
-def spark_schema() -> StructType:
-    """`SCHEMA_DDL` as a StructType, built without a session (executors have none)."""
-    from pyspark.sql.types import (
-        BinaryType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-        TimestampType,
-    )
-
-    return StructType(
-        [
-            StructField("key", BinaryType()),
-            StructField("value", BinaryType()),
-            StructField("topic", StringType()),
-            StructField("partition", IntegerType()),
-            StructField("offset", LongType()),
-            StructField("timestamp", TimestampType()),
-            StructField("slot", IntegerType()),
-        ]
-    )
-
-
-def arrow_schema() -> pa.Schema:
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return to_arrow_schema(spark_schema(), timezone="UTC")
 
 
 class BatchReader(DataSourceReader):
@@ -143,7 +73,7 @@ class BatchReader(DataSourceReader):
 
 
 class KeyshardDataSource(DataSource):
-    default_ranges = 1  # `register` sets Spark's default parallelism here
+    default_ranges = 1  # `register` sets Spark's default parallelism here (also capacity)
 
     @classmethod
     def name(cls) -> str:
@@ -154,6 +84,9 @@ class KeyshardDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return BatchReader(self.options, self.default_ranges)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KeyshardStreamReader(self.options, self.default_ranges)
 
 
 def register(spark: SparkSession) -> None:
