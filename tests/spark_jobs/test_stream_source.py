@@ -3,6 +3,7 @@ daemon, local[2] Spark, a Parquet sink written idempotently per batch id."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.dataset as ds
 import pytest
 
+from consumer_client import CoordinatedConsumer
 from coordinator.broker import EmbeddedBroker
 from coordinator.verify import Produced
 from spark_jobs.source import register
@@ -26,7 +28,12 @@ TOPIC = "stream.events"
 
 
 def start_query(
-    spark: SparkSession, broker: EmbeddedBroker, coord: CoordinatorProcess, out: Path, ckpt: Path
+    spark: SparkSession,
+    broker: EmbeddedBroker,
+    coord: CoordinatorProcess,
+    out: Path,
+    ckpt: Path,
+    topic: str = TOPIC,
 ) -> StreamingQuery:
     from pyspark.sql import functions as F
 
@@ -45,7 +52,7 @@ def start_query(
     stream = (
         spark.readStream.format("keyshard")
         .option("group", GROUP)
-        .option("topics", TOPIC)
+        .option("topics", topic)
         .option("coordinator", coord.address)
         .option("bootstrap_servers", broker.bootstrap_servers)
         .option("session_timeout_ms", "5000")
@@ -143,3 +150,62 @@ async def test_stream_is_exactly_once_across_batches_and_a_restart(
     finally:
         query.stop()
     assert_exactly_once_and_ordered(sink_rows(out), produced)
+
+
+async def test_a_joining_consumer_takes_ranges_from_the_query_without_loss_or_duplicates(
+    spark: SparkSession, broker: EmbeddedBroker, coordinator: CoordinatorProcess, tmp_path: Path
+) -> None:
+    """A plain consumer joins the query's group mid-stream: the coordinator moves ranges
+    from the query (StopFetcher, answered after the covering batch commits) to it.
+    Together they process every record once, and a key that moved was processed by the
+    consumer only after the query had written all its earlier records."""
+    bootstrap, topic = broker.bootstrap_servers, "handoff.events"
+    out = tmp_path / "sink"
+    await create_topic(bootstrap, topic, partitions=1)
+    produced = await produce(bootstrap, 300, 40, topic=topic)
+    query = start_query(spark, broker, coordinator, out, tmp_path / "ckpt", topic=topic)
+    handled: list[tuple[int, int, str]] = []
+
+    async def handle(record: Any) -> None:
+        handled.append((record.partition, record.offset, record.key.decode()))
+
+    joiner = CoordinatedConsumer(
+        group=GROUP,
+        topics=[topic],
+        coordinator=coordinator.address,
+        bootstrap_servers=bootstrap,
+        name="joiner",
+        session_timeout_ms=5000,
+    )
+    running = None
+    try:
+        await wait_until_written(out, produced, query)
+        running = asyncio.create_task(joiner.run(handle))
+        produced += await produce(bootstrap, 600, 40, topic=topic, start=300, rate=300)
+
+        async def all_processed() -> bool:
+            done = {(r["partition"], r["offset"]) for r in sink_rows(out)}
+            done |= {(p, o) for p, o, _ in handled}
+            return done >= {(p.partition, p.offset) for p in produced}
+
+        await wait_for(all_processed, 60, "every record in the sink or at the consumer")
+        view = await coordinator.group(GROUP)
+        assert view is not None and len(view["members"]) == 2, view
+    finally:
+        await joiner.close()
+        if running is not None:
+            await asyncio.gather(running, return_exceptions=True)
+        query.stop()
+    rows = sink_rows(out)
+    assert handled, "the joining consumer got no ranges"
+    spark_side = [(r["partition"], r["offset"]) for r in rows]
+    consumer_side = [(p, o) for p, o, _ in handled]
+    both = collections.Counter(spark_side + consumer_side)
+    assert [k for k, n in both.items() if n > 1] == [], "graceful handoff must not duplicate"
+    assert set(both) == {(p.partition, p.offset) for p in produced}
+    last_by_query: dict[str, int] = {}
+    for r in rows:
+        key = r["key"].decode()
+        last_by_query[key] = max(last_by_query.get(key, -1), r["offset"])
+    for _, offset, key in handled:
+        assert offset > last_by_query.get(key, -1), f"{key}@{offset} ran before the query's"
