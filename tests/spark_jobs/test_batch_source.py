@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from coordinator.broker import EmbeddedBroker
-from coordinator.hashing import slot_for_key
+from coordinator.hashing import SLOT_COUNT, slot_for_key
 from spark_jobs.source import register
 from tests.integration.harness import create_topic, produce
 
@@ -41,3 +42,39 @@ async def test_batch_read_returns_exactly_what_was_produced(
     want = sorted((t, p.partition, p.offset) for t, p in zip(topics, produced, strict=True))
     assert got == want
     assert all(r.slot == slot_for_key(r.key) for r in rows)
+
+
+async def test_unkeyed_records_spread_by_offset_and_the_ordering_header_wins(
+    spark: SparkSession, broker: EmbeddedBroker
+) -> None:
+    """The slot column is the consumer client's: header `ordering-key` over the record key,
+    and records with neither are spread by offset (they have no order to keep)."""
+    bootstrap = broker.bootstrap_servers
+    await create_topic(bootstrap, "mixed", partitions=1)
+    await create_topic(bootstrap, "empty", partitions=1)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for i in range(6):
+            await producer.send_and_wait("mixed", key=None, value=str(i).encode())
+        await producer.send_and_wait(
+            "mixed", key=b"k", value=b"h", headers=[("ordering-key", b"user-7")]
+        )
+    finally:
+        await producer.stop()
+    register(spark)
+
+    def read(topics: str) -> list[Any]:
+        return (
+            spark.read.format("keyshard")
+            .option("bootstrap_servers", bootstrap)
+            .option("topics", topics)
+            .load()
+            .collect()
+        )
+
+    rows = sorted(read("mixed"), key=lambda r: r.offset)
+    assert [r.offset for r in rows] == list(range(7))
+    assert all(r.key is None and r.slot == r.offset % SLOT_COUNT for r in rows[:6])
+    assert rows[6].slot == slot_for_key(b"user-7")
+    assert read("empty") == []
