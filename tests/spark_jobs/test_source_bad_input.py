@@ -10,7 +10,7 @@ from pyspark.errors import AnalysisException, StreamingQueryException
 
 from coordinator.broker import EmbeddedBroker, free_port
 from spark_jobs.source import register
-from tests.integration.harness import create_topic
+from tests.integration.harness import CoordinatorProcess, create_topic
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -37,7 +37,7 @@ async def topic(spark: SparkSession, broker: EmbeddedBroker) -> str:
         ),
         (
             {"bootstrap_servers": "{broker}", "topics": "present", "ranges": "0"},
-            r"option 'ranges'=0 is outside 1..65536",
+            r"option 'ranges'=0 is outside 1\.\.65536",
         ),
     ],
 )
@@ -87,7 +87,8 @@ def test_a_stream_without_a_reachable_coordinator_fails_clearly(
         ("group", {}, "option 'group' is required"),
         ("coordinator", {}, "option 'coordinator' is required"),
         (None, {"coordinator": "nohost"}, "option 'coordinator': coordinator address 'nohost'"),
-        (None, {"capacity": "0"}, "option 'capacity'=0 is outside 1..100000"),
+        (None, {"capacity": "0"}, r"option 'capacity'=0 is outside 1\.\.100000"),
+        (None, {"topics": "absent"}, r"unknown topic\(s\) \['absent'\]"),
     ],
 )
 def test_bad_stream_options_are_refused(
@@ -107,4 +108,19 @@ def test_bad_stream_options_are_refused(
     }
     options.pop(drop or "", None)
     with pytest.raises(StreamingQueryException, match=message):
+        _run_stream(spark, options)
+
+
+@pytest.mark.coordinator_args("--auth-token", "right-token")
+async def test_a_stream_with_a_wrong_token_is_refused_by_the_coordinator(
+    spark: SparkSession, broker: EmbeddedBroker, coordinator: CoordinatorProcess, topic: str
+) -> None:
+    options = {
+        "group": "g",
+        "topics": topic,
+        "coordinator": coordinator.address,
+        "bootstrap_servers": broker.bootstrap_servers,
+        "auth_token": "wrong-token",
+    }
+    with pytest.raises(StreamingQueryException, match="coordinator refused registration"):
         _run_stream(spark, options)
