@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,54 +20,19 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from consumer_client.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy, WorkItem
+from consumer_client.membership import ConsumerError, Membership, parse_addresses
 from consumer_client.progress import ConsumerProgress
+from coordinator.group import PositionUpdate
 from coordinator.hashing import ORDERING_KEY_HEADER, load_bucket, slot_for_record
-from coordinator.protocol import (
-    ErrorCode,
-    HighWatermark,
-    LeaveRequest,
-    Message,
-    MetadataRequest,
-    MetadataResponse,
-    PingRequest,
-    PingResponse,
-    RegisterRequest,
-    RegisterResponse,
-    StartFetcherRequest,
-    StartFetcherResponse,
-    StopFetcherRequest,
-    StopFetcherResponse,
-)
-from coordinator.transport import Channel, ChannelClosed, RemoteError
-from coordinator.wire import positions_from_wire, positions_to_wire, ranges_from_wire
+from coordinator.protocol import HighWatermark
+from coordinator.ranges import RangeSet
 
 log = logging.getLogger(__name__)
 
 AsyncHandler = Callable[[Any], Awaitable[None]]
 
 
-class ConsumerError(RuntimeError):
-    """A condition the consumer cannot recover from by re-registering (bad config,
-    unknown topic, wrong token)."""
-
-
-FATAL_CODES = {
-    ErrorCode.UNKNOWN_TOPIC,
-    ErrorCode.AUTHENTICATION_FAILED,
-    ErrorCode.INCONSISTENT_TOPICS,
-    ErrorCode.INVALID_MESSAGE,
-    ErrorCode.INVALID_RANGES,
-}
-
-
-def _parse_addresses(spec: str) -> list[tuple[str, int]]:
-    out = []
-    for part in spec.split(","):
-        host, sep, port = part.strip().rpartition(":")
-        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError(f"coordinator address {part!r} is not host:port")
-        out.append((host, int(port)))
-    return out
+__all__ = ["ConsumerError", "CoordinatedConsumer"]
 
 
 class CoordinatedConsumer:
@@ -101,7 +65,7 @@ class CoordinatedConsumer:
             raise ValueError(f"capacity={capacity} is outside 1..100000")
         self.group = group
         self.topics = list(topics)
-        self.coordinators = _parse_addresses(coordinator)
+        self.coordinators = parse_addresses(coordinator)
         self.bootstrap_servers = bootstrap_servers
         self.name = name
         self.max_concurrency = max_concurrency
@@ -116,21 +80,24 @@ class CoordinatedConsumer:
         # Some brokers (Tansu) hold a fetch for about half of this even when records are
         # waiting, so it bounds delivery latency; on Kafka it only matters when idle.
         self.fetch_max_wait_ms = fetch_max_wait_ms
-        self.member_id: str | None = None
-        self.epoch = 0
         self.progress = ConsumerProgress()
         self.load: Counter[int] = Counter()
-        self._session = 0
-        self._channel: Channel | None = None
-        self._last_heard = 0.0
+        self._membership = Membership(
+            self,
+            group=group,
+            topics=self.topics,
+            coordinators=self.coordinators,
+            name=name,
+            session_timeout_ms=session_timeout_ms,
+            capacity=capacity,
+            auth_token=auth_token,
+        )
         self._kafka: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._lanes: KeyLanes | None = None
         self._closing = False
         self._stopped = asyncio.Event()
         self._acked = asyncio.Event()
-        self._registered = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- public API -----------------------------------------------------------------
@@ -161,7 +128,7 @@ class CoordinatedConsumer:
         if self.dead_letter_topic:
             self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers)
             await self._producer.start()
-        connector = asyncio.create_task(self._connector_loop(), name=f"{self.name}-connector")
+        connector = asyncio.create_task(self._membership.run(), name=f"{self.name}-connector")
         fetcher = asyncio.create_task(self._fetch_loop(), name=f"{self.name}-fetcher")
         stopped = asyncio.create_task(self._stopped.wait())
         try:
@@ -201,22 +168,13 @@ class CoordinatedConsumer:
             await self._stopped.wait()
             return
         self._closing = True
+        self._membership.closing = True
         try:
             if self._lanes is not None:
                 self.progress.begin_stop(self.progress.owned)
                 self._lanes.drop()
                 await self._lanes.wait_idle(timeout=self.drain_timeout_s)
-            channel = self._channel
-            if channel is not None and not channel.is_closed and self.member_id is not None:
-                leave = LeaveRequest(
-                    correlation_id=0,
-                    member_id=self.member_id,
-                    member_epoch=self.epoch,
-                    positions=positions_to_wire(self.progress.positions()),
-                )
-                with contextlib.suppress(ChannelClosed, RemoteError, TimeoutError):
-                    await channel.request(leave, timeout=5.0)
-                await channel.aclose("consumer closed")
+            await self._membership.leave(self.progress.positions())
         finally:
             self._stopped.set()
 
@@ -225,101 +183,24 @@ class CoordinatedConsumer:
         return self.progress.owned.to_pairs()
 
     async def wait_registered(self, timeout: float) -> None:
-        await asyncio.wait_for(self._registered.wait(), timeout)
+        await asyncio.wait_for(self._membership.registered.wait(), timeout)
 
-    # ---- connector ------------------------------------------------------------------
+    @property
+    def member_id(self) -> str | None:
+        return self._membership.member_id
 
-    async def _connector_loop(self) -> None:
-        backoff = 0.1
-        while not self._closing:
-            try:
-                channel = await self._register()
-            except ConsumerError:
-                raise
-            except (OSError, ChannelClosed, RemoteError, TimeoutError) as err:
-                log.info("%s: coordinator not reachable yet: %s", self.name, err)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                continue
-            backoff = 0.1
-            reason = await self._watch(channel)
-            if self._closing:
-                return
-            log.warning("%s: lost the coordinator (%s); stopping fetchers", self.name, reason)
-            await self._lose_session()
+    @property
+    def epoch(self) -> int:
+        return self._membership.epoch
 
-    async def _register(self) -> Channel:
-        """seeds/004 start-up steps 2-5: ask any known address who the coordinator is,
-        connect to it and register."""
-        last_error: Exception | None = None
-        for host, port in self.coordinators:
-            try:
-                probe = await Channel.connect(host, port, name=f"{self.name}-probe")
-                probe.start()
-                try:
-                    meta = await probe.request(MetadataRequest(correlation_id=0), timeout=5.0)
-                finally:
-                    await probe.aclose()
-                if not isinstance(meta, MetadataResponse) or not meta.active:
-                    raise ChannelClosed(f"{host}:{port} is not an active coordinator")
-                target_host, _, target_port = meta.coordinator.rpartition(":")
-                if target_port == "0" or not target_host or target_host in ("0.0.0.0", "::"):
-                    target_host, target_port = host, str(port)
-                channel = await Channel.connect(
-                    target_host, int(target_port), name=f"{self.name}-connector"
-                )
-                channel.set_request_handler(self._on_request)
-                channel.start()
-                request = RegisterRequest(
-                    correlation_id=0,
-                    group=self.group,
-                    topics=self.topics,
-                    consumer_name=self.name,
-                    session_timeout_ms=self.session_timeout_ms,
-                    capacity=self.capacity,
-                    auth_token=self.auth_token,
-                )
-                self._last_heard = time.monotonic()
-                try:
-                    response = await channel.request(request, timeout=10.0)
-                except RemoteError as err:
-                    await channel.aclose()
-                    if err.code in FATAL_CODES:
-                        raise ConsumerError(f"coordinator refused registration: {err}") from err
-                    raise
-                if not isinstance(response, RegisterResponse):
-                    await channel.aclose()
-                    raise ChannelClosed(f"unexpected reply to register: {response.type}")
-                self._session += 1
-                self.member_id = response.member_id
-                self.epoch = response.member_epoch
-                self._channel = channel
-                self._registered.set()
-                log.info("%s: registered as %s", self.name, self.member_id)
-                return channel
-            except ConsumerError:
-                raise
-            except (OSError, ChannelClosed, RemoteError, TimeoutError) as err:
-                last_error = err
-        raise ChannelClosed(f"no coordinator reachable: {last_error}")
+    @property
+    def _session(self) -> int:
+        return self._membership.session
 
-    async def _watch(self, channel: Channel) -> str:
-        """Connector.onStartup step 3: nothing heard for a session timeout means lost."""
-        timeout = self.session_timeout_ms / 1000
-        while True:
-            remaining = self._last_heard + timeout - time.monotonic()
-            if remaining <= 0:
-                channel.close("no request from the coordinator within the session timeout")
-                return "session timeout"
-            try:
-                return await asyncio.wait_for(channel.wait_closed(), remaining)
-            except TimeoutError:
-                continue
+    # ---- membership hooks (the connector itself is `Membership`) ------------------
 
-    async def _lose_session(self) -> None:
+    async def session_lost(self) -> None:
         """Consumer.onLostConnection: stop fetchers, drop queues, forget ownership."""
-        self._registered.clear()
-        self.member_id = None
         self.progress.clear()
         if self._kafka is not None:
             self._kafka.pause(*self._kafka.assignment())
@@ -327,46 +208,18 @@ class CoordinatedConsumer:
             await self._lanes.abort()
         self._acked.set()
 
-    def _on_request(self, channel: Channel, message: Message) -> None:
-        self._last_heard = time.monotonic()
-        match message:
-            case PingRequest():
-                self.epoch = max(self.epoch, message.member_epoch)
-                load, self.load = self.load, Counter()
-                channel.reply(
-                    message,
-                    PingResponse(
-                        correlation_id=0,
-                        member_epoch=message.member_epoch,
-                        positions=positions_to_wire(self.progress.positions()),
-                        load=dict(load),
-                        high_watermarks=self._high_watermarks(),
-                    ),
-                )
-            case StartFetcherRequest():
-                self.epoch = max(self.epoch, message.member_epoch)
-                self._start(
-                    ranges_from_wire(message.ranges), positions_from_wire(message.positions)
-                )
-                channel.reply(
-                    message,
-                    StartFetcherResponse(correlation_id=0, member_epoch=message.member_epoch),
-                )
-            case StopFetcherRequest():
-                self.epoch = max(self.epoch, message.member_epoch)
-                slots = ranges_from_wire(message.ranges)
-                self.progress.begin_stop(slots)
-                if self._lanes is not None:
-                    self._lanes.drop(slots)
-                task = asyncio.create_task(self._finish_stop(channel, message, slots))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            case _:
-                channel.fail(
-                    ErrorCode.UNEXPECTED_MESSAGE,
-                    f"a coordinator may not send {message.type}",
-                    message.correlation_id,
-                )
+    def ping_reply(self) -> tuple[PositionUpdate, dict[int, int], list[HighWatermark]]:
+        load, self.load = self.load, Counter()
+        return self.progress.positions(), dict(load), self._high_watermarks()
+
+    def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:
+        self._start(slots, positions)
+
+    def stop_fetcher(self, slots: RangeSet) -> Awaitable[PositionUpdate]:
+        self.progress.begin_stop(slots)
+        if self._lanes is not None:
+            self._lanes.drop(slots)
+        return self._finish_stop(slots)
 
     def _high_watermarks(self) -> list[HighWatermark]:
         if self._kafka is None:
@@ -392,7 +245,7 @@ class CoordinatedConsumer:
             *[TopicPartition(*tp) for tp, p in self.progress.partitions.items() if p.grants]
         )
 
-    async def _finish_stop(self, channel: Channel, request: StopFetcherRequest, slots: Any) -> None:
+    async def _finish_stop(self, slots: Any) -> PositionUpdate:
         if self._lanes is not None:
             await self._lanes.wait_idle(slots)
         final = self.progress.finish_stop(slots)
@@ -402,14 +255,7 @@ class CoordinatedConsumer:
             ]
             if idle:
                 self._kafka.pause(*idle)
-        channel.reply(
-            request,
-            StopFetcherResponse(
-                correlation_id=0,
-                member_epoch=request.member_epoch,
-                positions=positions_to_wire(final),
-            ),
-        )
+        return final
 
     # ---- fetcher --------------------------------------------------------------------
 
@@ -462,7 +308,7 @@ class CoordinatedConsumer:
         )
 
     async def _shutdown_clients(self) -> None:
-        for task in list(self._tasks):
+        for task in list(self._membership.tasks):
             task.cancel()
         if self._lanes is not None:
             await self._lanes.abort()
@@ -470,5 +316,5 @@ class CoordinatedConsumer:
             if client is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.stop(), 10)
-        if self._channel is not None:
-            await self._channel.aclose()
+        if self._membership.channel is not None:
+            await self._membership.channel.aclose()

@@ -1,0 +1,80 @@
+"""Batch reads of the `keyshard` source against a real broker."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from coordinator.broker import EmbeddedBroker
+from coordinator.hashing import SLOT_COUNT, slot_for_key
+from spark_jobs.source import register
+from tests.integration.harness import create_topic, produce
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.integration
+
+
+async def test_batch_read_returns_exactly_what_was_produced(
+    spark: SparkSession, broker: EmbeddedBroker
+) -> None:
+    bootstrap = broker.bootstrap_servers
+    await create_topic(bootstrap, "orders", partitions=2)
+    await create_topic(bootstrap, "clicks", partitions=1)
+    produced = await produce(bootstrap, 1200, 40, topic="orders")
+    produced += await produce(bootstrap, 300, 7, topic="clicks")
+    register(spark)
+    df = (
+        spark.read.format("keyshard")
+        .option("bootstrap_servers", bootstrap)
+        .option("topics", "orders,clicks")
+        .option("ranges", "4")
+        .load()
+    )
+    assert df.columns == ["key", "value", "topic", "partition", "offset", "timestamp", "slot"]
+    rows = df.collect()
+    assert df.rdd.getNumPartitions() == 3 * 4  # (topic-partition x slot range)
+    got = sorted((r.topic, r.partition, r.offset) for r in rows)
+    topics = ["orders"] * 1200 + ["clicks"] * 300
+    want = sorted((t, p.partition, p.offset) for t, p in zip(topics, produced, strict=True))
+    assert got == want
+    assert all(r.slot == slot_for_key(r.key) for r in rows)
+
+
+async def test_unkeyed_records_spread_by_offset_and_the_ordering_header_wins(
+    spark: SparkSession, broker: EmbeddedBroker
+) -> None:
+    """The slot column is the consumer client's: header `ordering-key` over the record key,
+    and records with neither are spread by offset (they have no order to keep)."""
+    bootstrap = broker.bootstrap_servers
+    await create_topic(bootstrap, "mixed", partitions=1)
+    await create_topic(bootstrap, "empty", partitions=1)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for i in range(6):
+            await producer.send_and_wait("mixed", key=None, value=str(i).encode())
+        await producer.send_and_wait(
+            "mixed", key=b"k", value=b"h", headers=[("ordering-key", b"user-7")]
+        )
+    finally:
+        await producer.stop()
+    register(spark)
+
+    def read(topics: str) -> list[Any]:
+        return (
+            spark.read.format("keyshard")
+            .option("bootstrap_servers", bootstrap)
+            .option("topics", topics)
+            .load()
+            .collect()
+        )
+
+    rows = sorted(read("mixed"), key=lambda r: r.offset)
+    assert [r.offset for r in rows] == list(range(7))
+    assert all(r.key is None and r.slot == r.offset % SLOT_COUNT for r in rows[:6])
+    assert rows[6].slot == slot_for_key(b"user-7")
+    assert read("empty") == []

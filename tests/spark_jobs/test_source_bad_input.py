@@ -1,0 +1,126 @@
+"""Bad input to the `keyshard` source fails the read or the query with a message that says
+what is wrong (Spark wraps it; the source's own words are inside)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+from pyspark.errors import AnalysisException, StreamingQueryException
+
+from coordinator.broker import EmbeddedBroker, free_port
+from spark_jobs.source import register
+from tests.integration.harness import CoordinatorProcess, create_topic
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def topic(spark: SparkSession, broker: EmbeddedBroker) -> str:
+    register(spark)
+    await create_topic(broker.bootstrap_servers, "present", partitions=1)
+    return "present"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"topics": "present"}, "option 'bootstrap_servers' is required"),
+        ({"bootstrap_servers": "{broker}"}, "option 'topics' is required"),
+        ({"bootstrap_servers": "{broker}", "topics": "absent"}, r"unknown topic\(s\) \['absent'\]"),
+        (
+            {"bootstrap_servers": "{broker}", "topics": "present", "starting_positions": "{x"},
+            "option 'starting_positions' is not JSON",
+        ),
+        (
+            {"bootstrap_servers": "{broker}", "topics": "present", "ranges": "0"},
+            r"option 'ranges'=0 is outside 1\.\.65536",
+        ),
+    ],
+)
+def test_bad_batch_reads_are_refused(
+    spark: SparkSession,
+    broker: EmbeddedBroker,
+    topic: str,
+    options: dict[str, str],
+    message: str,
+) -> None:
+    reader = spark.read.format("keyshard")
+    for key, value in options.items():
+        reader = reader.option(key, value.replace("{broker}", broker.bootstrap_servers))
+    with pytest.raises(AnalysisException, match=message):
+        reader.load().collect()
+
+
+def _run_stream(spark: SparkSession, options: dict[str, str]) -> None:
+    reader = spark.readStream.format("keyshard")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    query = reader.load().writeStream.format("noop").start()
+    try:
+        query.awaitTermination(60)
+    finally:
+        query.stop()
+
+
+def test_a_stream_without_a_reachable_coordinator_fails_clearly(
+    spark: SparkSession, broker: EmbeddedBroker, topic: str
+) -> None:
+    nobody = f"127.0.0.1:{free_port()}"
+    options = {
+        "group": "g",
+        "topics": topic,
+        "coordinator": nobody,
+        "bootstrap_servers": broker.bootstrap_servers,
+        "connect_timeout_s": "2",
+    }
+    with pytest.raises(StreamingQueryException, match=f"coordinator unreachable.*{nobody}"):
+        _run_stream(spark, options)
+
+
+@pytest.mark.parametrize(
+    ("drop", "extra", "message"),
+    [
+        ("group", {}, "option 'group' is required"),
+        ("coordinator", {}, "option 'coordinator' is required"),
+        (None, {"coordinator": "nohost"}, "option 'coordinator': coordinator address 'nohost'"),
+        (None, {"capacity": "0"}, r"option 'capacity'=0 is outside 1\.\.100000"),
+        (None, {"topics": "absent"}, r"unknown topic\(s\) \['absent'\]"),
+    ],
+)
+def test_bad_stream_options_are_refused(
+    spark: SparkSession,
+    broker: EmbeddedBroker,
+    topic: str,
+    drop: str | None,
+    extra: dict[str, str],
+    message: str,
+) -> None:
+    options = {
+        "group": "g",
+        "topics": topic,
+        "coordinator": f"127.0.0.1:{free_port()}",
+        "bootstrap_servers": broker.bootstrap_servers,
+        **extra,
+    }
+    options.pop(drop or "", None)
+    with pytest.raises(StreamingQueryException, match=message):
+        _run_stream(spark, options)
+
+
+@pytest.mark.coordinator_args("--auth-token", "right-token")
+async def test_a_stream_with_a_wrong_token_is_refused_by_the_coordinator(
+    spark: SparkSession, broker: EmbeddedBroker, coordinator: CoordinatorProcess, topic: str
+) -> None:
+    options = {
+        "group": "g",
+        "topics": topic,
+        "coordinator": coordinator.address,
+        "bootstrap_servers": broker.bootstrap_servers,
+        "auth_token": "wrong-token",
+    }
+    with pytest.raises(StreamingQueryException, match="coordinator refused registration"):
+        _run_stream(spark, options)
