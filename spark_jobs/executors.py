@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from coordinator.ranges import RangeSet
 from spark_jobs.launch import job_session
 
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ class ConsumerStats:
     member_id: str | None
     records: int
     slots: int  # slots owned when the stop condition fired
-    ranges: list[tuple[int, int]]
+    ranges: list[tuple[int, int]]  # inclusive (first, last) slot pairs
     seconds: float
     stopped_by: str
     host: str
@@ -221,7 +222,7 @@ async def consume_until(
         attempt=attempt,
         member_id=member,
         records=counter.records,
-        slots=sum(hi - lo for lo, hi in ranges),
+        slots=RangeSet.from_pairs(ranges).size,
         ranges=[tuple(r) for r in ranges],  # type: ignore[misc]
         seconds=round(time.monotonic() - started, 3),
         stopped_by=reason,
