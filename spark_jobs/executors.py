@@ -1,0 +1,408 @@
+"""Spark tasks as coordinated consumers: N long-lived tasks, each a `CoordinatedConsumer`.
+
+Spark's Kafka source ties a job's parallelism to the partition count. Here every task of
+one job registers with the coordinator as a member of the group and processes the key-hash
+slot ranges it is granted, so a 1-partition topic feeds as many tasks as the job has: more
+task slots (executors) → more consumers. A lost executor is a member whose session expires;
+the coordinator moves its ranges to the others (from its last reported positions), and when
+Spark retries the task it simply joins again.
+
+Why tasks are not ordinary short tasks: a consumer is a member with an owned part of the
+hash space, so each task lives until its stop condition (`StopWhen`) says so and then leaves
+gracefully (drain in-flight records, report exact positions in a Leave: no duplicates). Each
+task therefore holds a task slot for its whole life: N consumers need N free task slots, and
+`run_executor_consumers` refuses to start a job that could not run them all at once.
+
+Run it from Python (`run_executor_consumers(spark, ...)`) or as a job:
+
+    spark-submit spark_jobs/executors.py --group orders --topics orders \\
+        --coordinator coord:7171 --bootstrap-servers kafka:9092 \\
+        --handler mypackage.handlers:save --consumers 8 --idle-seconds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import inspect
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from coordinator.ranges import RangeSet
+from spark_jobs.launch import job_session
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from consumer_client import CoordinatedConsumer
+
+Handler = Callable[[Any], None] | Callable[[Any], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class StopWhen:
+    """When each consumer task leaves the group (whichever comes first).
+
+    - `max_seconds`: wall time since the task started (a bounded run, e.g. a scheduled job).
+    - `idle_seconds`: the task handled no record for this long. Idle is per consumer: one
+      whose keys are quiet leaves and its slots go to the others, so nothing is left behind;
+      the whole job ends once every consumer is idle. Pick it longer than the consumers'
+      session timeout so a lost member's ranges have time to arrive.
+    - `stop_file`: the path exists (on a cluster: a path every executor sees, e.g. a shared
+      mount). The graceful way to end an open-ended job.
+
+    All `None` runs until the Spark job is cancelled, which kills the Python workers: that
+    is a crash for the coordinator (duplicates of at most one ping interval of work).
+    """
+
+    max_seconds: float | None = None
+    idle_seconds: float | None = None
+    stop_file: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_seconds", "idle_seconds"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+        if self.stop_file is not None and not self.stop_file:
+            raise ValueError("stop_file must be a path, got an empty string")
+
+    def reason(self, *, running_for: float, idle_for: float, file_exists: bool) -> str | None:
+        """Why to stop now, or None to keep consuming (pure: the task feeds it the facts)."""
+        if self.stop_file is not None and file_exists:
+            return "stop-file"
+        if self.max_seconds is not None and running_for >= self.max_seconds:
+            return "max-seconds"
+        if self.idle_seconds is not None and idle_for >= self.idle_seconds:
+            return "idle"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerStats:
+    """What one consumer task did, returned to the driver when it ends."""
+
+    task: int
+    attempt: int
+    member_id: str | None
+    records: int
+    slots: int  # slots owned when the stop condition fired
+    ranges: list[tuple[int, int]]  # inclusive (first, last) slot pairs
+    seconds: float
+    stopped_by: str
+    host: str
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSettings:
+    """Everything a task needs; pickled once and shipped with the job."""
+
+    group: str
+    topics: list[str]
+    coordinator: str
+    bootstrap_servers: str
+    until: StopWhen
+    name: str = "spark"
+    max_concurrency: int = 16
+    session_timeout_ms: int = 10_000
+    capacity: int = 1
+
+
+_current: CoordinatedConsumer | None = None
+
+
+def current_member() -> str | None:
+    """Member id of the consumer running in this Python worker (a handler may log it).
+
+    A worker process runs one consumer task at a time, so a process-wide value is enough.
+    """
+    return None if _current is None else _current.member_id
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.records = 0
+        self.last = time.monotonic()
+
+    def done(self) -> None:
+        self.records += 1
+        self.last = time.monotonic()
+
+
+def as_async(
+    handler: Handler, counter: _Counter, pool: ThreadPoolExecutor
+) -> Callable[[Any], Awaitable[None]]:
+    """The user's function as the consumer's async handler: coroutine functions run in the
+    lanes directly, plain functions in a thread pool (one thread per lane), and a normal
+    return counts as one processed record."""
+    if inspect.iscoroutinefunction(handler):
+
+        async def call_async(record: Any) -> None:
+            await handler(record)
+            counter.done()
+
+        return call_async
+
+    async def call_sync(record: Any) -> None:
+        await asyncio.get_running_loop().run_in_executor(pool, handler, record)
+        counter.done()
+
+    return call_sync
+
+
+def _exists(path: str) -> bool:
+    """A stat every 0.2 s: cheap enough not to need a thread."""
+    return os.path.exists(path)
+
+
+async def consume_until(
+    settings: ConsumerSettings, handler: Handler, task: int, attempt: int = 0
+) -> ConsumerStats:
+    """One consumer task: register, consume until the stop condition, leave gracefully."""
+    from consumer_client import CoordinatedConsumer
+
+    global _current
+    consumer = CoordinatedConsumer(
+        group=settings.group,
+        topics=settings.topics,
+        coordinator=settings.coordinator,
+        bootstrap_servers=settings.bootstrap_servers,
+        name=f"{settings.name}-{task}",
+        max_concurrency=settings.max_concurrency,
+        session_timeout_ms=settings.session_timeout_ms,
+        capacity=settings.capacity,
+    )
+    counter = _Counter()
+    reason = ""
+    pool = ThreadPoolExecutor(
+        settings.max_concurrency, thread_name_prefix=f"{settings.name}-{task}"
+    )
+    started = time.monotonic()
+    _current = consumer
+    running = asyncio.create_task(consumer.run(as_async(handler, counter, pool)))
+    try:
+        while True:
+            if running.done():
+                running.result()  # a fatal consumer error fails the task with its message
+                raise RuntimeError("the consumer stopped on its own")
+            now = time.monotonic()
+            until = settings.until
+            stop = until.reason(
+                running_for=now - started,
+                idle_for=now - counter.last,
+                file_exists=until.stop_file is not None and _exists(until.stop_file),
+            )
+            if stop is not None:
+                reason = stop
+                break
+            await asyncio.sleep(0.2)
+        ranges = consumer.owned_slots
+        member = consumer.member_id
+        await consumer.close()
+        await running
+    finally:
+        if not running.done():
+            running.cancel()
+            with contextlib.suppress(BaseException):
+                await running
+        pool.shutdown(wait=False, cancel_futures=True)
+        _current = None
+    return ConsumerStats(
+        task=task,
+        attempt=attempt,
+        member_id=member,
+        records=counter.records,
+        slots=RangeSet.from_pairs(ranges).size,
+        ranges=[tuple(r) for r in ranges],  # type: ignore[misc]
+        seconds=round(time.monotonic() - started, 3),
+        stopped_by=reason,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+    )
+
+
+def _task(
+    settings: ConsumerSettings, handler: Handler
+) -> Callable[[Iterable[int]], list[ConsumerStats]]:
+    def run(indexes: Iterable[int]) -> list[ConsumerStats]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        attempt = context.attemptNumber() if context is not None else 0
+        return [asyncio.run(consume_until(settings, handler, task, attempt)) for task in indexes]
+
+    return run
+
+
+def _probe(address: str, what: str, timeout: float = 5.0) -> None:
+    """Fail on the driver, before Spark starts anything, if `address` does not answer."""
+    host, sep, port = address.split(",")[0].strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{what} address {address!r} is not host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ConnectionError(f"{what} at {host}:{port} is unreachable: {err}") from err
+
+
+def task_slots(spark: SparkSession) -> int:
+    """How many tasks this application can run at once right now (local[N]: N)."""
+    return int(spark.sparkContext.defaultParallelism)
+
+
+def run_executor_consumers(
+    spark: SparkSession,
+    *,
+    group: str,
+    topics: list[str],
+    coordinator: str,
+    bootstrap_servers: str,
+    handler: Handler,
+    consumers: int | None = None,
+    until: StopWhen | None = None,
+    max_concurrency: int = 16,
+    session_timeout_ms: int = 10_000,
+    capacity: int = 1,
+    name: str = "spark",
+) -> list[ConsumerStats]:
+    """Run `consumers` tasks (default: one per task slot), each a member of `group` calling
+    `handler(record)` (an aiokafka ConsumerRecord; sync or async) per record, keys in order.
+
+    Blocks until every task met `until`, and returns one `ConsumerStats` per task (the last
+    attempt's, when Spark retried a task whose executor was lost). `handler` is pickled to
+    the executors: a module-level function of an importable module is the safe choice.
+    """
+    if not topics or any(not t for t in topics):
+        raise ValueError(f"topics must name at least one topic, got {topics!r}")
+    if not group:
+        raise ValueError("group must not be empty")
+    if not callable(handler):
+        raise TypeError(f"handler must be callable, got {handler!r}")
+    slots = task_slots(spark)
+    count = slots if consumers is None else consumers
+    if count < 1:
+        raise ValueError(f"consumers must be >= 1, got {count}")
+    dynamic = spark.sparkContext.getConf().get("spark.dynamicAllocation.enabled", "false")
+    if count > slots and dynamic != "true":
+        raise ValueError(
+            f"{count} consumers need {count} concurrent task slots but this application has "
+            f"{slots}: each consumer task runs until it stops, so the rest would never start "
+            f"(use more executors/cores, e.g. --master local[{count}], or fewer consumers)"
+        )
+    _probe(coordinator, "coordinator")
+    _probe(bootstrap_servers, "Kafka bootstrap server")
+    settings = ConsumerSettings(
+        group=group,
+        topics=list(topics),
+        coordinator=coordinator,
+        bootstrap_servers=bootstrap_servers,
+        until=until or StopWhen(),
+        name=name,
+        max_concurrency=max_concurrency,
+        session_timeout_ms=session_timeout_ms,
+        capacity=capacity,
+    )
+    sc = spark.sparkContext
+    sc.setJobGroup(f"keyshard-{group}", f"keyshard consumers of {group}", interruptOnCancel=True)
+    rdd = sc.parallelize(range(count), count).mapPartitions(_task(settings, handler))
+    return sorted(rdd.collect(), key=lambda s: s.task)
+
+
+# ---- command line ------------------------------------------------------------------------
+
+
+def load_handler(spec: str) -> Handler:
+    """`package.module:function` → the function (the form `--handler` takes)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--handler {spec!r} is not module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"--handler {spec!r}: cannot import {module_name}: {err}") from err
+    handler = getattr(module, attr, None)
+    if not callable(handler):
+        raise ValueError(f"--handler {spec!r}: {module_name} has no function {attr}")
+    return handler  # type: ignore[no-any-return]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spark_jobs.executors",
+        description="Run Spark tasks as keyshard coordinated consumers of a group.",
+    )
+    p.add_argument("--group", required=True)
+    p.add_argument("--topics", required=True, help="comma-separated")
+    p.add_argument("--coordinator", required=True, help="host:port[,host:port...]")
+    p.add_argument("--bootstrap-servers", required=True)
+    p.add_argument("--handler", required=True, help="module:function called once per record")
+    p.add_argument("--consumers", type=int, default=None, help="default: one per task slot")
+    p.add_argument("--max-seconds", type=float, default=None)
+    p.add_argument("--idle-seconds", type=float, default=None)
+    p.add_argument("--stop-file", default=None)
+    p.add_argument("--max-concurrency", type=int, default=16, help="keys in flight per task")
+    p.add_argument("--session-timeout-ms", type=int, default=10_000)
+    p.add_argument("--master", default=None, help="default: spark-submit's, else local[consumers]")
+    p.add_argument("--stats", default=None, help="also write the per-task stats here (JSON)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        handler = load_handler(args.handler)
+        until = StopWhen(args.max_seconds, args.idle_seconds, args.stop_file)
+    except ValueError as err:
+        parser.error(str(err))
+    try:  # before paying for a JVM
+        _probe(args.coordinator, "coordinator")
+        _probe(args.bootstrap_servers, "Kafka bootstrap server")
+    except (ValueError, ConnectionError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    spark = job_session("keyshard-executor-consumers", args.master, threads=args.consumers or 2)
+    try:
+        stats = run_executor_consumers(
+            spark,
+            group=args.group,
+            topics=[t.strip() for t in args.topics.split(",")],
+            coordinator=args.coordinator,
+            bootstrap_servers=args.bootstrap_servers,
+            handler=handler,
+            consumers=args.consumers,
+            until=until,
+            max_concurrency=args.max_concurrency,
+            session_timeout_ms=args.session_timeout_ms,
+        )
+    except (ValueError, ConnectionError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+    rows = [asdict(s) for s in stats]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    if args.stats:
+        with open(args.stats, "w") as out:
+            json.dump(rows, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, not this `__main__` copy: functions shipped to the
+    # executors must refer to `spark_jobs.executors` (whose state handlers can see), not be
+    # pickled by value from `__main__`.
+    from spark_jobs.executors import main as _main
+
+    sys.exit(_main())
