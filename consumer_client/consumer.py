@@ -15,6 +15,7 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -33,6 +34,23 @@ AsyncHandler = Callable[[Any], Awaitable[None]]
 
 
 __all__ = ["ConsumerError", "CoordinatedConsumer"]
+
+
+@dataclass(slots=True)
+class ConsumerStats:
+    """Counters since start, for read-amplification and throughput measurements.
+
+    `fetched` counts every record aiokafka decoded for us (including the ones another
+    consumer owns and the ones refetched after a rewind); `admitted` the ones handed to a
+    lane; `processed` the handler completions acknowledged.
+    """
+
+    fetched: int = 0
+    admitted: int = 0
+    processed: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"fetched": self.fetched, "admitted": self.admitted, "processed": self.processed}
 
 
 class CoordinatedConsumer:
@@ -92,6 +110,7 @@ class CoordinatedConsumer:
             capacity=capacity,
             auth_token=auth_token,
         )
+        self.stats = ConsumerStats()
         self._kafka: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._lanes: KeyLanes | None = None
@@ -273,6 +292,7 @@ class CoordinatedConsumer:
             session = self._session
             batches = await kafka.getmany(timeout_ms=200, max_records=2000)
             for ktp, records in batches.items():
+                self.stats.fetched += len(records)
                 tp = (ktp.topic, ktp.partition)
                 progress = self.progress.partitions.get(tp)
                 if progress is None or session != self._session:
@@ -285,6 +305,7 @@ class CoordinatedConsumer:
                         record.key, record.headers, record.offset, self.ordering_header
                     )
                     if self.progress.admit(tp, record.offset, slot):
+                        self.stats.admitted += 1
                         lanes.submit(
                             WorkItem(tp, record.offset, slot, lanes.lane_key(okey), record, session)
                         )
@@ -293,6 +314,7 @@ class CoordinatedConsumer:
         if item.session != self._session:
             return
         self.progress.ack(item.tp, item.offset)
+        self.stats.processed += 1
         self.load[load_bucket(item.slot)] += 1
         self._acked.set()
 

@@ -54,8 +54,16 @@ DEFAULT_RETRY = RetryPolicy()
 class _Lane:
     queue: deque[WorkItem] = field(default_factory=deque)
     running: WorkItem | None = None
-    task: asyncio.Task[None] | None = None
-    abandoned: asyncio.Event = field(default_factory=asyncio.Event)
+    scheduled: bool = False  # waiting in the ready queue or being run by a worker
+    abandoned: bool = False
+    # Created only when a record of this lane backs off: most lanes never need it, and an
+    # Event per lane was a tenth of the dispatch cost.
+    wake: asyncio.Event | None = None
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        if self.wake is not None:
+            self.wake.set()
 
 
 class KeyLanes:
@@ -73,8 +81,15 @@ class KeyLanes:
         self._on_done = on_done
         self._retry = retry
         self._dead_letter = dead_letter
+        self._max_workers = max_concurrency
         self._lanes: dict[object, _Lane] = {}
+        # Lanes with queued records and no worker, in arrival order: a worker takes the
+        # head, runs one record, and puts the lane back at the tail if it has more.
+        self._ready: deque[tuple[object, _Lane]] = deque()
+        self._workers: set[asyncio.Task[None]] = set()
+        self._busy_workers = 0  # workers not sleeping in a retry backoff
         self._changed = asyncio.Condition()
+        self._idle_waiters = 0  # notify only when someone waits: the lock is per record
         self._unkeyed = itertools.count()
 
     def lane_key(self, ordering_key: bytes | None) -> object:
@@ -86,8 +101,17 @@ class KeyLanes:
         if lane is None:
             lane = self._lanes[item.lane_key] = _Lane()
         lane.queue.append(item)
-        if lane.task is None:
-            lane.task = asyncio.create_task(self._run_lane(item.lane_key, lane))
+        if not lane.scheduled:
+            lane.scheduled = True
+            self._ready.append((item.lane_key, lane))
+            self._spawn()
+
+    def _spawn(self) -> None:
+        if self._ready and self._busy_workers < self._max_workers:
+            self._busy_workers += 1
+            task = asyncio.create_task(self._work())
+            self._workers.add(task)
+            task.add_done_callback(self._workers.discard)
 
     def in_flight(self, slots: RangeSet | None = None) -> list[WorkItem]:
         return [
@@ -105,51 +129,80 @@ class KeyLanes:
                 continue
             dropped += len(lane.queue)
             lane.queue.clear()
-            lane.abandoned.set()
+            lane.abandon()
         return dropped
 
     async def wait_idle(self, slots: RangeSet | None = None, timeout: float | None = None) -> bool:
         """Wait until no handler of `slots` runs; False on timeout."""
-        async with self._changed:
-            try:
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: not self.in_flight(slots)), timeout
-                )
-            except TimeoutError:
-                return False
-        return True
+        self._idle_waiters += 1
+        try:
+            async with self._changed:
+                try:
+                    await asyncio.wait_for(
+                        self._changed.wait_for(lambda: not self.in_flight(slots)), timeout
+                    )
+                except TimeoutError:
+                    return False
+            return True
+        finally:
+            self._idle_waiters -= 1
 
     async def abort(self) -> None:
         """Lost session: cancel everything now; nothing of it will be acknowledged."""
-        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
+        tasks = list(self._workers)
         self._lanes.clear()
+        self._ready.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         async with self._changed:
             self._changed.notify_all()
 
-    async def _run_lane(self, key: object, lane: _Lane) -> None:
-        try:
-            while lane.queue:
-                await self._limit.acquire()
-                if not lane.queue:  # dropped while waiting for a permit
-                    self._limit.release()
-                    break
-                item = lane.queue.popleft()
-                lane.running = item
-                completed = await self._process(item, lane)
-                lane.running = None
-                if completed:
-                    self._on_done(item)
-                async with self._changed:
-                    self._changed.notify_all()
-        finally:
-            lane.running = None
-            if self._lanes.get(key) is lane:
-                del self._lanes[key]
+    async def _notify(self) -> None:
+        if self._idle_waiters:
             async with self._changed:
                 self._changed.notify_all()
+
+    async def _work(self) -> None:
+        """A worker: runs the head record of the next ready lane, as long as any is ready.
+
+        At most `max_concurrency` workers exist and a worker lives only while lanes are
+        ready, so a burst of new keys costs a deque append each, not a task each.
+        """
+        try:
+            await self._work_ready()
+        finally:
+            self._busy_workers -= 1
+
+    async def _work_ready(self) -> None:
+        while self._ready:
+            key, lane = self._ready.popleft()
+            if not lane.queue:  # dropped while it waited
+                self._retire(key, lane)
+                continue
+            await self._limit.acquire()
+            if not lane.queue:  # dropped while waiting for a permit
+                self._limit.release()
+                self._retire(key, lane)
+                continue
+            item = lane.queue.popleft()
+            lane.running = item
+            try:
+                completed = await self._process(item, lane)
+            finally:
+                lane.running = None
+            if completed:
+                self._on_done(item)
+            if lane.queue:
+                self._ready.append((key, lane))
+            else:
+                self._retire(key, lane)
+            await self._notify()
+
+    def _retire(self, key: object, lane: _Lane) -> None:
+        lane.scheduled = False
+        if lane.running is None and not lane.queue and self._lanes.get(key) is lane:
+            del self._lanes[key]
 
     async def _process(self, item: WorkItem, lane: _Lane) -> bool:
         """Run the handler until success (True) or until the lane is abandoned (False).
@@ -185,9 +238,19 @@ class KeyLanes:
                 log.warning(
                     "record %s@%d failed (attempt %d): %r", item.tp, item.offset, attempt, error
                 )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(lane.abandoned.wait(), backoff)
-                if lane.abandoned.is_set():
+                if lane.wake is None:
+                    lane.wake = asyncio.Event()
+                if lane.abandoned:
+                    return False
+                # This worker sleeps: another one takes over the ready lanes meanwhile.
+                self._busy_workers -= 1
+                self._spawn()
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(lane.wake.wait(), backoff)
+                finally:
+                    self._busy_workers += 1
+                if lane.abandoned:
                     return False
                 backoff = min(backoff * 2, self._retry.max_backoff_s)
         finally:

@@ -141,6 +141,31 @@ async def test_failing_key_is_retried_and_blocks_only_itself() -> None:
     assert h.attempts[("bad", 1)] == 1
 
 
+async def test_a_key_in_backoff_leaves_its_permit_to_the_others() -> None:
+    h = Harness(max_concurrency=1, retry=FAST)  # the only permit: the failing key must lend it
+    h.fail_until["bad"] = asyncio.Event()
+    h.open("bad", "x")
+    h.submit("bad", 0)
+    h.submit("x", 1)
+    h.submit("x", 2)
+    await eventually(lambda: len(h.done) == 2)
+    assert h.done_records() == [("x", 1), ("x", 2)] and h.max_running == 1
+    h.fail_until["bad"].set()
+    await eventually(lambda: len(h.done) == 3)
+
+
+async def test_a_burst_of_new_keys_starts_no_more_tasks_than_the_limit() -> None:
+    """Dispatch cost: one task per record (or per key) made the fetch loop the bottleneck."""
+    h = Harness(max_concurrency=4)
+    before = len(asyncio.all_tasks())
+    for offset in range(500):
+        h.submit(f"k{offset}", offset)
+    assert len(asyncio.all_tasks()) - before <= 4
+    h.open(*(f"k{offset}" for offset in range(500)))
+    await eventually(lambda: len(h.done) == 500)
+    assert h.max_running == 4
+
+
 async def test_dead_letter_after_max_attempts() -> None:
     dead: list[tuple[object, BaseException]] = []
 

@@ -1,0 +1,340 @@
+"""Shared machinery of the throughput benchmarks: broker, coordinator, data, runs, tables.
+
+A *run* starts N worker processes of one system (`bench/_worker.py`), waits until all of
+them have imported and built their clients, releases them at once (the go file), and
+measures from the first completed handler call on: throughput over a fixed time window
+(after a short warm-up, so group formation and the first rebalance are not averaged in),
+or up to the last record when the topic runs out first. Every process started here is
+stopped by pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from coordinator.broker import EmbeddedBroker, free_port  # noqa: E402
+
+WORKER = ROOT / "bench" / "_worker.py"
+PYRALLEL_PYTHON = Path(os.environ.get("PYRALLEL_PYTHON", "/tmp/venv-pyrallel/bin/python"))
+BUCKET_S = 0.01  # must match _worker.BUCKET_S
+
+
+# ---- the machine ----------------------------------------------------------------------
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem_kb = 0
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal"):
+                mem_kb = int(line.split()[1])
+    load = os.getloadavg()
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {mem_kb / 2**20:.0f} GiB, Python "
+        f"{platform.python_version()}, {date.today().isoformat()}; load average at start "
+        f"{load[0]:.1f} (machine shared with other jobs)"
+    )
+
+
+def calibrate_cpu_loops(target_s: float = 0.001) -> int:
+    """Loop count of `_worker.burn` that takes `target_s` here (best of several tries)."""
+    sys.path.insert(0, str(WORKER.parent))
+    from _worker import burn
+
+    loops = 20_000
+    best = float("inf")
+    for _ in range(30):
+        t0 = time.perf_counter()
+        burn(loops)
+        best = min(best, time.perf_counter() - t0)
+    return max(1, int(loops * target_s / best))
+
+
+# ---- broker, coordinator, data ----------------------------------------------------------
+
+
+class Cluster:
+    """An embedded broker and a coordinator daemon process, for one benchmark invocation."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.broker = EmbeddedBroker()
+        self.coordinator_proc: subprocess.Popen[bytes] | None = None
+        self.coordinator = ""
+
+    def __enter__(self) -> Cluster:
+        self.broker.start()
+        listen, admin = free_port(), free_port()
+        self.coordinator = f"127.0.0.1:{listen}"
+        log = open(self.work / "coordinator.log", "wb")
+        self.coordinator_proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "coordinator.cli", "--log-level", "WARNING",
+                "coordinator", "--bootstrap-servers", self.bootstrap, "--listen",
+                self.coordinator, "--admin-listen", f"127.0.0.1:{admin}",
+                "--startup-grace-ms", "300",
+            ],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env(),
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + 30
+        while True:
+            if self.coordinator_proc.poll() is not None:
+                raise RuntimeError((self.work / "coordinator.log").read_text()[-2000:])
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthz", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.coordinator_proc is not None:
+            stop_process(self.coordinator_proc)
+        self.broker.stop()
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap_servers
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def load_topic(bootstrap: str, topic: str, partitions: int, records: int, keys: int) -> float:
+    """Create `topic` and fill it with `records` keyed records (key i mod `keys`, 64-byte
+    values); returns the seconds it took."""
+    return asyncio.run(_load_topic(bootstrap, topic, partitions, records, keys))
+
+
+async def _load_topic(
+    bootstrap: str, topic: str, partitions: int, records: int, keys: int
+) -> float:
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+    t0 = time.monotonic()
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=256 * 1024
+    )
+    await producer.start()
+    value = b"v" * 64
+    try:
+        futures = []
+        for i in range(records):
+            futures.append(await producer.send(topic, key=f"key-{i % keys}".encode(), value=value))
+            if len(futures) >= 20_000:
+                await asyncio.gather(*futures)
+                futures.clear()
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return time.monotonic() - t0
+
+
+# ---- one run ------------------------------------------------------------------------------
+
+
+@dataclass
+class RunSpec:
+    system: str  # plain | pyrallel | keyshard | bare
+    topic: str
+    records: int  # how many the topic holds (the run ends early when all are done)
+    processes: int = 1
+    handler: str = "io"  # io | cpu | noop
+    concurrency: int = 0  # keyshard lanes / Pyrallel max_in_flight; 0 = system default
+    cpu_loops: int = 0
+    warmup_s: float = 1.0
+    window_s: float = 4.0
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    rate: float  # records/s over the measured window
+    measured: int  # records completed in the window
+    window_s: float
+    start_s: float  # go -> first completed record
+    total: int  # completed during the whole run
+    stats: dict[str, int] = field(default_factory=dict)  # keyshard counters, summed
+    error: str = ""
+
+
+_counter = Counter[str]()
+
+
+def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
+    _counter[spec.system] += 1
+    tag = f"{spec.system}-{spec.topic}-{spec.processes}-{_counter[spec.system]}"
+    work = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=cluster.work))
+    go = work / "go"
+    python = str(PYRALLEL_PYTHON) if spec.system == "pyrallel" else sys.executable
+    procs: list[subprocess.Popen[bytes]] = []
+    statuses = [work / f"w{i}.json" for i in range(spec.processes)]
+    try:
+        for i, status in enumerate(statuses):
+            cmd = [
+                python, str(WORKER), "--system", spec.system, "--handler", spec.handler,
+                "--cpu-loops", str(spec.cpu_loops), "--bootstrap", cluster.bootstrap,
+                "--topic", spec.topic, "--group", tag, "--coordinator", cluster.coordinator,
+                "--name", f"{tag}-w{i}", "--concurrency", str(spec.concurrency),
+                "--go", str(go), "--status", str(status),
+            ]  # fmt: skip
+            log = open(work / f"w{i}.log", "wb")  # noqa: SIM115 - handed to the child
+            procs.append(
+                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env())
+            )
+            log.close()
+        _wait(lambda: all(s.with_suffix(".ready").exists() for s in statuses), procs, 60, work)
+        go.touch()
+        t_go = time.monotonic()
+        first: float | None = None
+        while True:
+            time.sleep(0.1)
+            _check_alive(procs, work)
+            live = [_read(s) for s in statuses]
+            done = sum(d.get("count", 0) for d in live)
+            firsts = [d["first"] for d in live if d.get("first") is not None]
+            if firsts:
+                first = min(firsts)
+            now = time.monotonic()
+            if done >= spec.records:
+                break
+            if first is not None and now > first + spec.warmup_s + spec.window_s + 0.2:
+                break
+            if first is None and now > t_go + timeout_s:
+                return RunResult(spec, 0, 0, 0, 0, 0, error="nothing processed")
+    finally:
+        for proc in procs:
+            stop_process(proc)
+    finals = [_read(s) for s in statuses]
+    return _measure(spec, t_go, finals)
+
+
+def _wait(cond: Any, procs: list[subprocess.Popen[bytes]], timeout: float, work: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        _check_alive(procs, work)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"workers not ready within {timeout} s ({work})")
+        time.sleep(0.05)
+
+
+def _check_alive(procs: list[subprocess.Popen[bytes]], work: Path) -> None:
+    for i, proc in enumerate(procs):
+        if proc.poll() is not None:
+            tail = (work / f"w{i}.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"worker {i} exited with {proc.returncode}:\n{tail}")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except (OSError, ValueError):
+        return {}
+
+
+def _measure(spec: RunSpec, t_go: float, finals: list[dict[str, Any]]) -> RunResult:
+    buckets: Counter[int] = Counter()
+    stats: Counter[str] = Counter()
+    for data in finals:
+        for key, n in data.get("buckets", {}).items():
+            buckets[int(key)] += n
+        stats.update(data.get("stats", {}))
+    if not buckets:
+        return RunResult(spec, 0, 0, 0, 0, 0, error="nothing processed")
+    first_b, last_b = min(buckets), max(buckets)
+    total = sum(buckets.values())
+    start_b = first_b + round(spec.warmup_s / BUCKET_S)
+    end_b = min(start_b + round(spec.window_s / BUCKET_S), last_b + 1)
+    if end_b <= start_b:  # everything done within the warm-up: measure it all
+        start_b, end_b = first_b, last_b + 1
+    measured = sum(n for b, n in buckets.items() if start_b <= b < end_b)
+    window = (end_b - start_b) * BUCKET_S
+    return RunResult(
+        spec,
+        rate=measured / window,
+        measured=measured,
+        window_s=window,
+        start_s=first_b * BUCKET_S - t_go,
+        total=total,
+        stats=dict(stats),
+    )
+
+
+# ---- reporting ----------------------------------------------------------------------------
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def save_json(path: Path, results: list[RunResult]) -> None:
+    path.write_text(
+        json.dumps(
+            [
+                {**r.spec.__dict__, **{k: v for k, v in r.__dict__.items() if k != "spec"}}
+                for r in results
+            ],
+            indent=1,
+        )
+    )
+
+
+def workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="keyshard-bench-"))
+
+
+def cleanup(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

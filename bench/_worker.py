@@ -1,0 +1,259 @@
+"""One consumer process of a throughput benchmark, for any of the compared systems.
+
+Started by `bench/_common.py` (`Run`). It only imports the standard library at the top: the
+Pyrallel Consumer variant runs in its own virtualenv (/tmp/venv-pyrallel), which has neither
+aiokafka nor keyshard. Protocol with the orchestrator:
+
+1. import and build everything, then wait until the file `--go` exists (so Python start-up
+   time of the N processes is not measured, only consumption);
+2. consume; every completed handler call is counted in 10 ms buckets of `time.monotonic()`
+   (CLOCK_MONOTONIC is system-wide on Linux, so buckets of different processes line up);
+   a small live file `--status` says how many were done so far;
+3. on SIGTERM stop (gracefully where the system has a graceful stop) and write the final
+   JSON (`--status`): buckets, counts, and keyshard's fetch counters when it has them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+BUCKET_S = 0.01
+STOPPING = threading.Event()  # set on SIGTERM
+
+
+class Meter:
+    """Completion counter in time buckets, flushed to a status file."""
+
+    def __init__(self, status: Path) -> None:
+        self.status = status
+        self.buckets: Counter[int] = Counter()
+        self.count = 0
+        self.first: float | None = None
+        self.extra: dict[str, Any] = {}
+
+    def done(self) -> None:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        self.count += 1
+        self.buckets[int(now / BUCKET_S)] += 1
+
+    def write(self, final: bool) -> None:
+        data: dict[str, Any] = {"pid": os.getpid(), "count": self.count, "first": self.first}
+        if final:
+            data["final"] = True
+            data["buckets"] = {str(k): v for k, v in self.buckets.items()}
+            data.update(self.extra)
+        tmp = self.status.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.status)
+
+
+def make_handler(kind: str, cpu_loops: int, meter: Meter) -> Callable[[Any], Awaitable[None]]:
+    """The user's work per record: 5 ms of awaited I/O, a fixed CPU burn, or nothing."""
+    if kind == "io":
+
+        async def io(_: Any) -> None:
+            await asyncio.sleep(0.005)
+            meter.done()
+
+        return io
+    if kind == "cpu":
+
+        async def cpu(_: Any) -> None:
+            burn(cpu_loops)
+            meter.done()
+
+        return cpu
+
+    async def noop(_: Any) -> None:
+        meter.done()
+
+    return noop
+
+
+def burn(loops: int) -> int:
+    """A busy loop; `loops` is calibrated by the orchestrator to take ~1 ms."""
+    x = 0
+    for i in range(loops):
+        x += i
+    return x
+
+
+async def wait_go(args: argparse.Namespace) -> None:
+    """Say "ready" (everything imported and built), then wait for the common start."""
+    args.status.with_suffix(".ready").touch()
+    while not args.go.exists():  # noqa: ASYNC110 - set by another process: a file to poll
+        await asyncio.sleep(0.005)
+
+
+def reporter(meter: Meter, stopping: threading.Event) -> None:
+    """A thread, not a task: a CPU-bound handler in a plain loop never yields to the event
+    loop while aiokafka has records buffered, and the orchestrator must still see progress."""
+    while not stopping.wait(0.1):
+        meter.write(final=False)
+
+
+# ---- the systems ----------------------------------------------------------------------
+
+
+async def run_plain(args: argparse.Namespace, handler: Any, stop: asyncio.Event) -> None:
+    """What a user writes: a subscribe() group, each record awaited in order."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(
+        args.topic,
+        bootstrap_servers=args.bootstrap,
+        group_id=args.group,
+        auto_offset_reset="earliest",
+    )
+    await wait_go(args)
+    await consumer.start()
+
+    async def loop() -> None:
+        async for record in consumer:
+            await handler(record)
+            if STOPPING.is_set():
+                return
+
+    task = asyncio.create_task(loop())
+    await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when="FIRST_COMPLETED")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.wait_for(consumer.stop(), 10)
+
+
+async def run_bare(args: argparse.Namespace, handler: Any, stop: asyncio.Event) -> None:
+    """The floor for filter overhead: manual assignment, getmany, records in order."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=args.bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    await wait_go(args)
+    await consumer.start()
+    parts = consumer.partitions_for_topic(args.topic) or set()
+    consumer.assign([TopicPartition(args.topic, p) for p in sorted(parts)])
+
+    async def loop() -> None:
+        while True:
+            batches = await consumer.getmany(timeout_ms=200, max_records=2000)
+            for records in batches.values():
+                for record in records:
+                    await handler(record)
+            if STOPPING.is_set():
+                return
+
+    task = asyncio.create_task(loop())
+    await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when="FIRST_COMPLETED")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.wait_for(consumer.stop(), 10)
+
+
+async def run_keyshard(
+    args: argparse.Namespace, handler: Any, stop: asyncio.Event, meter: Meter
+) -> None:
+    from consumer_client import CoordinatedConsumer
+
+    consumer = CoordinatedConsumer(
+        group=args.group,
+        topics=[args.topic],
+        coordinator=args.coordinator,
+        bootstrap_servers=args.bootstrap,
+        name=args.name,
+        max_concurrency=args.concurrency,
+    )
+    await wait_go(args)
+    task = asyncio.create_task(consumer.run(handler))
+    await stop.wait()
+    await consumer.close()
+    await asyncio.gather(task, return_exceptions=True)
+    meter.extra["stats"] = consumer.stats.as_dict()
+
+
+async def run_pyrallel(args: argparse.Namespace, handler: Any, stop: asyncio.Event) -> None:
+    """Pyrallel Consumer 1.0.0, key_hash ordering (per record key), async engine."""
+    from pyrallel_consumer import (  # type: ignore[import-not-found, unused-ignore]
+        ExecutionMode,
+        KafkaConfig,
+        OrderingMode,
+        PyrallelConsumer,
+    )
+
+    # 10 s session like aiokafka's default: Tansu holds a JoinGroup for a share of the
+    # session timeout, and the library's 60 s default made every start wait ~23 s.
+    config = KafkaConfig(
+        BOOTSTRAP_SERVERS=args.bootstrap, CONSUMER_GROUP=args.group, SESSION_TIMEOUT_MS=10_000
+    )
+    config.dlq_enabled = False
+    config.parallel_consumer.ordering_mode = OrderingMode.KEY_HASH
+    config.parallel_consumer.execution.mode = ExecutionMode.ASYNC
+    if args.concurrency:
+        config.parallel_consumer.execution.max_in_flight = args.concurrency
+    consumer = PyrallelConsumer(config=config, worker=handler, topic=args.topic)
+    await wait_go(args)
+    await consumer.start()
+    await stop.wait()
+    await consumer.stop()
+
+
+async def main(args: argparse.Namespace) -> None:
+    meter = Meter(args.status)
+    handler = make_handler(args.handler, args.cpu_loops, meter)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int, frame: object) -> None:
+        STOPPING.set()  # seen by loops that never yield
+        loop.call_soon_threadsafe(stop.set)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    live = threading.Thread(target=reporter, args=(meter, STOPPING), daemon=True)
+    live.start()
+    try:
+        if args.system == "plain":
+            await run_plain(args, handler, stop)
+        elif args.system == "bare":
+            await run_bare(args, handler, stop)
+        elif args.system == "keyshard":
+            await run_keyshard(args, handler, stop, meter)
+        elif args.system == "pyrallel":
+            await run_pyrallel(args, handler, stop)
+        else:
+            raise SystemExit(f"unknown system {args.system!r}")
+    finally:
+        STOPPING.set()
+        live.join()
+        meter.write(final=True)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--system", required=True, choices=["plain", "bare", "keyshard", "pyrallel"])
+    p.add_argument("--handler", required=True, choices=["io", "cpu", "noop"])
+    p.add_argument("--cpu-loops", type=int, default=0)
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--group", required=True)
+    p.add_argument("--coordinator", default="")
+    p.add_argument("--name", default="bench")
+    p.add_argument("--concurrency", type=int, default=0)
+    p.add_argument("--go", type=Path, required=True)
+    p.add_argument("--status", type=Path, required=True)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse()))

@@ -1,0 +1,391 @@
+"""Throughput of keyshard against what a user would pick instead, side by side in one run.
+
+Subcommands (each writes bench/throughput-<name>.md, .json and .png and prints its table):
+
+- `slow`   — handler = 5 ms of awaited I/O; 1- and 4-partition topics, 10,000 keys; plain
+             aiokafka subscribe() group, Pyrallel Consumer 1.0.0 (key_hash, async engine)
+             and keyshard, each with N = 1 and 4 processes.
+- `cpu`    — the same systems with a handler burning ~1 ms of CPU; N = 1, 2, 4 processes.
+- `filter` — one keyshard consumer owning every slot against a bare aiokafka getmany loop,
+             no-op handler, on the same data.
+- `amplification` — 1, 2, 4, 8 keyshard consumers on one partition: records decoded per
+             record processed (each consumer reads the whole partition).
+- `all`    — every one of the above.
+
+The embedded Tansu broker and a coordinator daemon are started here; topics are filled
+before any consumer starts. Each configuration runs `--runs` times, interleaved with the
+others (so machine noise hits all systems alike); tables show medians.
+
+Run: PYTHONPATH=. /tmp/venv/bin/python bench/throughput.py all [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    PYRALLEL_PYTHON,
+    Cluster,
+    RunResult,
+    RunSpec,
+    calibrate_cpu_loops,
+    cleanup,
+    load_topic,
+    machine,
+    markdown_table,
+    median,
+    run,
+    save_json,
+    workdir,
+)
+
+OUT = Path(__file__).resolve().parent
+KEYS = 10_000
+LANES = 64  # keyshard's default max_concurrency
+
+
+@dataclass(frozen=True)
+class Size:
+    records: int  # per topic
+    runs: int
+    warmup_s: float
+    window_s: float
+
+
+FULL = Size(records=200_000, runs=3, warmup_s=1.0, window_s=4.0)
+QUICK = Size(records=40_000, runs=1, warmup_s=0.5, window_s=2.0)
+
+
+def label(spec: RunSpec) -> str:
+    if spec.system == "keyshard":
+        return f"keyshard ({spec.concurrency or LANES} lanes)"
+    if spec.system == "pyrallel":
+        return "Pyrallel Consumer" + (
+            f" (max_in_flight {spec.concurrency})" if spec.concurrency else ""
+        )
+    if spec.system == "plain":
+        return "plain aiokafka group"
+    return "bare getmany loop"
+
+
+def repeat(
+    cluster: Cluster, specs: list[RunSpec], runs: int, log: Callable[[str], None]
+) -> dict[int, list[RunResult]]:
+    """Every spec `runs` times, round-robin; results by spec index."""
+    out: dict[int, list[RunResult]] = {i: [] for i in range(len(specs))}
+    for r in range(runs):
+        for i, spec in enumerate(specs):
+            result = run(cluster, spec)
+            out[i].append(result)
+            log(
+                f"  run {r + 1}/{runs} {label(spec):34} p={spec.topic[-1]} N={spec.processes}: "
+                f"{result.rate:9.0f} rec/s (first record after {result.start_s:.1f} s) "
+                f"{result.error}"
+            )
+    return out
+
+
+def pyrallel_available() -> str:
+    """Empty when the Pyrallel virtualenv can import the package, else why not."""
+    import subprocess
+
+    if not PYRALLEL_PYTHON.exists():
+        return f"{PYRALLEL_PYTHON} not found"
+    probe = subprocess.run(
+        [str(PYRALLEL_PYTHON), "-c", "import pyrallel_consumer"], capture_output=True, text=True
+    )
+    return probe.stderr.strip()[-300:] if probe.returncode else ""
+
+
+# ---- parts 1 and 2: scale-out -------------------------------------------------------------
+
+
+def scale_out(
+    cluster: Cluster, size: Size, handler: str, counts: tuple[int, ...], cpu_loops: int,
+    log: Callable[[str], None],
+) -> tuple[list[RunSpec], dict[int, list[RunResult]]]:  # fmt: skip
+    systems = ["plain", "keyshard"]
+    if not (why := pyrallel_available()):
+        systems.insert(1, "pyrallel")
+    else:
+        log(f"Pyrallel Consumer skipped: {why}")
+    specs = [
+        RunSpec(
+            system,
+            f"{handler}-p{partitions}",
+            size.records,
+            processes=n,
+            handler=handler,
+            concurrency=LANES if system == "keyshard" else 0,
+            cpu_loops=cpu_loops,
+            warmup_s=size.warmup_s,
+            window_s=size.window_s,
+        )
+        for partitions in (1, 4)
+        for n in counts
+        for system in systems
+    ]
+    return specs, repeat(cluster, specs, size.runs, log)
+
+
+def scale_table(specs: list[RunSpec], results: dict[int, list[RunResult]]) -> str:
+    rates = {i: median([r.rate for r in rs]) for i, rs in results.items()}
+    by_key = {(s.system, s.topic, s.processes): rates[i] for i, s in enumerate(specs)}
+    rows = []
+    for i, spec in enumerate(specs):
+        plain = by_key.get(("plain", spec.topic, spec.processes), 0)
+        pyr = by_key.get(("pyrallel", spec.topic, spec.processes), 0)
+        starts = [r.start_s for r in results[i]]
+        rows.append(
+            [
+                spec.topic[-1], str(spec.processes), label(spec), f"{rates[i]:,.0f}",
+                " / ".join(f"{r.rate:,.0f}" for r in results[i]),
+                f"{rates[i] / plain:.1f}x" if plain else "-",
+                f"{rates[i] / pyr:.2f}x" if pyr else "-",
+                f"{median(starts):.1f}",
+            ]
+        )  # fmt: skip
+    header = [
+        "partitions", "processes", "system", "median rec/s", "runs rec/s", "vs plain group",
+        "vs Pyrallel", "go -> first record, s",
+    ]  # fmt: skip
+    return markdown_table(header, rows)
+
+
+def scale_plot(
+    specs: list[RunSpec], results: dict[int, list[RunResult]], title: str, path: Path
+) -> None:
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, partitions in zip(axes, ("1", "4"), strict=True):
+        for system in ("plain", "pyrallel", "keyshard"):
+            points = [
+                (s.processes, median([r.rate for r in results[i]]))
+                for i, s in enumerate(specs)
+                if s.system == system and s.topic[-1] == partitions
+            ]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(
+                    xs, ys, marker="o", label=label(specs[[s.system for s in specs].index(system)])
+                )
+        ax.set_title(f"{title}, {partitions} partition(s)")
+        ax.set_xlabel("consumer processes")
+        ax.set_xticks(sorted({s.processes for s in specs}))
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("records/s (median, log scale)")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ---- part 3: filter overhead --------------------------------------------------------------
+
+
+def filter_overhead(
+    cluster: Cluster, size: Size, log: Callable[[str], None]
+) -> tuple[list[RunSpec], dict[int, list[RunResult]]]:
+    base = RunSpec(
+        "bare", "noop-p1", size.records, handler="noop", warmup_s=size.warmup_s,
+        window_s=size.window_s,
+    )  # fmt: skip
+    specs = [base, replace(base, system="keyshard", concurrency=LANES)]
+    return specs, repeat(cluster, specs, max(size.runs, 3), log)
+
+
+def filter_table(specs: list[RunSpec], results: dict[int, list[RunResult]]) -> str:
+    rates = [median([r.rate for r in results[i]]) for i in range(len(specs))]
+    rows = [
+        [
+            label(spec),
+            f"{rates[i]:,.0f}",
+            " / ".join(f"{r.rate:,.0f}" for r in results[i]),
+            f"{rates[i] / rates[0]:.2f}x",
+        ]
+        for i, spec in enumerate(specs)
+    ]
+    return markdown_table(["system", "median rec/s", "runs rec/s", "vs bare loop"], rows)
+
+
+def filter_plot(specs: list[RunSpec], results: dict[int, list[RunResult]], path: Path) -> None:
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    names = [label(s) for s in specs]
+    rates = [median([r.rate for r in results[i]]) for i in range(len(specs))]
+    ax.barh(names, rates)
+    for i in range(len(specs)):
+        ax.plot([r.rate for r in results[i]], [i] * len(results[i]), "k.", label=None)
+    ax.set_xlabel("records/s, no-op handler, 1 partition (bars: median; dots: runs)")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ---- part 6: read amplification -----------------------------------------------------------
+
+
+def amplification(
+    cluster: Cluster, size: Size, log: Callable[[str], None]
+) -> tuple[list[RunSpec], dict[int, list[RunResult]]]:
+    # The whole topic is consumed (no window) so fetched/processed covers every record.
+    records = size.records // 4
+    specs = [
+        RunSpec(
+            "keyshard",
+            "amp-p1",
+            records,
+            processes=n,
+            handler="noop",
+            concurrency=LANES,
+            warmup_s=0.0,
+            window_s=600.0,
+        )
+        for n in (1, 2, 4, 8)
+    ]
+    return specs, repeat(cluster, specs, size.runs, log)
+
+
+def amp_table(specs: list[RunSpec], results: dict[int, list[RunResult]]) -> str:
+    rows = []
+    for i, spec in enumerate(specs):
+        amps = [
+            r.stats["fetched"] / r.stats["processed"]
+            for r in results[i]
+            if r.stats.get("processed")
+        ]
+        rows.append(
+            [
+                str(spec.processes), f"{spec.records:,}",
+                f"{median([r.stats.get('fetched', 0) for r in results[i]]):,.0f}",
+                f"{median([r.stats.get('processed', 0) for r in results[i]]):,.0f}",
+                f"{median(amps):.2f}", f"{median([r.rate for r in results[i]]):,.0f}",
+            ]
+        )  # fmt: skip
+    header = [
+        "consumers", "records in topic", "decoded (sum over consumers)", "processed",
+        "decoded / processed", "rec/s (whole topic)",
+    ]  # fmt: skip
+    return markdown_table(header, rows)
+
+
+def amp_plot(specs: list[RunSpec], results: dict[int, list[RunResult]], path: Path) -> None:
+    plt = _pyplot()
+    if plt is None:
+        return
+    xs = [s.processes for s in specs]
+    amps = [
+        median(
+            [
+                r.stats["fetched"] / r.stats["processed"]
+                for r in results[i]
+                if r.stats.get("processed")
+            ]
+        )
+        for i in range(len(specs))
+    ]
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    ax.plot(xs, amps, marker="o", label="measured")
+    ax.plot(xs, xs, linestyle=":", label="= consumers")
+    ax.set_xlabel("keyshard consumers on one partition")
+    ax.set_ylabel("records decoded per record processed")
+    ax.set_xticks(xs)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ---- driver -------------------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (pip install 'keyshard[bench]')")
+        return None
+    return plt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("part", choices=["slow", "cpu", "filter", "amplification", "all"])
+    parser.add_argument("--quick", action="store_true", help="fewer records, one run each")
+    parser.add_argument("--runs", type=int, help="runs per configuration (default 3, quick 1)")
+    args = parser.parse_args(argv)
+    size = QUICK if args.quick else FULL
+    if args.runs:
+        size = replace(size, runs=args.runs)
+    parts = ["slow", "cpu", "filter", "amplification"] if args.part == "all" else [args.part]
+    command = "PYTHONPATH=. python bench/throughput.py " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    header = f"Machine: {machine()}.\nCommand: `{command}`; {size}.\n"
+    print(header)
+    work = workdir()
+    try:
+        with Cluster(work) as cluster:
+            t0 = time.monotonic()
+            topics = {"slow": ["io"], "cpu": ["cpu"], "filter": ["noop"], "amplification": ["amp"]}
+            for part in parts:
+                for prefix in topics[part]:
+                    for partitions in (1, 4) if part in ("slow", "cpu") else (1,):
+                        n = size.records // 4 if prefix == "amp" else size.records
+                        took = load_topic(
+                            cluster.bootstrap, f"{prefix}-p{partitions}", partitions, n, KEYS
+                        )
+                        print(f"loaded {prefix}-p{partitions}: {n:,} records in {took:.1f} s")
+            for part in parts:
+                md = _run_part(part, cluster, size, header)
+                (OUT / f"throughput-{part}.md").write_text(md)
+                print(md)
+            print(f"total {time.monotonic() - t0:.0f} s")
+    finally:
+        cleanup(work)
+    return 0
+
+
+def _run_part(part: str, cluster: Cluster, size: Size, header: str) -> str:
+    print(f"== {part}")
+    if part == "slow":
+        specs, results = scale_out(cluster, size, "io", (1, 4), 0, print)
+        table = scale_table(specs, results)
+        scale_plot(specs, results, "5 ms async I/O handler", OUT / "throughput-slow.png")
+    elif part == "cpu":
+        loops = calibrate_cpu_loops()
+        print(f"cpu handler: {loops} loop iterations ~ 1 ms here")
+        specs, results = scale_out(cluster, size, "cpu", (1, 2, 4), loops, print)
+        table = scale_table(specs, results) + f"\n\nCPU handler: {loops} loop iterations (~1 ms).\n"
+        scale_plot(specs, results, "~1 ms CPU handler", OUT / "throughput-cpu.png")
+    elif part == "filter":
+        specs, results = filter_overhead(cluster, size, print)
+        table = filter_table(specs, results)
+        filter_plot(specs, results, OUT / "throughput-filter.png")
+    else:
+        specs, results = amplification(cluster, size, print)
+        table = amp_table(specs, results)
+        amp_plot(specs, results, OUT / "throughput-amplification.png")
+    save_json(OUT / f"throughput-{part}.json", [r for rs in results.values() for r in rs])
+    return f"{header}\n{table}\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
