@@ -92,14 +92,11 @@ class RangePositionMap:
         """Every segment in slot order, or only the parts inside `within`: those are found
         by bisection, so a member's few ranges cost O(log n) each, not a walk of the map
         (one map holds every member's positions)."""
-        keys = self._starts.keys()
         if within is not None:
             return self._clipped(within)
-        out: list[tuple[SlotRange, Position]] = []
-        for i, start in enumerate(keys):
-            end = keys[i + 1] - 1 if i + 1 < len(keys) else MAX_SLOT
-            out.append((SlotRange(start, end), self._starts[start]))
-        return out
+        items = list(self._starts.items())
+        ends = [start - 1 for start, _ in items[1:]] + [MAX_SLOT]
+        return [(SlotRange(start, end), pos) for (start, pos), end in zip(items, ends, strict=True)]
 
     def _clipped(self, within: RangeSet) -> list[tuple[SlotRange, Position]]:
         starts = self._starts

@@ -18,7 +18,7 @@ from coordinator.protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from coordinator.runtime import CoordinatorRuntime, RuntimeSettings
+from coordinator.runtime import CoordinatorRuntime, RuntimeSettings, _CoalescedPartitionCounts
 
 TIMEOUT = 5.0
 
@@ -144,3 +144,33 @@ async def test_stop_never_overtakes_an_earlier_start_held_by_a_slow_store() -> N
     finally:
         store.released.set()
         await runtime.stop()
+
+
+class CountingStore:
+    """Metadata fetches that wait until released, counted."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.release = asyncio.Event()
+
+    async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
+        self.calls.append(topics)
+        await self.release.wait()
+        return dict.fromkeys(topics, 3)
+
+
+async def test_concurrent_registrations_share_one_metadata_fetch() -> None:
+    """Callers arriving together share a fetch; one arriving while it runs gets the next
+    (it must see topics created after the first fetch started), never a third."""
+    store = CountingStore()
+    counts = _CoalescedPartitionCounts(store)  # type: ignore[arg-type]
+    first = [asyncio.ensure_future(counts.get(("a",))) for _ in range(50)]
+    first.append(asyncio.ensure_future(counts.get(("b",))))
+    await eventually(lambda: len(store.calls) == 1, "the first fetch")
+    later = [asyncio.ensure_future(counts.get(("c",))) for _ in range(50)]
+    await asyncio.sleep(0.01)
+    assert store.calls == [("a", "b")], "callers of one moment share one fetch"
+    store.release.set()
+    assert await first[0] == {"a": 3} and await first[-1] == {"b": 3}
+    assert await asyncio.gather(*later) == [{"c": 3}] * 50
+    assert store.calls == [("a", "b"), ("c",)]
