@@ -298,7 +298,13 @@ class CoordinatorRuntime:
             ended = time.perf_counter()
             self._recompute_ended[group] = ended
             self._recompute_took[group] = ended - began
-        if state.target_version != state.inputs_version and group not in self._recompute_scheduled:
+        # A group without members has nothing to recompute (reconcile returns at once):
+        # scheduling it anyway would spin the loop for a group replayed from the store.
+        if (
+            state.members
+            and state.target_version != state.inputs_version
+            and group not in self._recompute_scheduled
+        ):
             self._recompute_scheduled.add(group)
             ready_at = self._recompute_ended.get(group, 0.0) + self._recompute_took.get(group, 0.0)
             delay = max(0.0, ready_at - time.perf_counter())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from coordinator.handlers import Result
 from coordinator.positions import RangePositionMap
 from coordinator.protocol import (
     Message,
@@ -174,3 +175,28 @@ async def test_concurrent_registrations_share_one_metadata_fetch() -> None:
     assert await first[0] == {"a": 3} and await first[-1] == {"b": 3}
     assert await asyncio.gather(*later) == [{"c": 3}] * 50
     assert store.calls == [("a", "b"), ("c",)]
+
+
+class StoreWithOldGroup(HeldStore):
+    async def load(self) -> dict[str, dict[tuple[str, int], RangePositionMap]]:
+        return {"old": {("t", 0): RangePositionMap()}}
+
+
+async def test_a_group_replayed_without_members_schedules_no_recompute() -> None:
+    """A group known only from the state topic has no members: nothing to recompute,
+    so nothing may be scheduled for it (rescheduling it spun the event loop)."""
+    runtime = CoordinatorRuntime(
+        RuntimeSettings("unused:1", startup_grace_ms=0),
+        StoreWithOldGroup(),  # type: ignore[arg-type]
+    )
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+        runtime._run("old", Result())  # e.g. its balance timer
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert runtime._recompute_scheduled == set()
+    finally:
+        await runtime.stop()
