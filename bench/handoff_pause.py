@@ -23,9 +23,9 @@ range or partition that pauses shows up as records waiting longer than usual.
   records of the *moved* slots produced between [start - 1 s, resume]; and for all
   records of slots that did *not* move, produced during any handoff, the largest extra
   delay;
-- the plain group, per join/leave: the largest extra delay of any record produced in
-  [event - 1 s, event + 30 s] (an eager rebalance stops every partition), and the time
-  from the event until every partition processed a record produced after it.
+- the plain group, per join/leave: the largest extra delay of any record produced from
+  1 s before the event until the next event (an eager rebalance stops every partition),
+  and the time from the event until every partition processed a record produced after it.
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ def analyse(
         results.append(
             KeyshardHandoff(
                 h["kind"], moved.size, (end - start) / 1e6,
-                ((h["released_at"] or h["started_at"]) - h["started_at"]) * 1e3,
+                (h["released_after_s"] or 0.0) * 1e3,
                 max(extra, default=0) / 1e6, len(extra),
             )
         )  # fmt: skip
@@ -343,8 +343,10 @@ def analyse(
     ]
 
     plain_events = []
-    for kind, at in events:
-        around = [(t, d, p) for t, d, p in pl if at - 1_000_000_000 <= t <= at + 30_000_000_000]
+    for i, (kind, at) in enumerate(events):
+        # Up to the next event, so one long stall is not counted for several events.
+        until = events[i + 1][1] if i + 1 < len(events) else at + 30_000_000_000
+        around = [(t, d, p) for t, d, p in pl if at - 1_000_000_000 <= t < until]
         extra = max((d - pl_base for _, d, _ in around), default=0)
         resumed = []
         for p in range(PLAIN_PARTITIONS):
@@ -412,6 +414,35 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> str:
     )
 
 
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Every sample on a log scale: keyshard per handoff, the aiokafka group per event."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hs = result["handoffs"]
+    get = (lambda h, k: h[k]) if hs and isinstance(hs[0], dict) else getattr
+    series = [
+        ("keyshard\ncoordinator pause", [get(h, "coordinator_pause_ms") for h in hs]),
+        ("keyshard\nmoved ranges:\nextra delay", [get(h, "moved_extra_ms") for h in hs]),
+        ("keyshard\nunmoved ranges:\nlargest extra delay", [result["unmoved_extra_ms"]]),
+        ("aiokafka group\nlargest extra delay", [e[1] for e in result["plain_events"]]),
+        ("aiokafka group\nall partitions back", [e[2] for e in result["plain_events"]]),
+    ]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for i, (_, values) in enumerate(series):
+        ax.plot([i] * len(values), [max(v, 0.5) for v in values], "o", alpha=0.6)
+    ax.axhline(100, ls=":", color="tab:red", label="target: p99 < 100 ms (moved ranges)")
+    ax.set_xticks(range(len(series)), [name for name, _ in series], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms (log)")
+    ax.set_title("join/leave under load: keyshard handoffs vs aiokafka group rebalances")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 cycles, shorter settling")
@@ -422,12 +453,17 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=4.0, help="s between steps")
     parser.add_argument("--out-dir", default="/tmp/keyshard-bench-handoff")
     parser.add_argument("--json", default=None, help="also write the raw results here")
+    parser.add_argument("--plot", default=str(Path(__file__).with_name("handoff_pause.png")))
+    parser.add_argument("--plot-only", default=None, help="re-plot a --json file, no run")
     parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", default="", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_worker:
         asyncio.run(plain_worker(args))
+        return
+    if args.plot_only:
+        plot(json.loads(Path(args.plot_only).read_text()), Path(args.plot))
         return
     if args.quick:
         args.cycles, args.settle = 2, 3.0
@@ -440,6 +476,8 @@ def main() -> None:
         f"{args.rate:.0f} records/s, {args.keys} keys, handler {args.handler_ms} ms)"
     )
     print(report(result, args))
+    plot(result, Path(args.plot))
+    print(f"plot: {args.plot}")
     if args.json:
         Path(args.json).write_text(
             json.dumps({**result, "handoffs": [vars(h) for h in result["handoffs"]]}, indent=1)
