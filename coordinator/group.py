@@ -9,9 +9,11 @@ ownership a value that can be logged, persisted and asserted on.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 
+from coordinator.hashing import MAX_SLOT
 from coordinator.load import BucketLoad
 from coordinator.positions import Position, RangePositionMap
 from coordinator.ranges import EMPTY, RangeSet, SlotRange
@@ -121,6 +123,16 @@ class GroupState:
     inputs_version: int = 0  # bumped by whatever should make the target be recomputed
     target_version: int = -1
     positions_version: int = 0
+    # Derived indexes kept by `replay` so that `reconcile` costs what changed, not the
+    # group's size (thousands of members would otherwise make every reply O(members)):
+    # slots nobody owns or quarantines (== busy().complement()),
+    free: RangeSet = field(default_factory=RangeSet.full)
+    # members owning slots outside their target and not yet draining them,
+    excess: set[str] = field(default_factory=set)
+    # every target range as (start, end, member), by start, for "whose target is slot s",
+    target_index: list[tuple[int, int, str]] = field(default_factory=list)
+    # and the handoffs not yet resumed (a subset of `handoffs`).
+    open: list[Handoff] = field(default_factory=list)
 
     def position_map(self, tp: TopicPartition) -> RangePositionMap:
         pmap = self.positions.get(tp)
@@ -130,15 +142,26 @@ class GroupState:
 
     def busy(self) -> RangeSet:
         """Slots that someone owns or that are waiting out a lost member's quarantine."""
-        busy = EMPTY
-        for m in self.members.values():
-            busy = busy | m.owned
-        for q in self.quarantined:
-            busy = busy | q.ranges
-        return busy
+        ranges = [r for m in self.members.values() for r in m.owned]
+        ranges += [r for q in self.quarantined for r in q.ranges]
+        return RangeSet(ranges)
 
     def open_handoffs(self) -> list[Handoff]:
-        return [h for h in self.handoffs if h.resumed_at is None]
+        return list(self.open)
+
+    def target_owners(self, slots: RangeSet) -> dict[str, RangeSet]:
+        """The part of `slots` in each present member's target: O(pieces touched)."""
+        index = self.target_index
+        parts: dict[str, list[SlotRange]] = {}
+        for r in slots:
+            i = max(0, bisect_right(index, (r.start, MAX_SLOT + 1, "")) - 1)
+            while i < len(index) and index[i][0] <= r.end:
+                start, end, mid = index[i]
+                lo, hi = max(start, r.start), min(end, r.end)
+                if lo <= hi and mid in self.members:
+                    parts.setdefault(mid, []).append(SlotRange(lo, hi))
+                i += 1
+        return {mid: RangeSet(rs) for mid, rs in parts.items()}
 
 
 # ---- records ------------------------------------------------------------------------
@@ -330,6 +353,10 @@ def replay(state: GroupState, record: Record) -> None:
             state.target_version = record.inputs_version
             state.unassigned = record.unassigned
             state.notes = record.notes
+            state.target_index = sorted(
+                (r.start, r.end, mid) for mid, ranges in record.target for r in ranges
+            )
+            state.excess = {mid for mid in state.members if _has_excess(state, mid)}
         case RebalanceRequested():
             state.inputs_version += 1
             state.imbalanced_since = None
@@ -341,9 +368,11 @@ def replay(state: GroupState, record: Record) -> None:
             member.epoch = record.epoch
             member.last_contacted = max(member.last_contacted, record.at)
             member.drains.append((record.ranges, record.deadline))
+            _refresh_excess(state, record.member_id)
             _open_handoff(state, "revoke", record.member_id, record.ranges, record.at)
         case RangesReleased():
             member = state.members[record.member_id]
+            state.free = state.free | (record.ranges & member.owned)
             member.owned = member.owned - record.ranges
             member.draining = member.draining - record.ranges
             member.starting = member.starting - record.ranges
@@ -352,6 +381,7 @@ def replay(state: GroupState, record: Record) -> None:
                 for ranges, deadline in member.drains
                 if (left := ranges - record.ranges)
             ]
+            _refresh_excess(state, record.member_id)
             _mark_released(state, record.ranges, record.at)
         case RangesGranted():
             member = state.members[record.member_id]
@@ -359,19 +389,24 @@ def replay(state: GroupState, record: Record) -> None:
             member.starting = member.starting | record.ranges
             member.epoch = record.epoch
             member.last_contacted = max(member.last_contacted, record.at)
-            for h in state.open_handoffs():
+            state.free = state.free - record.ranges
+            _refresh_excess(state, record.member_id)
+            for h in state.open:
                 if h.waiting.overlaps(record.ranges) and record.member_id not in h.to_members:
                     h.to_members.append(record.member_id)
         case GrantAcknowledged():
             member = state.members[record.member_id]
             member.starting = member.starting - record.ranges
-            for h in state.open_handoffs():
-                h.waiting = h.waiting - record.ranges
-                if not h.waiting:
-                    h.resumed_at = record.at
+            for h in list(state.open):
+                if h.waiting.overlaps(record.ranges):
+                    h.waiting = h.waiting - record.ranges
+                    if not h.waiting:
+                        h.resumed_at = record.at
+                        state.open.remove(h)
         case MemberRemoved():
             member = state.members.pop(record.member_id)
             state.target.pop(record.member_id, None)
+            state.excess.discard(record.member_id)
             if member.owned:
                 kind = record.reason
                 if record.quarantine_until is not None:
@@ -383,12 +418,14 @@ def replay(state: GroupState, record: Record) -> None:
                 if fresh:
                     _open_handoff(state, kind, member.member_id, fresh, record.at)
                 if record.quarantine_until is None:
+                    state.free = state.free | member.owned
                     _mark_released(state, member.owned, record.at)
             state.inputs_version += 1
         case QuarantineLifted():
             lifted = [q for q in state.quarantined if q.until <= record.at]
             state.quarantined = [q for q in state.quarantined if q.until > record.at]
             for q in lifted:
+                state.free = state.free | q.ranges
                 _mark_released(state, q.ranges, record.at)
         case GrantsDeferred():
             state.grants_allowed_at = record.until
@@ -401,13 +438,27 @@ def replay(state: GroupState, record: Record) -> None:
 def _open_handoff(
     state: GroupState, kind: str, member_id: str, ranges: RangeSet, at: float
 ) -> None:
-    state.handoffs.append(
-        Handoff(state.next_handoff_id, kind, member_id, ranges, at, waiting=ranges)
-    )
+    if len(state.handoffs) == state.handoffs.maxlen and state.handoffs[0] in state.open:
+        state.open.remove(state.handoffs[0])  # forgotten: history is bounded
+    handoff = Handoff(state.next_handoff_id, kind, member_id, ranges, at, waiting=ranges)
+    state.handoffs.append(handoff)
+    state.open.append(handoff)
     state.next_handoff_id += 1
 
 
+def _has_excess(state: GroupState, member_id: str) -> bool:
+    member = state.members[member_id]
+    return bool(member.owned - state.target.get(member_id, EMPTY) - member.draining)
+
+
+def _refresh_excess(state: GroupState, member_id: str) -> None:
+    if member_id in state.members and _has_excess(state, member_id):
+        state.excess.add(member_id)
+    else:
+        state.excess.discard(member_id)
+
+
 def _mark_released(state: GroupState, ranges: RangeSet, at: float) -> None:
-    for h in state.open_handoffs():
+    for h in state.open:
         if h.released_at is None and h.ranges.overlaps(ranges):
             h.released_at = at

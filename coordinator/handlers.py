@@ -352,48 +352,65 @@ def balance_check(
     return result
 
 
-def reconcile(state: GroupState, *, now: float, assignor: Assignor) -> Result:
+def reconcile(
+    state: GroupState, *, now: float, assignor: Assignor, recompute: bool = True
+) -> Result:
     """Drive ownership toward the target, in the order that keeps every key with one owner.
 
     1. Recompute the target when membership changed (sticky: current target is the input).
+       With `recompute=False` a stale target is left for a later call: the runtime uses
+       that to fold a burst of joins into one recompute; steps 2 and 3 still run against
+       the current target, which is always a valid one.
     2. Members owning slots outside their target get StopFetcher for exactly those slots;
        everything else they own keeps flowing.
     3. Slots nobody owns, drains or quarantines are granted to their target owner with
        the positions where the previous owner stopped.
     Grants wait while the coordinator is in its start-up grace period.
+
+    The cost is what changed, not the group's size: step 2 visits only the members
+    `replay` marked as owning slots outside their target (`state.excess`), step 3 only the
+    free slots (`state.free`) and the target ranges over them (`state.target_owners`).
     """
     result = Result()
     if not state.members:
         return result
     target = state.target
-    if state.target_version != state.inputs_version:
+    excess = state.excess
+    free = state.free
+    if recompute and state.target_version != state.inputs_version:
         assignment = assignor.assign(assignment_spec(state, now))
         target = dict(assignment.ranges)
-        result.records.append(
-            TargetComputed(
-                tuple(sorted(target.items())),
-                state.inputs_version,
-                assignment.unassigned,
-                assignment.notes,
-            )
+        record = TargetComputed(
+            tuple(sorted(target.items())),
+            state.inputs_version,
+            assignment.unassigned,
+            assignment.notes,
         )
-    epochs = {mid: m.epoch for mid, m in state.members.items()}
+        result.records.append(record)
+        excess = {
+            mid for mid, m in state.members.items() if m.owned - target.get(mid, EMPTY) - m.draining
+        }
+    epochs: dict[str, int] = {}
     drain_timeout = state.config.drain_timeout_ms / 1000
-    for mid, member in sorted(state.members.items()):
+    for mid in sorted(excess):
+        member = state.members[mid]
         revoke = member.owned - target.get(mid, EMPTY) - member.draining
         if revoke:
-            epochs[mid] += 1
+            epochs[mid] = member.epoch + 1
             result.records.append(RangesRevoked(mid, revoke, epochs[mid], now + drain_timeout, now))
             result.effects.append(SendStop(mid, revoke, epochs[mid]))
             if not member.draining:
                 result.effects.append(SetTimer(drain_key(mid), now + drain_timeout))
-    if now < state.grants_allowed_at:
+    if now < state.grants_allowed_at or not free:
         return result
-    free = state.busy().complement()
-    for mid in sorted(state.members):
-        grant = target.get(mid, EMPTY) & free
+    if target is state.target:
+        owners = state.target_owners(free)
+    else:
+        owners = {mid: t & free for mid, t in target.items() if mid in state.members}
+    for mid in sorted(owners):
+        grant = owners[mid] & free
         if grant:
-            epochs[mid] += 1
+            epochs[mid] = epochs.get(mid, state.members[mid].epoch) + 1
             positions = {tp: state.position_map(tp).segments(grant) for tp in state.partitions}
             result.records.append(RangesGranted(mid, grant, epochs[mid], now))
             result.effects.append(SendStart(mid, grant, epochs[mid], positions))

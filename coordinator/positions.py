@@ -89,17 +89,29 @@ class RangePositionMap:
         return self._starts.peekitem(idx)[1]  # type: ignore[no-any-return]
 
     def segments(self, within: RangeSet | None = None) -> list[tuple[SlotRange, Position]]:
-        keys = self._starts.keys()
-        out: list[tuple[SlotRange, Position]] = []
-        for i, start in enumerate(keys):
-            end = keys[i + 1] - 1 if i + 1 < len(keys) else MAX_SLOT
-            out.append((SlotRange(start, end), self._starts[start]))
-        if within is None:
-            return out
+        """Every segment in slot order, or only the parts inside `within`: those are found
+        by bisection, so a member's few ranges cost O(log n) each, not a walk of the map
+        (one map holds every member's positions)."""
+        if within is not None:
+            return self._clipped(within)
+        items = list(self._starts.items())
+        ends = [start - 1 for start, _ in items[1:]] + [MAX_SLOT]
+        return [(SlotRange(start, end), pos) for (start, pos), end in zip(items, ends, strict=True)]
+
+    def _clipped(self, within: RangeSet) -> list[tuple[SlotRange, Position]]:
+        starts = self._starts
+        keys = starts.keys()
+        n = len(keys)
         clipped: list[tuple[SlotRange, Position]] = []
-        for seg, pos in out:
-            for part in RangeSet((seg,)) & within:
-                clipped.append((part, pos))
+        for r in within:
+            i = starts.bisect_right(r.start) - 1
+            while i < n:
+                start = keys[i]
+                if start > r.end:
+                    break
+                end = keys[i + 1] - 1 if i + 1 < n else MAX_SLOT
+                clipped.append((SlotRange(max(start, r.start), min(end, r.end)), starts[start]))
+                i += 1
         return clipped
 
     def assign(self, slots: SlotRange, position: Position) -> None:

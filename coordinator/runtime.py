@@ -121,6 +121,13 @@ class CoordinatorRuntime:
         # overtaking an earlier StartFetcher would start slots already handed on.
         self._send_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._grants_allowed_at = 0.0
+        # Target recomputes are O(members) or worse; a burst of joins must not pay one
+        # each. Per group: when the last one ended and how long it took, and whether one
+        # is already scheduled (see `_reconcile`).
+        self._recompute_ended: dict[str, float] = {}
+        self._recompute_took: dict[str, float] = {}
+        self._recompute_scheduled: set[str] = set()
+        self._metadata = _CoalescedPartitionCounts(store)
 
     # ---- lifecycle ----------------------------------------------------------------
 
@@ -161,7 +168,7 @@ class CoordinatorRuntime:
         ):
             raise CoordinatorError(ErrorCode.AUTHENTICATION_FAILED, "invalid or missing auth token")
         topics = tuple(request.topics)
-        counts = await self.store.partition_counts(topics)
+        counts = await self._metadata.get(topics)
         missing = [t for t in topics if t not in counts]
         if missing:
             raise CoordinatorError(
@@ -264,8 +271,50 @@ class CoordinatorRuntime:
         # O(1) instead of O(members). (An empty result, e.g. the grace timer, reconciles.)
         if result.records and all(isinstance(r, PROGRESS_RECORDS) for r in result.records):
             return
+        self._reconcile(group, state, recompute=False)
+
+    def _reconcile(self, group: str, state: GroupState, *, recompute: bool) -> None:
+        """Reconcile now; recompute a stale target on a later loop turn.
+
+        Every event is reconciled at once against the current target (cheap: it costs
+        what changed). A stale target is recomputed from a callback scheduled on the
+        loop, so the joins of a burst that arrive meanwhile share one recompute, and
+        never sooner than the last recompute's own duration after it ended: recomputing
+        takes at most about half the loop even while members keep arriving. The
+        handoff order is unaffected: a recompute only changes the target, and the same
+        reconcile then drives revokes before grants.
+        """
         assignor = assignor_named(state.config.assignor)
-        self._apply(group, state, handlers.reconcile(state, now=self.clock(), assignor=assignor))
+        stale = state.target_version != state.inputs_version
+        began = time.perf_counter()
+        self._apply(
+            group,
+            state,
+            handlers.reconcile(
+                state, now=self.clock(), assignor=assignor, recompute=recompute and stale
+            ),
+        )
+        if recompute and stale:
+            ended = time.perf_counter()
+            self._recompute_ended[group] = ended
+            self._recompute_took[group] = ended - began
+        # A group without members has nothing to recompute (reconcile returns at once):
+        # scheduling it anyway would spin the loop for a group replayed from the store.
+        if (
+            state.members
+            and state.target_version != state.inputs_version
+            and group not in self._recompute_scheduled
+        ):
+            self._recompute_scheduled.add(group)
+            ready_at = self._recompute_ended.get(group, 0.0) + self._recompute_took.get(group, 0.0)
+            delay = max(0.0, ready_at - time.perf_counter())
+            asyncio.get_running_loop().call_later(delay, self._recompute, group)
+
+    def _recompute(self, group: str) -> None:
+        self._recompute_scheduled.discard(group)
+        state = self.groups.get(group)
+        if state is not None and self.ready:
+            self._reconcile(group, state, recompute=True)
 
     def _apply(self, group: str, state: GroupState, result: Result) -> None:
         for record in result.records:
@@ -451,12 +500,18 @@ class CoordinatorRuntime:
             await self._flush(group)
 
     async def _flush_loop(self) -> None:
+        """Persist progress every `flush_interval_ms`, or less often when a flush itself
+        is slow (thousands of members: the maps are large): at most about a tenth of the
+        time goes to it. A StartFetcher still flushes first, whatever this loop does."""
+        took = 0.0
         while True:
-            await asyncio.sleep(self.settings.flush_interval_ms / 1000)
+            await asyncio.sleep(max(self.settings.flush_interval_ms / 1000, 9 * took))
+            began = time.perf_counter()
             try:
                 await self._flush_all()
             except Exception as err:
                 log.error("could not persist positions: %s", err)
+            took = time.perf_counter() - began
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -467,3 +522,35 @@ class CoordinatorRuntime:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+
+class _CoalescedPartitionCounts:
+    """Partition counts for Register, one metadata request for many concurrent callers.
+
+    A caller never gets an answer fetched before it asked (topics created after start-up
+    must be seen), but callers arriving while a fetch is in flight share the next one:
+    a thousand consumers registering at once cost two metadata round trips, not a
+    thousand.
+    """
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self._running: asyncio.Task[dict[str, int]] | None = None
+        self._next: asyncio.Task[dict[str, int]] | None = None
+        self._next_topics: set[str] = set()
+
+    async def get(self, topics: tuple[str, ...]) -> dict[str, int]:
+        if self._next is None:
+            self._next_topics = set()
+            self._next = asyncio.create_task(self._fetch_after(self._running))
+        self._next_topics.update(topics)
+        counts = await asyncio.shield(self._next)
+        return {t: counts[t] for t in topics if t in counts}
+
+    async def _fetch_after(self, previous: asyncio.Task[dict[str, int]] | None) -> dict[str, int]:
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(previous)
+        await asyncio.sleep(0)  # let the callers of this loop turn add their topics
+        self._running, self._next = self._next, None
+        return await self.store.partition_counts(tuple(sorted(self._next_topics)))

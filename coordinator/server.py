@@ -25,6 +25,7 @@ from coordinator.runtime import CoordinatorError, CoordinatorRuntime
 from coordinator.transport import Channel
 
 log = logging.getLogger(__name__)
+LISTEN_BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
 
 
 class MemberSession:
@@ -128,7 +129,11 @@ class CoordinatorServer:
         self._channels: set[Channel] = set()
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._on_connection, self.host, self.port)
+        # A deep accept queue: after a coordinator restart every consumer reconnects at
+        # once, and a full queue drops SYNs that clients retry only after 1, 3, 7 s.
+        self._server = await asyncio.start_server(
+            self._on_connection, self.host, self.port, backlog=LISTEN_BACKLOG
+        )
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:

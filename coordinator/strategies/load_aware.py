@@ -40,7 +40,8 @@ the benchmarks use.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+import heapq
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping, Sequence
 
 from coordinator.assignor import Assignment, AssignmentSpec, MemberSpec
@@ -50,6 +51,7 @@ from coordinator.strategies._common import LoadPrefix, capacity
 
 Run = tuple[int, int]  # inclusive
 _MAX_PASSES = 4
+_SLICE_CANDIDATES = 16
 
 
 class LoadAwareAssignor:
@@ -205,6 +207,12 @@ class _Rebalance:
             cursor = b + 1
         if cursor <= MAX_SLOT:
             self.free.append((cursor, MAX_SLOT))
+        # The free runs again, by (load, start): `_best_piece` looks at the heaviest run
+        # not above a deficit and at the runs above it, not at every free run.
+        self.by_weight: list[tuple[float, int, int]] = sorted(
+            (self.load.load(a, b), a, b) for a, b in self.free
+        )
+        self._freed: list[Run] = []  # pieces given back, for `_donate`
         self.starts: list[int] = []
         self.owner_at: dict[int, tuple[int, str]] = {}
         self._index_owners()
@@ -229,24 +237,34 @@ class _Rebalance:
 
     # -- the free pool ----------------------------------------------------------------
 
+    def _free_pop(self, i: int) -> Run:
+        a, b = self.free.pop(i)
+        self.by_weight.pop(bisect_left(self.by_weight, (self.load.load(a, b), a, b)))
+        return a, b
+
+    def _free_insert(self, i: int, a: int, b: int) -> None:
+        self.free.insert(i, (a, b))
+        insort(self.by_weight, (self.load.load(a, b), a, b))
+
     def _add_free(self, a: int, b: int) -> None:
+        self._freed.append((a, b))
         i = bisect_left(self.free, (a, b))
         if i > 0 and self.free[i - 1][1] + 1 == a:
             i -= 1
-            a = self.free.pop(i)[0]
+            a = self._free_pop(i)[0]
         if i < len(self.free) and self.free[i][0] == b + 1:
-            b = self.free.pop(i)[1]
-        self.free.insert(i, (a, b))
+            b = self._free_pop(i)[1]
+        self._free_insert(i, a, b)
 
     def _take_free(self, a: int, b: int) -> None:
         """Remove [a, b] from the free run containing it."""
         i = bisect_right(self.free, (a, MAX_SLOT + 1)) - 1
-        ra, rb = self.free.pop(i)
+        ra, rb = self._free_pop(i)
         assert ra <= a and b <= rb
         if b < rb:
-            self.free.insert(i, (b + 1, rb))
+            self._free_insert(i, b + 1, rb)
         if ra < a:
-            self.free.insert(i, (ra, a - 1))
+            self._free_insert(i, ra, a - 1)
 
     def _neighbour(self, slot: int) -> str | None:
         """Owner of `slot` as of the start (None if free or out of range)."""
@@ -376,7 +394,18 @@ class _Rebalance:
         """A whole free run or an end slice of one whose load is closest to `want`."""
         best: tuple[float, float, int] | None = None
         pick: Run | None = None
-        for a, b in self.free:
+        # Two kinds of run compete: a whole run not above `want` (the heaviest such,
+        # lowest first, is closest) and a slice of a heavier run. Slices of the
+        # `_SLICE_CANDIDATES` heaviest runs are compared (ties go to the heavier run
+        # anyway); looking at every run made each fill O(free runs), quadratic in members.
+        by_weight = self.by_weight
+        heavier = bisect_right(by_weight, (want, MAX_SLOT + 1, MAX_SLOT + 1))
+        first = max(heavier, len(by_weight) - _SLICE_CANDIDATES)
+        candidates = [(a, b) for _, a, b in by_weight[first:]]
+        if heavier:
+            lightest_best = bisect_left(by_weight, (by_weight[heavier - 1][0], -1, -1))
+            candidates.append(by_weight[lightest_best][1:])
+        for a, b in candidates:
             w = self.load.load(a, b)
             options: list[Run | None] = (
                 [(a, b)]
@@ -430,21 +459,9 @@ class _Rebalance:
         # bottom so that few are needed, next to free slots first (their slice then
         # joins an existing free run instead of making a new one), fullest first.
         short = need - sum(self.load.load(a, b) for a, b in self.free)
-        donors = {m for m in ids if m not in needy and self.held[m] > lo * fair[m]}
-        while short > 0 and donors:
-
-            def appeal(m: str) -> tuple[bool, float, str]:
-                touches = any(
-                    self._is_free(a - 1) or self._is_free(b + 1) for a, b in self.owned[m]
-                )
-                return (touches, self.ratio(m), m)
-
-            donor = max(donors, key=appeal)
-            donors.discard(donor)
-            before = self.held[donor]
-            give = min(before - lo * fair[donor], short)
-            self._release(donor, before - give, needy)
-            short -= before - self.held[donor]
+        if short > 0:
+            donors = [m for m in ids if m not in needy and self.held[m] > lo * fair[m]]
+            self._donate(donors, short, lo, needy)
         order = sorted(ids, key=lambda m: (self.ratio(m), m))
         for mid in order:
             if mid in needy:
@@ -455,24 +472,74 @@ class _Rebalance:
         self._leftovers()
         return self.owned
 
+    def _donate(self, donors: list[str], short: float, lo: float, needy: set[str]) -> None:
+        """Donors release down to the band's bottom until `short` is covered: those next
+        to free slots first, fullest first (max of (touches free, ratio, id)).
+
+        Only the chosen donor's load changes and free slots only grow here, so a donor's
+        rank changes only when a release frees a slot beside it: the order is computed
+        once and the "touches free" flag re-checked for the owners beside each freed
+        piece, instead of re-ranking every donor per donation (quadratic in members).
+        """
+        order = sorted(donors, key=lambda m: (self.ratio(m), m), reverse=True)
+        rank = {m: i for i, m in enumerate(order)}
+        touching = [
+            rank[m]
+            for m in order
+            if any(self._is_free(a - 1) or self._is_free(b + 1) for a, b in self.owned[m])
+        ]
+        heapq.heapify(touching)
+        taken: set[str] = set()
+        cursor = 0
+        while short > 0 and len(taken) < len(order):
+            while touching and order[touching[0]] in taken:
+                heapq.heappop(touching)
+            if touching:
+                donor = order[heapq.heappop(touching)]
+            else:
+                while order[cursor] in taken:
+                    cursor += 1
+                donor = order[cursor]
+            taken.add(donor)
+            before = self.held[donor]
+            give = min(before - lo * self.fair[donor], short)
+            self._freed = []
+            self._release(donor, before - give, needy)
+            short -= before - self.held[donor]
+            for a, b in self._freed:
+                for slot in (a - 1, b + 1):
+                    beside = self._neighbour(slot)
+                    if beside in rank and beside not in taken:
+                        heapq.heappush(touching, rank[beside])
+
     def _leftovers(self) -> None:
         """Free runs left over (rounding, heavy slots): the least loaded member below its
         fair load takes the nearest piece; what nobody lacks goes to the less loaded
-        owner next to it."""
+        owner next to it.
+
+        Only the member that took a piece changes its load, so the least loaded one comes
+        from a heap; once it lacks nothing, nobody does, and the rest of the pool goes to
+        neighbours, whose owners do not change while it is handed out."""
+        queue = [(self.ratio(m), m) for m in self.owned]
+        heapq.heapify(queue)
         while self.free:
-            mid = min(self.owned, key=lambda m: (self.ratio(m), m))
+            _, mid = queue[0]
             want = self.fair[mid] - self.held[mid]
-            if want > 0:
-                runs = self.owned[mid]
-                piece = self._adjacent_piece(runs, want) or self._best_piece(want, True)
-                assert piece is not None
-                self._take_free(*piece)
-                runs[:] = _merged([*runs, piece])
-                self.held[mid] += self.load.load(*piece)
-                continue
-            a, b = self.free.pop()
-            pieces = sorted((r, m) for m, runs in self.owned.items() for r in runs)
-            starts = [r[0] for r, _ in pieces]
+            if want <= 0:
+                break
+            runs = self.owned[mid]
+            piece = self._adjacent_piece(runs, want) or self._best_piece(want, True)
+            assert piece is not None
+            self._take_free(*piece)
+            runs[:] = _merged([*runs, piece])
+            self.held[mid] += self.load.load(*piece)
+            heapq.heapreplace(queue, (self.ratio(mid), mid))
+        if not self.free:
+            return
+        pieces = sorted((r, m) for m, runs in self.owned.items() for r in runs)
+        starts = [r[0] for r, _ in pieces]
+        while self.free:
+            a, b = self._free_pop(len(self.free) - 1)
             i = bisect_left(starts, a)
             beside = []
             if i > 0 and pieces[i - 1][0][1] == a - 1:

@@ -31,7 +31,22 @@ P_OLD = {TPS[0]: Position(10), TPS[1]: Position(20, ((25, 27),))}
 def apply(state: GroupState, result: Result) -> list[Effect]:
     for record in result.records:
         replay(state, record)
+        check_indexes(state)
     return list(result.effects)
+
+
+def check_indexes(state: GroupState) -> None:
+    """The indexes `replay` maintains for an incremental reconcile equal what they index."""
+    assert state.free == state.busy().complement()
+    assert state.excess == {
+        mid
+        for mid, m in state.members.items()
+        if m.owned - state.target.get(mid, EMPTY) - m.draining
+    }
+    assert state.open == [x for x in state.handoffs if x.resumed_at is None]
+    assert state.target_owners(RangeSet.full()) == {
+        mid: t for mid, t in state.target.items() if mid in state.members and t
+    }
 
 
 def run(state: GroupState, result: Result, now: float) -> list[Effect]:
@@ -398,3 +413,21 @@ def test_random_membership_churn_keeps_one_owner_per_slot(seed: int) -> None:
     assert {mid: m.owned for mid, m in state.members.items()} == state.target
     assert union(list(state.target.values())) == RangeSet.full()
     assert all(not m.draining and not m.starting for m in state.members.values())
+
+
+def test_reconcile_without_recompute_keeps_a_stale_target_and_still_hands_off() -> None:
+    """The runtime defers recomputes (one per burst of joins): meanwhile slots freed by a
+    drain still go to their owner under the current target, and nobody is revoked."""
+    state = GroupState("g")
+    run(state, join(state, "a", 0.0), 0.0)
+    assert state.members["a"].owned == RangeSet.full()
+    apply(state, join(state, "b", 1.0))
+    stale = apply(state, h.reconcile(state, now=1.0, assignor=ASSIGNOR, recompute=False))
+    assert stale == [] and state.target_version != state.inputs_version
+    assert "b" not in state.target
+    effects = apply(state, h.reconcile(state, now=1.0, assignor=ASSIGNOR))
+    (stop,) = [e for e in effects if isinstance(e, SendStop)]
+    assert stop.member_id == "a" and state.target_version == state.inputs_version
+    grants = run(state, stopped(state, stop, 2.0), 2.0)
+    (grant,) = [e for e in grants if isinstance(e, SendStart)]
+    assert grant.member_id == "b" and grant.ranges == stop.ranges

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from coordinator.handlers import Result
 from coordinator.positions import RangePositionMap
 from coordinator.protocol import (
     Message,
@@ -18,7 +19,7 @@ from coordinator.protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from coordinator.runtime import CoordinatorRuntime, RuntimeSettings
+from coordinator.runtime import CoordinatorRuntime, RuntimeSettings, _CoalescedPartitionCounts
 
 TIMEOUT = 5.0
 
@@ -143,4 +144,59 @@ async def test_stop_never_overtakes_an_earlier_start_held_by_a_slow_store() -> N
         assert b.kinds() == ["start_fetcher_request", "stop_fetcher_request"]
     finally:
         store.released.set()
+        await runtime.stop()
+
+
+class CountingStore:
+    """Metadata fetches that wait until released, counted."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.release = asyncio.Event()
+
+    async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
+        self.calls.append(topics)
+        await self.release.wait()
+        return dict.fromkeys(topics, 3)
+
+
+async def test_concurrent_registrations_share_one_metadata_fetch() -> None:
+    """Callers arriving together share a fetch; one arriving while it runs gets the next
+    (it must see topics created after the first fetch started), never a third."""
+    store = CountingStore()
+    counts = _CoalescedPartitionCounts(store)  # type: ignore[arg-type]
+    first = [asyncio.ensure_future(counts.get(("a",))) for _ in range(50)]
+    first.append(asyncio.ensure_future(counts.get(("b",))))
+    await eventually(lambda: len(store.calls) == 1, "the first fetch")
+    later = [asyncio.ensure_future(counts.get(("c",))) for _ in range(50)]
+    await asyncio.sleep(0.01)
+    assert store.calls == [("a", "b")], "callers of one moment share one fetch"
+    store.release.set()
+    assert await first[0] == {"a": 3} and await first[-1] == {"b": 3}
+    assert await asyncio.gather(*later) == [{"c": 3}] * 50
+    assert store.calls == [("a", "b"), ("c",)]
+
+
+class StoreWithOldGroup(HeldStore):
+    async def load(self) -> dict[str, dict[tuple[str, int], RangePositionMap]]:
+        return {"old": {("t", 0): RangePositionMap()}}
+
+
+async def test_a_group_replayed_without_members_schedules_no_recompute() -> None:
+    """A group known only from the state topic has no members: nothing to recompute,
+    so nothing may be scheduled for it (rescheduling it spun the event loop)."""
+    runtime = CoordinatorRuntime(
+        RuntimeSettings("unused:1", startup_grace_ms=0),
+        StoreWithOldGroup(),  # type: ignore[arg-type]
+    )
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+        runtime._run("old", Result())  # e.g. its balance timer
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert runtime._recompute_scheduled == set()
+    finally:
         await runtime.stop()

@@ -1,0 +1,506 @@
+"""Coordinator scale: 1,000 and 5,000 simulated consumers registering at once.
+
+    python bench/coord_scale.py            # 1,000 and 5,000 members, 3 runs each
+    python bench/coord_scale.py --quick    # 1,000 and 5,000 members, 1 run each, short windows
+
+A real Tansu broker and a real coordinator process (`keyshard coordinator`); the consumers
+are protocol-level clients (coordinator/protocol.py over coordinator/transport.py), several
+hundred per process, in several processes. Each one behaves like consumer_client's
+`_on_request`: it answers Ping with the positions of the slots it owns, StartFetcher by
+taking the ranges, StopFetcher by replying with the final positions of the stopped ranges
+(from a task, after the event-loop turn, as `_finish_stop` does with nothing in flight).
+They do not fetch from Kafka: this measures the coordinator, not the brokers.
+
+Measured per run:
+- time to a stable assignment: from the moment every client starts connecting to the last
+  StopFetcher/StartFetcher any client received, once every member is registered, the
+  slots owned by all clients sum to 65,536, and no Stop/Start arrived for a quiet period
+  (then confirmed through the admin API: N members, nothing draining/starting/unowned);
+- coordinator CPU (utime+stime from /proc/<pid>/stat) over a window of steady pings,
+  as a fraction of one core; the clients ping at the group's ping interval;
+- coordinator RSS before the clients connect and at steady state;
+- the longest silence any client saw between two coordinator requests (the client-side
+  sign of an overloaded coordinator: above the session timeout a real client gives up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._coord_common import (
+    ROOT,
+    Coordinator,
+    cpu_seconds,
+    machine,
+    markdown_table,
+    median,
+    rss_mib,
+)
+from coordinator.broker import EmbeddedBroker
+from coordinator.hashing import SLOT_COUNT
+from coordinator.positions import Position, RangePositionMap
+from coordinator.protocol import (
+    ErrorCode,
+    Message,
+    PingRequest,
+    PingResponse,
+    RegisterRequest,
+    RegisterResponse,
+    StartFetcherRequest,
+    StartFetcherResponse,
+    StopFetcherRequest,
+    StopFetcherResponse,
+)
+from coordinator.ranges import EMPTY, RangeSet
+from coordinator.transport import Channel
+from coordinator.wire import positions_from_wire, positions_to_wire, ranges_from_wire
+
+TOPIC = "scale.events"
+SCRIPT = str(Path(__file__).resolve())
+
+# ---- the simulated consumers (worker processes) -------------------------------------
+
+
+@dataclass
+class SimStats:
+    registered: int = 0
+    failed: int = 0
+    starts: int = 0
+    stops: int = 0
+    pings: int = 0
+    last_control: float = 0.0
+    max_silence: float = 0.0
+    clients: list[SimClient] = field(default_factory=list)
+
+
+class SimClient:
+    """One consumer as the coordinator sees it: register, then answer every request."""
+
+    def __init__(self, name: str, stats: SimStats, session_timeout_ms: int) -> None:
+        self.name = name
+        self.stats = stats
+        self.session_timeout_ms = session_timeout_ms
+        self.owned: RangeSet = EMPTY
+        self.positions: dict[tuple[str, int], RangePositionMap] = {}
+        self.last_heard = 0.0
+        self.done = 0
+        self.channel: Channel | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self, host: str, port: int, group: str) -> None:
+        try:
+            channel = await Channel.connect(host, port, timeout=60, name=self.name)
+            channel.set_request_handler(self._on_request)
+            channel.start()
+            self.channel = channel
+            self.last_heard = time.monotonic()
+            reply = await channel.request(
+                RegisterRequest(
+                    correlation_id=0,
+                    group=group,
+                    topics=[TOPIC],
+                    consumer_name=self.name,
+                    session_timeout_ms=self.session_timeout_ms,
+                ),
+                timeout=120,
+            )
+            if not isinstance(reply, RegisterResponse):
+                raise RuntimeError(f"unexpected reply {reply.type}")
+        except Exception as err:  # counted and reported: the run is then invalid
+            print(f"{self.name}: register failed: {err!r}", file=sys.stderr, flush=True)
+            self.stats.failed += 1
+            return
+        self.stats.registered += 1
+        await channel.wait_closed()
+
+    def _heard(self) -> None:
+        now = time.monotonic()
+        if self.stats.registered and self.last_heard:
+            self.stats.max_silence = max(self.stats.max_silence, now - self.last_heard)
+        self.last_heard = now
+
+    def _on_request(self, channel: Channel, message: Message) -> None:
+        self._heard()
+        match message:
+            case PingRequest():
+                self.stats.pings += 1
+                # Progress, as a consumer under load reports it: every member's positions
+                # differ, so the coordinator's position maps hold one segment per range.
+                self.done += 10
+                for pmap in self.positions.values():
+                    pmap.update((r, Position(self.done)) for r in self.owned)
+                report = {tp: pmap.segments(self.owned) for tp, pmap in self.positions.items()}
+                channel.reply(
+                    message,
+                    PingResponse(
+                        correlation_id=0,
+                        member_epoch=message.member_epoch,
+                        positions=positions_to_wire(report),
+                    ),
+                )
+            case StartFetcherRequest():
+                self.stats.starts += 1
+                self.stats.last_control = time.monotonic()
+                slots = ranges_from_wire(message.ranges)
+                for tp, segments in positions_from_wire(message.positions).items():
+                    self.positions.setdefault(tp, RangePositionMap()).update(segments)
+                self.owned = self.owned | slots
+                channel.reply(
+                    message,
+                    StartFetcherResponse(correlation_id=0, member_epoch=message.member_epoch),
+                )
+            case StopFetcherRequest():
+                self.stats.stops += 1
+                self.stats.last_control = time.monotonic()
+                slots = ranges_from_wire(message.ranges)
+                task = asyncio.create_task(self._finish_stop(channel, message, slots))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            case _:
+                channel.fail(ErrorCode.UNEXPECTED_MESSAGE, f"unexpected {message.type}")
+
+    async def _finish_stop(
+        self, channel: Channel, request: StopFetcherRequest, slots: RangeSet
+    ) -> None:
+        await asyncio.sleep(0)  # nothing in flight: drained on the next loop turn
+        final = {tp: pmap.segments(slots & self.owned) for tp, pmap in self.positions.items()}
+        self.owned = self.owned - slots
+        channel.reply(
+            request,
+            StopFetcherResponse(
+                correlation_id=0,
+                member_epoch=request.member_epoch,
+                positions=positions_to_wire(final),
+            ),
+        )
+
+
+async def worker_main(args: argparse.Namespace) -> None:
+    """Start `--clients` consumers at the time read from stdin; report status as JSON lines."""
+    stats = SimStats()
+    host, _, port = args.coordinator.rpartition(":")
+    loop = asyncio.get_running_loop()
+    print(json.dumps({"ready": True}), flush=True)
+    line = await loop.run_in_executor(None, sys.stdin.readline)
+    go_at = float(line)
+    await asyncio.sleep(max(0.0, go_at - time.monotonic()))
+    clients = [
+        SimClient(f"sim-{args.index}-{i}", stats, args.session_timeout_ms)
+        for i in range(args.clients)
+    ]
+    tasks = [asyncio.create_task(c.run(host, int(port), args.group)) for c in clients]
+    try:
+        while True:
+            await asyncio.sleep(0.25)
+            print(
+                json.dumps(
+                    {
+                        "registered": stats.registered,
+                        "failed": stats.failed,
+                        "owning": sum(1 for c in clients if c.owned),
+                        "slots": sum(c.owned.size for c in clients),
+                        "starts": stats.starts,
+                        "stops": stats.stops,
+                        "pings": stats.pings,
+                        "last_control": stats.last_control,
+                        "max_silence": stats.max_silence,
+                    }
+                ),
+                flush=True,
+            )
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+# ---- the driver -------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    members: int
+    stable_s: float | None
+    starts: int
+    stops: int
+    cpu_cores: float
+    rss_idle_mib: float
+    rss_mib: float
+    max_silence_s: float
+    pings_per_s: float
+    note: str = ""
+
+
+class WorkerProc:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.status: dict[str, Any] = {}
+        self.ready = asyncio.Event()
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            data = json.loads(raw)
+            if data.get("ready"):
+                self.ready.set()
+            else:
+                self.status = data
+
+
+async def one_run(
+    broker: EmbeddedBroker,
+    members: int,
+    per_process: int,
+    run: int,
+    window_s: float,
+    quiet_s: float,
+    deadline_s: float,
+    session_timeout_ms: int,
+    log_dir: Path,
+) -> RunResult:
+    group = f"scale-{members}-{run}-{int(time.time())}"
+    coord = Coordinator(broker.bootstrap_servers, log_dir / f"coordinator-{members}-{run}.log")
+    coord.start(grace_ms=1)
+    procs: list[WorkerProc] = []
+    try:
+        await asyncio.sleep(1.0)
+        rss_idle = rss_mib(coord.pid)
+        counts = [per_process] * (members // per_process)
+        if members % per_process:
+            counts.append(members % per_process)
+        for index, n in enumerate(counts):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, SCRIPT, "--worker",
+                "--index", str(index), "--clients", str(n), "--group", group,
+                "--coordinator", coord.address,
+                "--session-timeout-ms", str(session_timeout_ms),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+            )  # fmt: skip
+            procs.append(WorkerProc(proc))
+        await asyncio.wait_for(asyncio.gather(*(p.ready.wait() for p in procs)), 60)
+        go_at = time.monotonic() + 0.5
+        for p in procs:
+            assert p.proc.stdin is not None
+            p.proc.stdin.write(f"{go_at}\n".encode())
+            await p.proc.stdin.drain()
+
+        def total(key: str) -> int:
+            return sum(int(p.status.get(key, 0)) for p in procs)
+
+        stable_s: float | None = None
+        note = ""
+        while time.monotonic() < go_at + deadline_s:
+            await asyncio.sleep(0.25)
+            if total("failed"):
+                note = f"{total('failed')} registrations failed"
+                break
+            last = max(float(p.status.get("last_control", 0.0)) for p in procs)
+            if (
+                total("registered") == members
+                and total("owning") == members
+                and total("slots") == SLOT_COUNT
+                and time.monotonic() - last >= quiet_s
+            ):
+                stable_s = last - go_at
+                break
+        else:
+            note = f"not stable within {deadline_s:.0f} s"
+        if stable_s is not None:
+            view = coord.group(group, timeout=60)
+            if not _settled(view, members):
+                note = "admin API does not show a settled group"
+                stable_s = None
+        # Steady state: every member has been pinged at least once since settling.
+        await asyncio.sleep(1.0)
+        pings0, cpu0, t0 = total("pings"), cpu_seconds(coord.pid), time.monotonic()
+        await asyncio.sleep(window_s)
+        await asyncio.sleep(0.3)  # one more status line
+        cpu1, t1, pings1 = cpu_seconds(coord.pid), time.monotonic(), total("pings")
+        return RunResult(
+            members=members,
+            stable_s=stable_s,
+            starts=total("starts"),
+            stops=total("stops"),
+            cpu_cores=(cpu1 - cpu0) / (t1 - t0),
+            rss_idle_mib=rss_idle,
+            rss_mib=rss_mib(coord.pid),
+            max_silence_s=max(float(p.status.get("max_silence", 0.0)) for p in procs),
+            pings_per_s=(pings1 - pings0) / (t1 - t0),
+            note=note,
+        )
+    finally:
+        for p in procs:
+            if p.proc.returncode is None:
+                p.proc.terminate()
+        for p in procs:
+            try:
+                await asyncio.wait_for(p.proc.wait(), 15)
+            except TimeoutError:
+                p.proc.kill()
+                await p.proc.wait()
+            p.reader.cancel()
+        coord.stop()
+
+
+def _settled(view: Any, members: int) -> bool:
+    if view is None or len(view["members"]) != members:
+        return False
+    if view["quarantined"] or view["unowned"]:
+        return False
+    return all(not m["draining"] and not m["starting"] for m in view["members"])
+
+
+async def create_topic(bootstrap: str, partitions: int) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(TOPIC, partitions, 1)])
+    finally:
+        await admin.close()
+
+
+async def driver(args: argparse.Namespace) -> list[RunResult]:
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before the runs
+    broker = EmbeddedBroker()
+    broker.start()
+    results = []
+    try:
+        await create_topic(broker.bootstrap_servers, args.partitions)
+        for members in args.members:
+            for run in range(args.runs):
+                r = await one_run(
+                    broker, members, args.per_process, run, args.window, args.quiet,
+                    args.deadline, args.session_timeout_ms, log_dir,
+                )  # fmt: skip
+                print(
+                    f"{members} members, run {run + 1}: stable "
+                    f"{'-' if r.stable_s is None else f'{r.stable_s:.2f} s'}, "
+                    f"{r.starts} starts / {r.stops} stops, CPU {r.cpu_cores:.3f} cores, "
+                    f"RSS {r.rss_idle_mib:.0f} -> {r.rss_mib:.0f} MiB, "
+                    f"{r.pings_per_s:.0f} pings/s, max silence {r.max_silence_s:.2f} s {r.note}",
+                    flush=True,
+                )
+                results.append(r)
+    finally:
+        broker.stop()
+    return results
+
+
+def summarize(results: list[RunResult], args: argparse.Namespace) -> str:
+    rows = []
+    for members in args.members:
+        rs = [r for r in results if r.members == members]
+        stable = [r.stable_s for r in rs if r.stable_s is not None]
+        rows.append(
+            [
+                f"{members:,}",
+                f"{len(rs)}",
+                f"{median(stable):.2f} s" if len(stable) == len(rs) else
+                f"{len(rs) - len(stable)} of {len(rs)} not stable"
+                + (f"; others {median(stable):.2f} s" if stable else ""),
+                f"{median([r.starts for r in rs]):.0f} / {median([r.stops for r in rs]):.0f}",
+                f"{median([r.cpu_cores for r in rs]):.3f}",
+                f"{median([r.pings_per_s for r in rs]):.0f}",
+                f"{median([r.rss_idle_mib for r in rs]):.0f} -> "
+                f"{median([r.rss_mib for r in rs]):.0f}",
+                f"{max(r.max_silence_s for r in rs):.2f} s",
+            ]
+        )  # fmt: skip
+    return markdown_table(
+        [
+            "members", "runs", "time to stable (median)", "StartFetcher / StopFetcher sent",
+            "coordinator CPU at steady pings (cores)", "pings/s",
+            "coordinator RSS idle -> steady (MiB)",
+            "longest silence seen by a client",
+        ],
+        rows,
+    )  # fmt: skip
+
+
+def plot(results: list[RunResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    sizes = sorted({r.members for r in results})
+    for ax, key, label, target in (
+        (axes[0], "stable_s", "time to stable (s)", 10.0),
+        (axes[1], "cpu_cores", "CPU at steady pings (cores)", 0.5),
+        (axes[2], "rss_mib", "RSS at steady state (MiB)", None),
+    ):
+        for r in results:
+            value = getattr(r, key)
+            if value is not None:
+                ax.plot(r.members, value, "o", color="tab:blue", alpha=0.6)
+        meds = [
+            median(
+                [getattr(r, key) for r in results if r.members == m and getattr(r, key) is not None]
+            )
+            for m in sizes
+        ]
+        ax.plot(sizes, meds, "-", color="tab:blue")
+        if target is not None:
+            ax.axhline(target, ls=":", color="tab:red", label="target")
+            ax.legend()
+        ax.set_xlabel("simulated members")
+        ax.set_title(label)
+        ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 run per size, short windows")
+    parser.add_argument("--members", type=int, nargs="+", default=[1000, 5000])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--per-process", type=int, default=500, help="clients per process")
+    parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument("--session-timeout-ms", type=int, default=10_000, help="as the client")
+    parser.add_argument("--window", type=float, default=20.0, help="CPU window, s")
+    parser.add_argument("--quiet", type=float, default=3.0, help="no Stop/Start this long = stable")
+    parser.add_argument("--deadline", type=float, default=180.0)
+    parser.add_argument("--log-dir", default="/tmp/keyshard-bench-scale")
+    parser.add_argument("--plot", default=str(Path(__file__).with_name("coord_scale.png")))
+    # worker mode (started by the driver)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--clients", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--group", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--coordinator", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        asyncio.run(worker_main(args))
+        return
+    if args.quick:
+        args.runs, args.window, args.quiet = 1, 8.0, 2.0
+    print(machine(), flush=True)
+    started = time.monotonic()
+    results = asyncio.run(driver(args))
+    table = summarize(results, args)
+    print()
+    print(
+        f"command: python bench/coord_scale.py {' '.join(sys.argv[1:])}  "
+        f"({time.monotonic() - started:.0f} s)"
+    )
+    print(table)
+    plot(results, Path(args.plot))
+    print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

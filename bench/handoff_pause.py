@@ -1,0 +1,488 @@
+"""Handoff pause under load: keyshard's ordered handoff vs. a plain aiokafka group rebalance.
+
+    python bench/handoff_pause.py           # 4 join/leave cycles
+    python bench/handoff_pause.py --quick   # 2 cycles
+
+One real Tansu broker, one steady keyed producer writing the same records to two topics,
+and in the same run:
+- keyshard: a real coordinator process and 3 real consumer processes
+  (`keyshard demo-worker`, a few ms of async I/O per record, 64 lanes) on a 1-partition
+  topic;
+- a plain aiokafka `subscribe()` group: 3 processes with the same handler (records
+  processed one at a time per process, as a plain consumer loop does) on a 6-partition
+  topic.
+Then, several times: a 4th consumer joins both groups, both settle, the 4th leaves both
+(SIGTERM: graceful close) and both settle.
+
+Every record's processing start is compared with when it was produced. Its *extra delay*
+is that delay minus the median delay of the run (the normal fetch/queue latency), so a
+range or partition that pauses shows up as records waiting longer than usual.
+- keyshard, per handoff the coordinator recorded (GET /v1/groups/demo/handoffs): the
+  coordinator's own pause (StopFetcher sent -> range running on its new owner, which
+  includes waiting for in-flight records of the range), and the largest extra delay of
+  records of the *moved* slots produced between [start - 1 s, resume]; and for all
+  records of slots that did *not* move, produced during any handoff, the largest extra
+  delay;
+- the plain group, per join/leave: the largest extra delay of any record produced from
+  1 s before the event until the next event (an eager rebalance stops every partition),
+  and the time from the event until every partition processed a record produced after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from bench._coord_common import (
+    ROOT,
+    Coordinator,
+    machine,
+    markdown_table,
+    median,
+    percentile,
+    stop_pid,
+)
+from coordinator.broker import EmbeddedBroker
+from coordinator.demo import GROUP, TOPIC, worker_command
+from coordinator.ranges import RangeSet
+from coordinator.verify import read_processed
+
+PLAIN_TOPIC = "plain.events"
+PLAIN_GROUP = "plain"
+PLAIN_PARTITIONS = 6
+SCRIPT = str(Path(__file__).resolve())
+
+# ---- plain aiokafka group member (worker mode) -----------------------------------
+
+
+async def plain_worker(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    consumer = AIOKafkaConsumer(
+        PLAIN_TOPIC,
+        bootstrap_servers=args.bootstrap,
+        group_id=PLAIN_GROUP,
+        auto_offset_reset="earliest",
+        enable_auto_commit=True,
+        auto_commit_interval_ms=200,
+    )
+    delay = args.handler_ms / 1000
+    with open(args.out, "a", buffering=1) as out:  # noqa: ASYNC230 - line-buffered log
+        await consumer.start()
+        out.write(json.dumps({"event": "started", "t": time.monotonic_ns()}) + "\n")
+        try:
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_ms=100)
+                for records in batch.values():
+                    for r in records:
+                        t0 = time.monotonic_ns()
+                        await asyncio.sleep(delay)
+                        out.write(json.dumps({"p": r.partition, "o": r.offset, "t0": t0}) + "\n")
+        finally:
+            out.write(json.dumps({"event": "leaving", "t": time.monotonic_ns()}) + "\n")
+            await consumer.stop()
+
+
+# ---- driver ----------------------------------------------------------------------
+
+
+class Producer:
+    """Writes record i with key `key-{i % keys}` to both topics at a steady rate and
+    remembers when each was sent (CLOCK_MONOTONIC ns, like the handlers' logs)."""
+
+    def __init__(self, bootstrap: str, rate: float, keys: int) -> None:
+        self.bootstrap = bootstrap
+        self.rate = rate
+        self.keys = keys
+        self.sent: dict[tuple[str, int, int], int] = {}
+        self.stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=1)
+        await producer.start()
+        pending: list[tuple[int, str, asyncio.Future[Any]]] = []
+        try:
+            began = time.monotonic()
+            i = 0
+            while not self.stopping.is_set():
+                key = f"key-{i % self.keys}".encode()
+                now = time.monotonic_ns()
+                for topic in (TOPIC, PLAIN_TOPIC):
+                    fut = await producer.send(topic, key=key, value=str(i).encode())
+                    pending.append((now, topic, fut))
+                i += 1
+                if i % 10 == 0:
+                    await asyncio.sleep(max(0.0, began + i / self.rate - time.monotonic()))
+                if len(pending) > 2000:
+                    await self._collect(pending)
+            await self._collect(pending)
+        finally:
+            await producer.stop()
+
+    async def _collect(self, pending: list[tuple[int, str, asyncio.Future[Any]]]) -> None:
+        for t, topic, fut in pending:
+            meta = await fut
+            self.sent[(topic, meta.partition, meta.offset)] = t
+        pending.clear()
+
+
+@dataclass
+class KeyshardHandoff:
+    kind: str
+    slots: int
+    coordinator_pause_ms: float
+    drain_ms: float  # StopFetcher sent -> final positions back (the in-flight records)
+    moved_extra_ms: float  # largest extra delay of a record of the moved slots
+    records: int
+
+
+def read_jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    rows = []
+    for p in paths:
+        for line in p.read_text().splitlines():
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows
+
+
+async def wait_until(probe: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = probe()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def settled(view: Any, members: int) -> bool:
+    if view is None or len(view["members"]) != members:
+        return False
+    if view["quarantined"] or view["unowned"]:
+        return False
+    return all(not m["draining"] and not m["starting"] for m in view["members"])
+
+
+async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before the run
+    for old in [*out.glob("*.jsonl"), *out.glob("*.err")]:  # noqa: ASYNC240
+        old.unlink()
+    broker = EmbeddedBroker()
+    broker.start()
+    coord = Coordinator(
+        broker.bootstrap_servers, out / "coordinator.log", ["--drain-timeout-ms", "5000"]
+    )
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    events: list[tuple[str, int]] = []  # (join|leave, monotonic ns) for the plain group
+
+    def spawn_keyshard(name: str) -> None:
+        cmd = worker_command(
+            name=name, coordinator=coord.address, bootstrap=broker.bootstrap_servers,
+            out=out / f"{name}.jsonl", extra=["--handler-ms", str(args.handler_ms)],
+        )  # fmt: skip
+        with open(out / f"{name}.err", "wb") as err:
+            procs[name] = subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def spawn_plain(name: str) -> None:
+        cmd = [
+            sys.executable, SCRIPT, "--plain-worker", "--bootstrap", broker.bootstrap_servers,
+            "--out", str(out / f"plain-{name}.jsonl"), "--handler-ms", str(args.handler_ms),
+        ]  # fmt: skip
+        with open(out / f"plain-{name}.err", "wb") as err:
+            procs[f"plain-{name}"] = subprocess.Popen(
+                cmd, stdout=err, stderr=subprocess.STDOUT, cwd=ROOT
+            )
+
+    def plain_started(name: str) -> int | None:
+        path = out / f"plain-{name}.jsonl"
+        if not path.exists():
+            return None
+        for row in read_jsonl([path]):
+            if row.get("event") == "started":
+                return int(row["t"])
+        return None
+
+    def is_settled(members: int) -> Any:
+        async def probe() -> bool:
+            return settled(await asyncio.to_thread(coord.group, GROUP), members)
+
+        return probe
+
+    producer = Producer(broker.bootstrap_servers, args.rate, args.keys)
+    producing: asyncio.Task[None] | None = None
+    try:
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+        await admin.start()
+        await admin.create_topics(
+            [NewTopic(TOPIC, 1, 1), NewTopic(PLAIN_TOPIC, PLAIN_PARTITIONS, 1)]
+        )
+        await admin.close()
+        coord.start()
+        for i in range(3):
+            spawn_keyshard(f"c{i}")
+            spawn_plain(f"c{i}")
+        await wait_until(lambda: settled(coord.group(GROUP), 3), 60, "3 keyshard members")
+        await wait_until(lambda: all(plain_started(f"c{i}") for i in range(3)), 60, "plain")
+        producing = asyncio.ensure_future(producer.run())
+        await asyncio.sleep(args.settle)  # both groups consuming at a steady state
+        for cycle in range(args.cycles):
+            name = f"j{cycle}"
+            spawn_keyshard(name)
+            spawn_plain(name)
+            await wait_until(is_settled(4), 60, "4th keyshard member")
+            await wait_until(lambda n=name: plain_started(n), 60, "4th plain member")
+            events.append(("join", plain_started(name) or 0))
+            await asyncio.sleep(args.settle)
+            events.append(("leave", time.monotonic_ns()))
+            # In threads: the producer shares this loop and must not stall.
+            await asyncio.gather(
+                asyncio.to_thread(stop_pid, procs[name]),
+                asyncio.to_thread(stop_pid, procs[f"plain-{name}"]),
+            )
+            await wait_until(is_settled(3), 60, "3 keyshard members")
+            await asyncio.sleep(args.settle)
+        producer.stopping.set()
+        await producing
+        await asyncio.sleep(3)  # let both groups drain what was produced last
+        view = coord.group(GROUP)
+        assert view is not None
+        return analyse(
+            producer.sent,
+            read_processed([*out.glob("c*.jsonl"), *out.glob("j*.jsonl")]),  # noqa: ASYNC240
+            read_jsonl(out.glob("plain-*.jsonl")),  # noqa: ASYNC240
+            view["handoffs"],
+            events,
+            args,
+        )
+    finally:
+        if producing is not None and not producing.done():
+            producer.stopping.set()
+            producing.cancel()
+        for proc in procs.values():
+            stop_pid(proc)
+        coord.stop()
+        broker.stop()
+
+
+def analyse(
+    sent: dict[tuple[str, int, int], int],
+    keyshard: list[Any],
+    plain: list[dict[str, Any]],
+    handoffs: list[dict[str, Any]],
+    events: list[tuple[str, int]],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    # First processing of each record, and its delay since it was produced (ns).
+    ks_first: dict[tuple[int, int], Any] = {}
+    for e in keyshard:
+        if (e.partition, e.offset) not in ks_first or e.t0 < ks_first[(e.partition, e.offset)].t0:
+            ks_first[(e.partition, e.offset)] = e
+    ks = [
+        (sent[(TOPIC, p, o)], e.t0 - sent[(TOPIC, p, o)], e.slot)
+        for (p, o), e in ks_first.items()
+        if (TOPIC, p, o) in sent
+    ]
+    pl_first: dict[tuple[int, int], int] = {}
+    for row in plain:
+        if "p" in row:
+            key = (row["p"], row["o"])
+            pl_first[key] = min(pl_first.get(key, row["t0"]), row["t0"])
+    pl = [
+        (sent[(PLAIN_TOPIC, p, o)], t0 - sent[(PLAIN_TOPIC, p, o)], p)
+        for (p, o), t0 in pl_first.items()
+        if (PLAIN_TOPIC, p, o) in sent
+    ]
+    ks_base, pl_base = median([d for _, d, _ in ks]), median([d for _, d, _ in pl])
+    first_sent = min(sent.values())
+
+    results: list[KeyshardHandoff] = []
+    windows: list[tuple[int, int, RangeSet]] = []
+    for h in handoffs:
+        if not h["resumed_at"] or h["kind"] not in ("revoke", "leave"):
+            continue
+        start, end = int(h["started_at"] * 1e9), int(h["resumed_at"] * 1e9)
+        if start < first_sent:
+            continue  # before the load started
+        moved = RangeSet.from_pairs(h["ranges"])
+        windows.append((start, end, moved))
+        extra = [
+            d - ks_base for t, d, slot in ks if start - 1_000_000_000 <= t <= end and slot in moved
+        ]
+        results.append(
+            KeyshardHandoff(
+                h["kind"], moved.size, (end - start) / 1e6,
+                (h["released_after_s"] or 0.0) * 1e3,
+                max(extra, default=0) / 1e6, len(extra),
+            )
+        )  # fmt: skip
+    unmoved = [
+        d - ks_base
+        for t, d, slot in ks
+        if any(s - 1_000_000_000 <= t <= e and slot not in moved for s, e, moved in windows)
+    ]
+    quiet = [
+        d - ks_base for t, d, _ in ks if not any(s - 2e9 <= t <= e + 2e9 for s, e, _ in windows)
+    ]
+
+    plain_events = []
+    for i, (kind, at) in enumerate(events):
+        # Up to the next event, so one long stall is not counted for several events.
+        until = events[i + 1][1] if i + 1 < len(events) else at + 30_000_000_000
+        around = [(t, d, p) for t, d, p in pl if at - 1_000_000_000 <= t < until]
+        extra = max((d - pl_base for _, d, _ in around), default=0)
+        resumed = []
+        for p in range(PLAIN_PARTITIONS):
+            after = [t + d for t, d, q in pl if q == p and t >= at]
+            if after:
+                resumed.append(min(after) - at)
+        plain_events.append((kind, extra / 1e6, max(resumed, default=0) / 1e6))
+
+    return {
+        "handoffs": results,
+        "unmoved_extra_ms": max(unmoved, default=0) / 1e6,
+        "unmoved_records": len(unmoved),
+        "quiet_p99_extra_ms": percentile(quiet, 99) / 1e6,
+        "ks_base_ms": ks_base / 1e6,
+        "pl_base_ms": pl_base / 1e6,
+        "plain_events": plain_events,
+        "ks_records": len(ks),
+        "pl_records": len(pl),
+    }
+
+
+def report(r: dict[str, Any], args: argparse.Namespace) -> str:
+    hs: list[KeyshardHandoff] = r["handoffs"]
+    pause = [h.coordinator_pause_ms for h in hs]
+    moved = [h.moved_extra_ms for h in hs]
+    pe = r["plain_events"]
+    pl_gap = [e[1] for e in pe]
+    pl_resume = [e[2] for e in pe]
+
+    def stats(values: list[float]) -> list[object]:
+        return [
+            len(values),
+            f"{percentile(values, 50):.1f}",
+            f"{percentile(values, 99):.1f}",
+            f"{max(values, default=0):.1f}",
+        ]
+
+    drain = [h.drain_ms for h in hs]
+    rows = [
+        ["keyshard: moved ranges, coordinator pause (StopFetcher sent -> running on new owner)",
+         *stats(pause)],
+        ["  of which draining (StopFetcher sent -> final positions back)", *stats(drain)],
+        ["keyshard: moved ranges, largest extra record delay per handoff", *stats(moved)],
+        ["keyshard: ranges that did not move, extra record delay during handoffs",
+         r["unmoved_records"], "-", "-", f"{r['unmoved_extra_ms']:.1f}"],
+        ["keyshard: for reference, p99 extra record delay away from any handoff",
+         "-", "-", f"{r['quiet_p99_extra_ms']:.1f}", "-"],
+        ["aiokafka group: largest extra record delay per join/leave (all partitions)",
+         *stats(pl_gap)],
+        ["aiokafka group: join/leave -> every partition consuming records produced after it",
+         *stats(pl_resume)],
+    ]  # fmt: skip
+    kinds = ", ".join(f"{k}: {sum(1 for h in hs if h.kind == k)}" for k in ("revoke", "leave"))
+    table = markdown_table(["measure", "samples", "p50 ms", "p99 ms", "max ms"], rows)
+    ratio = (
+        percentile(pl_gap, 50) / percentile(moved, 50)
+        if moved and percentile(moved, 50) > 0
+        else float("nan")
+    )
+    return (
+        f"{table}\n\nkeyshard handoffs by kind: {kinds}; median record delay (the baseline "
+        f"subtracted): keyshard {r['ks_base_ms']:.1f} ms, aiokafka {r['pl_base_ms']:.1f} ms; "
+        f"records analysed: {r['ks_records']} / {r['pl_records']}.\n"
+        f"p50 pause ratio (aiokafka rebalance gap / keyshard moved-range gap): {ratio:.1f}x"
+    )
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Every sample on a log scale: keyshard per handoff, the aiokafka group per event."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hs = result["handoffs"]
+    get = (lambda h, k: h[k]) if hs and isinstance(hs[0], dict) else getattr
+    series = [
+        ("keyshard\ncoordinator pause", [get(h, "coordinator_pause_ms") for h in hs]),
+        ("keyshard\nmoved ranges:\nextra delay", [get(h, "moved_extra_ms") for h in hs]),
+        ("keyshard\nunmoved ranges:\nlargest extra delay", [result["unmoved_extra_ms"]]),
+        ("aiokafka group\nlargest extra delay", [e[1] for e in result["plain_events"]]),
+        ("aiokafka group\nall partitions back", [e[2] for e in result["plain_events"]]),
+    ]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for i, (_, values) in enumerate(series):
+        ax.plot([i] * len(values), [max(v, 0.5) for v in values], "o", alpha=0.6)
+    ax.axhline(100, ls=":", color="tab:red", label="target: p99 < 100 ms (moved ranges)")
+    ax.set_xticks(range(len(series)), [name for name, _ in series], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms (log)")
+    ax.set_title("join/leave under load: keyshard handoffs vs aiokafka group rebalances")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2 cycles, shorter settling")
+    parser.add_argument("--cycles", type=int, default=4, help="join + leave cycles")
+    parser.add_argument("--rate", type=float, default=300.0, help="records/s to each topic")
+    parser.add_argument("--keys", type=int, default=2000)
+    parser.add_argument("--handler-ms", type=float, default=3.0)
+    parser.add_argument("--settle", type=float, default=4.0, help="s between steps")
+    parser.add_argument("--out-dir", default="/tmp/keyshard-bench-handoff")
+    parser.add_argument("--json", default=None, help="also write the raw results here")
+    parser.add_argument("--plot", default=str(Path(__file__).with_name("handoff_pause.png")))
+    parser.add_argument("--plot-only", default=None, help="re-plot a --json file, no run")
+    parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--bootstrap", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain_worker:
+        asyncio.run(plain_worker(args))
+        return
+    if args.plot_only:
+        plot(json.loads(Path(args.plot_only).read_text()), Path(args.plot))
+        return
+    if args.quick:
+        args.cycles, args.settle = 2, 3.0
+    print(machine(), flush=True)
+    began = time.monotonic()
+    result = asyncio.run(run_bench(args))
+    print(
+        f"command: python bench/handoff_pause.py {' '.join(sys.argv[1:])}  "
+        f"({time.monotonic() - began:.0f} s; {args.cycles} join+leave cycles, "
+        f"{args.rate:.0f} records/s, {args.keys} keys, handler {args.handler_ms} ms)"
+    )
+    print(report(result, args))
+    plot(result, Path(args.plot))
+    print(f"plot: {args.plot}")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({**result, "handoffs": [vars(h) for h in result["handoffs"]]}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()
