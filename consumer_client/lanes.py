@@ -61,17 +61,14 @@ class _Permits:
     """A counting semaphore with a synchronous `try_take`: the inline path must take a
     permit without awaiting. Released permits go to waiters first, in order."""
 
-    __slots__ = ("_waiters", "free")
+    __slots__ = ("free", "waiters")
 
     def __init__(self, count: int) -> None:
         self.free = count
-        self._waiters: deque[asyncio.Future[None]] = deque()
-
-    def available(self) -> bool:
-        return self.free > 0 and not self._waiters
+        self.waiters: deque[asyncio.Future[None]] = deque()
 
     def try_take(self) -> bool:
-        if self.free > 0 and not self._waiters:
+        if self.free > 0 and not self.waiters:
             self.free -= 1
             return True
         return False
@@ -80,7 +77,7 @@ class _Permits:
         if self.try_take():
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self.waiters.append(waiter)
         try:
             await waiter
         except asyncio.CancelledError:
@@ -88,12 +85,12 @@ class _Permits:
                 self.give()  # handed to us just before the cancellation: pass it on
             else:
                 with contextlib.suppress(ValueError):
-                    self._waiters.remove(waiter)
+                    self.waiters.remove(waiter)
             raise
 
     def give(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
+        while self.waiters:
+            waiter = self.waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 return
@@ -206,11 +203,13 @@ class KeyLanes:
         because that task is the one the handler saw as current (`asyncio.timeout`,
         `TaskGroup` and `current_task()` captured it), so it must be the one to finish it.
         """
+        limit = self._limit
         if (
             key in self._lanes
             or self._ready
             or self._busy_workers >= self._max_workers
-            or not self._limit.available()
+            or limit.free <= 0
+            or limit.waiters
         ):
             self.submit(WorkItem(tp, offset, slot, key, record, session))
             return False
@@ -232,7 +231,7 @@ class KeyLanes:
                 else:
                     item = WorkItem(tp, offset, slot, key, record, session)
                     lane = self._lanes[key] = _Lane(running=item, scheduled=True)
-                    self._limit.free -= 1
+                    limit.free -= 1
                     self._busy_workers += 1
                     return Suspended(key, lane, item, _Resume(started, yielded))
             else:  # an awaitable that is not a coroutine: awaited by a worker
@@ -241,7 +240,7 @@ class KeyLanes:
         # failure as attempt 1 and goes on with the retry policy. Rare, so a task is fine.
         item = WorkItem(tp, offset, slot, key, record, session)
         lane = self._lanes[key] = _Lane(running=item, scheduled=True)
-        self._limit.free -= 1
+        limit.free -= 1
         self._busy_workers += 1
         task = asyncio.create_task(self._continue(key, lane, item, first))
         self._workers.add(task)
