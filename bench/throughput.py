@@ -240,7 +240,7 @@ def filter_plot(specs: list[RunSpec], results: dict[int, list[RunResult]], path:
     ax.barh(names, rates)
     for i in range(len(specs)):
         ax.plot([r.rate for r in results[i]], [i] * len(results[i]), "k.", label=None)
-    ax.set_xlabel("records/s, no-op handler, 1 partition (bars: median; dots: runs)")
+    ax.set_xlabel("records/s, whole topic, no-op handler\n(bars: median; dots: runs)")
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
