@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,11 +19,18 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from consumer_client.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy, WorkItem
+from consumer_client.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy, Suspended, WorkItem
 from consumer_client.membership import ConsumerError, Membership, parse_addresses
 from consumer_client.progress import ConsumerProgress
 from coordinator.group import PositionUpdate
-from coordinator.hashing import ORDERING_KEY_HEADER, load_bucket, slot_for_record
+from coordinator.hashing import (
+    LOAD_BUCKET_COUNT,
+    LOAD_BUCKET_SHIFT,
+    ORDERING_KEY_HEADER,
+    SLOT_COUNT,
+    ordering_key,
+    slot_for_key,
+)
 from coordinator.protocol import HighWatermark
 from coordinator.ranges import RangeSet
 
@@ -51,6 +57,18 @@ class ConsumerStats:
 
     def as_dict(self) -> dict[str, int]:
         return {"fetched": self.fetched, "admitted": self.admitted, "processed": self.processed}
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """One partition's records of one fetch, dispatched from `next` on."""
+
+    ktp: TopicPartition
+    tp: tuple[str, int]
+    generation: int | None  # the partition's generation when the fetch was sent
+    session: int
+    records: list[Any]
+    next: int = 0
 
 
 class CoordinatedConsumer:
@@ -99,7 +117,9 @@ class CoordinatedConsumer:
         # waiting, so it bounds delivery latency; on Kafka it only matters when idle.
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.progress = ConsumerProgress()
-        self.load: Counter[int] = Counter()
+        # Handler completions per load bucket since the last Ping; a list, not a Counter:
+        # `counter[b] += 1` cost more than the fetch filter.
+        self.load: list[int] = [0] * LOAD_BUCKET_COUNT
         self._membership = Membership(
             self,
             group=group,
@@ -118,6 +138,9 @@ class CoordinatedConsumer:
         self._stopped = asyncio.Event()
         self._acked = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._fetcher: asyncio.Task[None] | None = None
+        # Resolved when the fetch loop ends (closing) or fails, whichever task runs it.
+        self._fetch_ended: asyncio.Future[None] | None = None
 
     # ---- public API -----------------------------------------------------------------
 
@@ -148,19 +171,24 @@ class CoordinatedConsumer:
             self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers)
             await self._producer.start()
         connector = asyncio.create_task(self._membership.run(), name=f"{self.name}-connector")
-        fetcher = asyncio.create_task(self._fetch_loop(), name=f"{self.name}-fetcher")
-        stopped = asyncio.create_task(self._stopped.wait())
+        fetch_ended: asyncio.Future[None] = self._loop.create_future()
+        self._fetch_ended = fetch_ended
+        self._start_fetcher(None)
+        stopped: asyncio.Future[Any] = asyncio.create_task(self._stopped.wait())
         try:
             done, _ = await asyncio.wait(
-                {connector, fetcher, stopped}, return_when=asyncio.FIRST_COMPLETED
+                {connector, fetch_ended, stopped}, return_when=asyncio.FIRST_COMPLETED
             )
-            for task in done:
-                if task is not stopped and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+            for finished in done:
+                if finished is not stopped and finished.exception() is not None:
+                    raise finished.exception()  # type: ignore[misc]
         finally:
-            for task in (connector, fetcher, stopped):
+            fetch_ended.cancel()
+            # The current fetcher only: earlier ones became lane workers (`abort` ends them).
+            tasks = [t for t in (connector, self._fetcher, stopped) if t is not None]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(connector, fetcher, stopped, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self._shutdown_clients()
 
     def run_sync(self, fn: Callable[[Any], None]) -> None:
@@ -228,8 +256,9 @@ class CoordinatedConsumer:
         self._acked.set()
 
     def ping_reply(self) -> tuple[PositionUpdate, dict[int, int], list[HighWatermark]]:
-        load, self.load = self.load, Counter()
-        return self.progress.positions(), dict(load), self._high_watermarks()
+        load, self.load = self.load, [0] * LOAD_BUCKET_COUNT
+        by_bucket = {bucket: n for bucket, n in enumerate(load) if n}
+        return self.progress.positions(), by_bucket, self._high_watermarks()
 
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:
         self._start(slots, positions)
@@ -278,44 +307,115 @@ class CoordinatedConsumer:
 
     # ---- fetcher --------------------------------------------------------------------
 
-    async def _fetch_loop(self) -> None:
-        assert self._kafka is not None and self._lanes is not None
-        kafka, lanes = self._kafka, self._lanes
+    def _start_fetcher(self, backlog: list[_Chunk] | None) -> None:
+        task = asyncio.create_task(self._fetch_loop(backlog), name=f"{self.name}-fetcher")
+        self._fetcher = task
+
+    async def _fetch_loop(self, backlog: list[_Chunk] | None) -> None:
+        """The fetcher task. When a handler started inline suspends, this task stays with
+        that handler (see `KeyLanes.dispatch`) and a new fetcher task takes over the rest
+        of the batch (`backlog`) and the loop."""
+        assert self._fetch_ended is not None and self._lanes is not None
+        try:
+            suspended = await self._fetch(backlog)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:
+            if not self._fetch_ended.done():
+                self._fetch_ended.set_exception(err)
+            return
+        if suspended is None:
+            if not self._fetch_ended.done():
+                self._fetch_ended.set_result(None)
+            return
+        await self._lanes.adopt(suspended)
+
+    async def _fetch(self, backlog: list[_Chunk] | None) -> Suspended | None:
+        """Fetch and dispatch until closing (None) or until a handler suspends inline (the
+        `Suspended`, after starting the next fetcher task on what is left)."""
+        assert self._kafka is not None
+        kafka = self._kafka
         while not self._closing:
-            if not self.progress.partitions or not kafka.assignment():
-                await asyncio.sleep(0.05)
+            if backlog is None:
+                if not self.progress.partitions or not kafka.assignment():
+                    await asyncio.sleep(0.05)
+                    continue
+                while self.progress.pending_count() >= self.max_pending:
+                    self._acked.clear()
+                    await self._acked.wait()
+                generations = {tp: p.generation for tp, p in self.progress.partitions.items()}
+                session = self._session
+                batches = await kafka.getmany(timeout_ms=200, max_records=2000)
+                backlog = []
+                for ktp, records in batches.items():
+                    self.stats.fetched += len(records)
+                    tp = (ktp.topic, ktp.partition)
+                    backlog.append(_Chunk(ktp, tp, generations.get(tp), session, records))
+            suspended = self._dispatch(backlog)
+            if suspended is not None:
+                self._start_fetcher(backlog)
+                return suspended
+            backlog = None
+        return None
+
+    def _dispatch(self, backlog: list[_Chunk]) -> Suspended | None:
+        """Filter and dispatch the records of `backlog` in order, consuming it; stops at
+        the first handler that suspends inline. Synchronous: nothing else runs meanwhile."""
+        assert self._kafka is not None and self._lanes is not None
+        dispatch, header = self._lanes.dispatch, self.ordering_header
+        unkeyed = self._lanes.lane_key
+        load = self.load
+        while backlog:
+            chunk = backlog[0]
+            progress = self.progress.partitions.get(chunk.tp)
+            if progress is None or chunk.session != self._session:
+                backlog.pop(0)
                 continue
-            while self.progress.pending_count() >= self.max_pending:
-                self._acked.clear()
-                await self._acked.wait()
-            generations = {tp: p.generation for tp, p in self.progress.partitions.items()}
-            session = self._session
-            batches = await kafka.getmany(timeout_ms=200, max_records=2000)
-            for ktp, records in batches.items():
-                self.stats.fetched += len(records)
-                tp = (ktp.topic, ktp.partition)
-                progress = self.progress.partitions.get(tp)
-                if progress is None or session != self._session:
-                    continue
-                if progress.generation != generations.get(tp):
-                    kafka.seek(ktp, progress.cursor)  # fetched before a rewind: refetch
-                    continue
-                for record in records:
-                    slot, okey = slot_for_record(
-                        record.key, record.headers, record.offset, self.ordering_header
-                    )
-                    if self.progress.admit(tp, record.offset, slot):
-                        self.stats.admitted += 1
-                        lanes.submit(
-                            WorkItem(tp, record.offset, slot, lanes.lane_key(okey), record, session)
-                        )
+            if progress.generation != chunk.generation:
+                self._kafka.seek(chunk.ktp, progress.cursor)  # fetched before a rewind: refetch
+                backlog.pop(0)
+                continue
+            accept, pending = progress.accept, progress.pending
+            tp, session, records = chunk.tp, chunk.session, chunk.records
+            admitted = processed = 0
+            try:
+                for i in range(chunk.next, len(records)):
+                    record = records[i]
+                    offset = record.offset
+                    headers = record.headers
+                    okey = ordering_key(record.key, headers, header) if headers else record.key
+                    if okey is None:
+                        slot = offset % SLOT_COUNT
+                        if not accept(offset, slot):
+                            continue
+                        key: object = unkeyed(None)
+                    else:
+                        slot = slot_for_key(okey)
+                        if not accept(offset, slot):
+                            continue
+                        key = okey
+                    admitted += 1
+                    done = dispatch(tp, offset, slot, key, record, session)
+                    if done is True:
+                        processed += 1
+                        load[slot >> LOAD_BUCKET_SHIFT] += 1
+                        continue
+                    pending[offset] = slot
+                    if done is not False:
+                        chunk.next = i + 1
+                        return done
+            finally:
+                self.stats.admitted += admitted
+                self.stats.processed += processed
+            backlog.pop(0)
+        return None
 
     def _on_done(self, item: WorkItem) -> None:
         if item.session != self._session:
             return
         self.progress.ack(item.tp, item.offset)
         self.stats.processed += 1
-        self.load[load_bucket(item.slot)] += 1
+        self.load[item.slot >> LOAD_BUCKET_SHIFT] += 1
         self._acked.set()
 
     async def _dead_letter(self, record: Any, error: BaseException) -> None:

@@ -6,6 +6,12 @@ blocks only its own lane (retried with backoff, then dead-lettered when configur
 other keys keep flowing. Lanes can be dropped by slot, which is how StopFetcher hands a
 range back: queued records are dropped (the next owner processes them), in-flight ones
 finish and are waited for.
+
+A record whose key has no lane and for which a permit is free is started inline, in the
+fetcher's turn (`dispatch`): its handler's first step runs at once, and when it finishes
+without suspending (a cheap or cached handler) nothing else is created - no lane, no
+queue entry, no task. Only when it suspends (or raises) does it become a lane with that
+record running, continued by a worker task exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
+from types import CoroutineType
 from typing import Any
 
 from coordinator.group import TopicPartition
@@ -50,6 +57,85 @@ class RetryPolicy:
 DEFAULT_RETRY = RetryPolicy()
 
 
+class _Permits:
+    """A counting semaphore with a synchronous `try_take`: the inline path must take a
+    permit without awaiting. Released permits go to waiters first, in order."""
+
+    __slots__ = ("free", "waiters")
+
+    def __init__(self, count: int) -> None:
+        self.free = count
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_take(self) -> bool:
+        if self.free > 0 and not self.waiters:
+            self.free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        if self.try_take():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give()  # handed to us just before the cancellation: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self.waiters.remove(waiter)
+            raise
+
+    def give(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.free += 1
+
+
+class _Resume:
+    """The rest of a coroutine whose first step already ran and yielded `yielded`.
+
+    Awaited inside a task, it hands the yielded future (or None) to that task as if the
+    coroutine had been run by the task from the start, then forwards every resumption,
+    thrown exception (cancellation) and close into it.
+    """
+
+    __slots__ = ("_coro", "_yielded")
+
+    def __init__(self, coro: Any, yielded: Any) -> None:
+        self._coro = coro
+        self._yielded = yielded
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, value = self._coro, self._yielded
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as err:  # thrown in by the task: pass it on
+                try:
+                    value = coro.throw(err)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+async def _reraise(error: BaseException) -> None:
+    """The failed first attempt of an inline record, replayed inside its lane's worker."""
+    raise error
+
+
 @dataclass(slots=True)
 class _Lane:
     queue: deque[WorkItem] = field(default_factory=deque)
@@ -66,6 +152,16 @@ class _Lane:
             self.wake.set()
 
 
+@dataclass(slots=True)
+class Suspended:
+    """An inline record whose handler is waiting at its first await (see `dispatch`)."""
+
+    key: object
+    lane: _Lane
+    item: WorkItem
+    rest: Awaitable[None]
+
+
 class KeyLanes:
     def __init__(
         self,
@@ -77,7 +173,7 @@ class KeyLanes:
         dead_letter: DeadLetter | None = None,
     ) -> None:
         self._handler = handler
-        self._limit = asyncio.Semaphore(max_concurrency)
+        self._limit = _Permits(max_concurrency)
         self._on_done = on_done
         self._retry = retry
         self._dead_letter = dead_letter
@@ -95,6 +191,72 @@ class KeyLanes:
     def lane_key(self, ordering_key: bytes | None) -> object:
         """Records without an ordering key have no order constraint: a lane each."""
         return ordering_key if ordering_key is not None else ("unkeyed", next(self._unkeyed))
+
+    def dispatch(
+        self, tp: TopicPartition, offset: int, slot: int, key: object, record: Any, session: int
+    ) -> bool | Suspended:
+        """Start a record inline when its key is idle and a permit is free, else queue it.
+
+        True: the handler already completed (the caller acknowledges it; nothing was
+        queued). False: it is queued or running in a worker, and `on_done` reports it.
+        A `Suspended`: the handler stopped at an await; the calling task must `adopt` it,
+        because that task is the one the handler saw as current (`asyncio.timeout`,
+        `TaskGroup` and `current_task()` captured it), so it must be the one to finish it.
+        """
+        limit = self._limit
+        if (
+            key in self._lanes
+            or self._ready
+            or self._busy_workers >= self._max_workers
+            or limit.free <= 0
+            or limit.waiters
+        ):
+            self.submit(WorkItem(tp, offset, slot, key, record, session))
+            return False
+        # The permit is taken only if the handler outlives this call: nothing else runs
+        # meanwhile, so it is still free then.
+        first: Awaitable[None]
+        try:
+            started = self._handler(record)
+        except BaseException as err:  # replayed as attempt 1
+            first = _reraise(err)
+        else:
+            if type(started) is CoroutineType:
+                try:
+                    yielded = started.send(None)
+                except StopIteration:
+                    return True
+                except BaseException as err:  # replayed as attempt 1
+                    first = _reraise(err)
+                else:
+                    item = WorkItem(tp, offset, slot, key, record, session)
+                    lane = self._lanes[key] = _Lane(running=item, scheduled=True)
+                    limit.free -= 1
+                    self._busy_workers += 1
+                    return Suspended(key, lane, item, _Resume(started, yielded))
+            else:  # an awaitable that is not a coroutine: awaited by a worker
+                first = started
+        # Failed at once (or not a coroutine): a worker of its own, which replays the
+        # failure as attempt 1 and goes on with the retry policy. Rare, so a task is fine.
+        item = WorkItem(tp, offset, slot, key, record, session)
+        lane = self._lanes[key] = _Lane(running=item, scheduled=True)
+        limit.free -= 1
+        self._busy_workers += 1
+        task = asyncio.create_task(self._continue(key, lane, item, first))
+        self._workers.add(task)
+        task.add_done_callback(self._workers.discard)
+        return False
+
+    async def adopt(self, suspended: Suspended) -> None:
+        """Finish a suspended inline record in the current task, then serve ready lanes:
+        the task is a lane worker from now on (cancelled by `abort` like the others)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._workers.add(task)
+        try:
+            await self._continue(suspended.key, suspended.lane, suspended.item, suspended.rest)
+        finally:
+            self._workers.discard(task)
 
     def submit(self, item: WorkItem) -> None:
         lane = self._lanes.get(item.lane_key)
@@ -174,41 +336,61 @@ class KeyLanes:
         finally:
             self._busy_workers -= 1
 
+    async def _continue(
+        self, key: object, lane: _Lane, item: WorkItem, first: Awaitable[None]
+    ) -> None:
+        """A worker that starts with an inline record which suspended (holding its permit),
+        then serves the ready lanes like any other."""
+        try:
+            await self._run(key, lane, item, first)
+            await self._work_ready()
+        finally:
+            self._busy_workers -= 1
+
     async def _work_ready(self) -> None:
         while self._ready:
             key, lane = self._ready.popleft()
             if not lane.queue:  # dropped while it waited
                 self._retire(key, lane)
                 continue
-            await self._limit.acquire()
+            await self._limit.take()
             if not lane.queue:  # dropped while waiting for a permit
-                self._limit.release()
+                self._limit.give()
                 self._retire(key, lane)
                 continue
             item = lane.queue.popleft()
             lane.running = item
-            try:
-                completed = await self._process(item, lane)
-            finally:
-                lane.running = None
-            if completed:
-                self._on_done(item)
-            if lane.queue:
-                self._ready.append((key, lane))
-            else:
-                self._retire(key, lane)
-            await self._notify()
+            await self._run(key, lane, item)
+
+    async def _run(
+        self, key: object, lane: _Lane, item: WorkItem, first: Awaitable[None] | None = None
+    ) -> None:
+        """Finish `item` (already `lane.running`, permit held), then requeue or retire."""
+        try:
+            completed = await self._process(item, lane, first)
+        finally:
+            lane.running = None
+        if completed:
+            self._on_done(item)
+        if lane.queue:
+            self._ready.append((key, lane))
+        else:
+            self._retire(key, lane)
+        await self._notify()
 
     def _retire(self, key: object, lane: _Lane) -> None:
         lane.scheduled = False
         if lane.running is None and not lane.queue and self._lanes.get(key) is lane:
             del self._lanes[key]
 
-    async def _process(self, item: WorkItem, lane: _Lane) -> bool:
+    async def _process(
+        self, item: WorkItem, lane: _Lane, first: Awaitable[None] | None = None
+    ) -> bool:
         """Run the handler until success (True) or until the lane is abandoned (False).
 
         Called holding a concurrency permit; the permit is given back during backoff so a
-        failing key does not take a lane away from the others.
+        failing key does not take a lane away from the others. `first`, when given, is the
+        first attempt already started inline.
         """
         backoff = self._retry.initial_backoff_s
         attempt = 0
@@ -217,16 +399,20 @@ class KeyLanes:
             while True:
                 attempt += 1
                 if not holding:
-                    await self._limit.acquire()
+                    await self._limit.take()
                     holding = True
                 try:
-                    await self._handler(item.record)
+                    if first is not None:
+                        attempt_now, first = first, None
+                        await attempt_now
+                    else:
+                        await self._handler(item.record)
                     return True
                 except asyncio.CancelledError:
                     raise
                 except Exception as err:
                     error: BaseException = err
-                self._limit.release()
+                self._limit.give()
                 holding = False
                 if self._dead_letter is not None and attempt >= self._retry.max_attempts:
                     log.error(
@@ -255,4 +441,4 @@ class KeyLanes:
                 backoff = min(backoff * 2, self._retry.max_backoff_s)
         finally:
             if holding:
-                self._limit.release()
+                self._limit.give()

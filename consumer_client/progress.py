@@ -28,6 +28,20 @@ class Grant:
     # Set by StopFetcher: nothing more is admitted and progress is frozen here, so records
     # fetched during the drain are not mistaken for done.
     frozen_upto: int | None = None
+    # No offset at or above this is done in `start` (for any slot of the grant): the
+    # per-record position lookup is skipped above it, which is nearly always.
+    start_done_below: int = -1
+
+    def __post_init__(self) -> None:
+        if self.start_done_below < 0:
+            self.start_done_below = _done_ceiling(self.start, self.slots)
+
+
+def _done_ceiling(start: RangePositionMap, slots: RangeSet) -> int:
+    ceiling = 0
+    for _, pos in start.segments(slots):
+        ceiling = max(ceiling, pos.next_offset, pos.acked[-1][1] if pos.acked else 0)
+    return ceiling
 
 
 @dataclass(slots=True)
@@ -37,12 +51,35 @@ class PartitionProgress:
     cursor: int = 0  # next offset the fetcher will hand us
     generation: int = 0  # bumped on every rewind: records fetched before it are stale
     pending: dict[int, int] = field(default_factory=dict)  # offset -> slot
+    # The slot range last matched by `grant_for` and its grant: a consumer usually owns a
+    # few wide ranges, so most records hit it. Reset whenever the grants change.
+    _hit: tuple[int, int, Grant] | None = None
+
+    def set_grants(self, grants: list[Grant]) -> None:
+        self.grants = grants
+        self._hit = None
 
     def grant_for(self, slot: int) -> Grant | None:
+        hit = self._hit
+        if hit is not None and hit[0] <= slot <= hit[1]:
+            return hit[2]
         for grant in self.grants:
-            if slot in grant.slots:
-                return grant
+            for r in grant.slots.ranges:
+                if r.start <= slot <= r.end:
+                    self._hit = (r.start, r.end, grant)
+                    return grant
         return None
+
+    def accept(self, offset: int, slot: int) -> bool:
+        """The fetch filter for one record (advances the cursor); the caller marks it
+        pending unless its handler already completed."""
+        if offset < self.cursor:
+            return False
+        self.cursor = offset + 1
+        grant = self.grant_for(slot)
+        if grant is None or grant.frozen_upto is not None or offset < grant.skip_below:
+            return False
+        return offset >= grant.start_done_below or not grant.start.get(slot).is_done(offset)
 
     def done_upto(self, grant: Grant) -> int:
         if grant.frozen_upto is not None:
@@ -89,7 +126,7 @@ class ConsumerProgress:
                 progress.cursor = fetch_from
                 progress.generation += 1
                 seeks[tp] = fetch_from
-            progress.grants.append(Grant(slots, start, fetch_from))
+            progress.set_grants([*progress.grants, Grant(slots, start, fetch_from)])
         return seeks
 
     def begin_stop(self, slots: RangeSet) -> None:
@@ -109,12 +146,13 @@ class ConsumerProgress:
                 frozen = Grant(
                     stopping, grant.start, grant.fetch_from, grant.skip_below,
                     frozen_upto=progress.done_upto(grant),
+                    start_done_below=grant.start_done_below,
                 )  # fmt: skip
                 grant.slots = grant.slots - slots
                 if grant.slots:
                     split.append(grant)
                 split.append(frozen)
-            progress.grants = split
+            progress.set_grants(split)
 
     def finish_stop(self, slots: RangeSet) -> PositionUpdate:
         """Final positions of `slots`, then forget them (pending records of them included:
@@ -126,7 +164,7 @@ class ConsumerProgress:
                 grant.slots = grant.slots - slots
                 if grant.slots:
                     kept.append(grant)
-            progress.grants = kept
+            progress.set_grants(kept)
             for offset in [o for o, s in progress.pending.items() if s in slots]:
                 del progress.pending[offset]
         return final
@@ -139,13 +177,7 @@ class ConsumerProgress:
     def admit(self, tp: TopicPartition, offset: int, slot: int) -> bool:
         """Should this record go to the handler? Also advances the partition cursor."""
         progress = self.partitions.get(tp)
-        if progress is None or offset < progress.cursor:
-            return False
-        progress.cursor = offset + 1
-        grant = progress.grant_for(slot)
-        if grant is None or grant.frozen_upto is not None or offset < grant.skip_below:
-            return False
-        if grant.start.get(slot).is_done(offset):
+        if progress is None or not progress.accept(offset, slot):
             return False
         progress.pending[offset] = slot
         return True

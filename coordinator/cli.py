@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--max-concurrency", type=int, default=64)
     worker.add_argument("--session-timeout-ms", type=int, default=6000)
     worker.add_argument("--handler-ms", type=float, default=2.0)
+    # Records whose offset is a multiple of this finish without awaiting (0: none do), so
+    # the consumer's inline path and its hand-over to a worker both run.
+    worker.add_argument("--no-wait-every", type=int, default=0)
     worker.add_argument("--stuck-key", default=None)
     worker.add_argument("--fail-key", default=None)
     worker.add_argument("--dead-letter-topic", default=None)

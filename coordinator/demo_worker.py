@@ -39,6 +39,7 @@ async def _main(args: argparse.Namespace) -> int:
     stuck = args.stuck_key.encode() if args.stuck_key else None
     failing = args.fail_key.encode() if args.fail_key else None
     delay = args.handler_ms / 1000
+    no_wait_every = args.no_wait_every
     stuck_once = asyncio.Event()  # the stuck key hangs once per process, like a lost call
 
     async def handle(record: Any) -> None:
@@ -50,7 +51,8 @@ async def _main(args: argparse.Namespace) -> int:
             stuck_once.set()
             print(f"{args.name}: stuck on offset {record.offset}", file=sys.stderr, flush=True)
             await asyncio.Event().wait()  # until the session is cancelled
-        await asyncio.sleep(delay)
+        if not (no_wait_every and record.offset % no_wait_every == 0):
+            await asyncio.sleep(delay)
         out.write(
             json.dumps(
                 {
