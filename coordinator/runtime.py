@@ -482,14 +482,21 @@ class CoordinatorRuntime:
     # ---- durability ---------------------------------------------------------------
 
     async def _flush(self, group: str) -> None:
+        """Make the positions as of this call durable (group commit).
+
+        Callers waiting while a write is in flight are all served by the next one: each
+        needs the version it saw on arrival, not the newest, or a burst of StartFetchers
+        would each wait for a write of its own while pings keep moving positions on.
+        """
         state = self.groups.get(group)
         if state is None:
             return
+        needed = state.positions_version
         lock = self._flush_locks.setdefault(group, asyncio.Lock())
         async with lock:
-            version = state.positions_version
-            if self._flushed.get(group, -1) >= version:
+            if self._flushed.get(group, -1) >= needed:
                 return
+            version = state.positions_version
             snapshot = {tp: pmap.copy() for tp, pmap in state.positions.items()}
             await self.store.save(group, snapshot)
             self._flushed[group] = version

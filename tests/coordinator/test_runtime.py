@@ -200,3 +200,51 @@ async def test_a_group_replayed_without_members_schedules_no_recompute() -> None
         assert runtime._recompute_scheduled == set()
     finally:
         await runtime.stop()
+
+
+class BusyStore(HeldStore):
+    """Positions keep moving while a write is in flight, as pings do under load."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_save: Any = None
+        self.entered = 0
+
+    async def save(self, group: str, positions: Any) -> None:
+        self.entered += 1
+        if self.on_save is not None:
+            self.on_save()
+        await super().save(group, positions)
+
+
+async def test_flushes_waiting_behind_a_write_share_the_next_one() -> None:
+    """Group commit: ten StartFetchers waiting for durable positions cost two writes, not
+    ten, even though positions change during every write (a burst of grants under load
+    otherwise queued one write each and stalled every StartFetcher behind them)."""
+    store = BusyStore()
+    runtime = CoordinatorRuntime(RuntimeSettings("unused:1", startup_grace_ms=0), store)  # type: ignore[arg-type]
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+        state = runtime.groups["g"]
+
+        def moved() -> None:
+            state.positions_version += 1
+
+        store.on_save = moved
+        store.released.clear()
+        moved()
+        before, entered = store.saves, store.entered
+        first = asyncio.create_task(runtime._flush("g"))
+        await eventually(lambda: store.entered > entered, "a write in flight")
+        waiting = [asyncio.create_task(runtime._flush("g")) for _ in range(10)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        store.released.set()
+        await asyncio.wait_for(asyncio.gather(first, *waiting), TIMEOUT)
+        assert store.saves - before == 2
+    finally:
+        store.released.set()
+        await runtime.stop()
