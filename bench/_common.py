@@ -42,6 +42,7 @@ BUCKET_S = 0.01  # must match _worker.BUCKET_S
 
 
 def machine() -> str:
+    """One line for every table: where, when, and how busy the machine was at the start."""
     cpu = "unknown CPU"
     with open("/proc/cpuinfo") as fh:
         for line in fh:
@@ -57,7 +58,7 @@ def machine() -> str:
     return (
         f"{os.cpu_count()} cores ({cpu}), {mem_kb / 2**20:.0f} GiB, Python "
         f"{platform.python_version()}, {date.today().isoformat()}; load average at start "
-        f"{load[0]:.1f} (machine shared with other jobs)"
+        f"{load[0]:.1f}"
     )
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -16,7 +15,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date
 from pathlib import Path
 
 import httpx
@@ -41,23 +39,6 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def machine() -> str:
-    cpu = "?"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem = "?"
-    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
-        mem = f"{int(f.readline().split()[1]) / 1024 / 1024:.0f} GiB"
-    return (
-        f"nproc = {os.cpu_count()} ({cpu}, {mem}), Python {platform.python_version()}, "
-        f"{date.today().isoformat()}; machine shared with other jobs "
-        f"(load average before the run: {os.getloadavg()[0]:.2f})"
-    )
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -36,11 +36,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._common import machine
 from bench._coord_common import (
     ROOT,
     Coordinator,
     cpu_seconds,
-    machine,
     markdown_table,
     median,
     rss_mib,

@@ -47,10 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from bench._common import machine
 from bench._coord_common import (
     ROOT,
     Coordinator,
-    machine,
     markdown_table,
     median,
     percentile,
