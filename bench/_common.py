@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from coordinator.broker import EmbeddedBroker, free_port  # noqa: E402
+from coordinator.broker import EmbeddedBroker, free_port, stop_process  # noqa: E402
 
 WORKER = ROOT / "bench" / "_worker.py"
 PYRALLEL_PYTHON = Path(os.environ.get("PYRALLEL_PYTHON", "/tmp/venv-pyrallel/bin/python"))
@@ -128,16 +127,6 @@ class Cluster:
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
-
-
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def load_topic(bootstrap: str, topic: str, partitions: int, records: int, keys: int) -> float:

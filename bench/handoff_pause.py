@@ -54,9 +54,8 @@ from bench._coord_common import (
     markdown_table,
     median,
     percentile,
-    stop_pid,
 )
-from coordinator.broker import EmbeddedBroker
+from coordinator.broker import EmbeddedBroker, stop_process
 from coordinator.demo import GROUP, TOPIC, worker_command
 from coordinator.ranges import RangeSet
 from coordinator.verify import read_processed
@@ -254,8 +253,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             events.append(("leave", time.monotonic_ns()))
             # In threads: the producer shares this loop and must not stall.
             await asyncio.gather(
-                asyncio.to_thread(stop_pid, procs[name]),
-                asyncio.to_thread(stop_pid, procs[f"plain-{name}"]),
+                asyncio.to_thread(stop_process, procs[name]),
+                asyncio.to_thread(stop_process, procs[f"plain-{name}"]),
             )
             await wait_until(is_settled(3), 60, "3 keyshard members")
             await asyncio.sleep(args.settle)
@@ -277,7 +276,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             producer.stopping.set()
             producing.cancel()
         for proc in procs.values():
-            stop_pid(proc)
+            stop_process(proc)
         coord.stop()
         broker.stop()
 

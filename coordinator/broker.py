@@ -36,6 +36,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def stop_process(
+    proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 15.0
+) -> None:
+    """Stop a child by pid: `sig`, then SIGKILL if it is still there after `timeout`; reap.
+
+    The demo, the tests and the benchmarks all start real processes and must leave none
+    behind, whatever happened to them meanwhile (already gone is fine)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 class BrokerError(RuntimeError):
     """The embedded broker could not be found, started or made ready."""
 

@@ -7,8 +7,6 @@ Waiting is always on a condition with a deadline (`wait_for`), never a bare slee
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -22,7 +20,7 @@ import httpx
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from coordinator.broker import free_port
+from coordinator.broker import free_port, stop_process
 from coordinator.demo import worker_command
 from coordinator.ranges import RangeSet
 from coordinator.verify import Processed, Produced, read_processed
@@ -48,20 +46,6 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
         await asyncio.sleep(interval)
-
-
-def _stop_process(
-    proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 15
-) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, sig)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @dataclass
@@ -133,11 +117,11 @@ class CoordinatorProcess:
 
     def kill(self) -> None:
         if self.proc is not None:
-            _stop_process(self.proc, signal.SIGKILL)
+            stop_process(self.proc, signal.SIGKILL)
 
     def stop(self) -> None:
         if self.proc is not None:
-            _stop_process(self.proc)
+            stop_process(self.proc)
 
 
 @dataclass
@@ -170,14 +154,14 @@ class Workers:
         return len({(e.partition, e.offset) for e in self.processed()})
 
     def stop(self, name: str) -> None:
-        _stop_process(self.procs[name])
+        stop_process(self.procs[name])
 
     def kill(self, name: str) -> None:
-        _stop_process(self.procs[name], signal.SIGKILL)
+        stop_process(self.procs[name], signal.SIGKILL)
 
     def stop_all(self) -> None:
         for proc in self.procs.values():
-            _stop_process(proc)
+            stop_process(proc)
 
 
 async def create_topic(bootstrap: str, topic: str = TOPIC, partitions: int = 1) -> None:

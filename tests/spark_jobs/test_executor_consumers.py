@@ -6,7 +6,6 @@ fixture is local[2], and a JVM hosts one SparkContext), stopped by pid whatever 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.broker import stop_process
 from coordinator.ranges import RangeSet
 from coordinator.verify import Processed, check, read_processed
 from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for
@@ -47,18 +47,6 @@ def _job(coordinator: CoordinatorProcess, tmp: Path, *extra: str) -> subprocess.
     )  # fmt: skip
     log.close()
     return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _processed(tmp: Path) -> list[Processed]:
@@ -137,7 +125,7 @@ async def test_four_spark_tasks_share_one_partition_and_survive_a_lost_worker(
         stop_file.touch()
         assert job.wait(timeout=60) == 0, (tmp_path / "job.log").read_text()[-3000:]
     finally:
-        _stop(job)
+        stop_process(job, timeout=20)
     stats = json.loads(stats_file.read_text())
     assert [s["task"] for s in stats] == [0, 1, 2, 3]
     assert all(s["stopped_by"] == "stop-file" and s["slots"] > 0 for s in stats), stats
