@@ -139,8 +139,8 @@ class CoordinatedConsumer:
         self._acked = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fetcher: asyncio.Task[None] | None = None
-        # Resolved when the fetch loop ends (closing) or fails, whichever task runs it.
-        self._fetch_ended: asyncio.Future[None] | None = None
+        # Fails when the fetch loop fails, whichever task runs it (closing ends via `_stopped`).
+        self._fetch_failed: asyncio.Future[None] | None = None
 
     # ---- public API -----------------------------------------------------------------
 
@@ -171,19 +171,19 @@ class CoordinatedConsumer:
             self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap_servers)
             await self._producer.start()
         connector = asyncio.create_task(self._membership.run(), name=f"{self.name}-connector")
-        fetch_ended: asyncio.Future[None] = self._loop.create_future()
-        self._fetch_ended = fetch_ended
+        fetch_failed: asyncio.Future[None] = self._loop.create_future()
+        self._fetch_failed = fetch_failed
         self._start_fetcher(None)
         stopped: asyncio.Future[Any] = asyncio.create_task(self._stopped.wait())
         try:
             done, _ = await asyncio.wait(
-                {connector, fetch_ended, stopped}, return_when=asyncio.FIRST_COMPLETED
+                {connector, fetch_failed, stopped}, return_when=asyncio.FIRST_COMPLETED
             )
             for finished in done:
                 if finished is not stopped and finished.exception() is not None:
                     raise finished.exception()  # type: ignore[misc]
         finally:
-            fetch_ended.cancel()
+            fetch_failed.cancel()
             # The current fetcher only: earlier ones became lane workers (`abort` ends them).
             tasks = [t for t in (connector, self._fetcher, stopped) if t is not None]
             for task in tasks:
@@ -315,18 +315,19 @@ class CoordinatedConsumer:
         """The fetcher task. When a handler started inline suspends, this task stays with
         that handler (see `KeyLanes.dispatch`) and a new fetcher task takes over the rest
         of the batch (`backlog`) and the loop."""
-        assert self._fetch_ended is not None and self._lanes is not None
+        assert self._fetch_failed is not None and self._lanes is not None
         try:
             suspended = await self._fetch(backlog)
         except asyncio.CancelledError:
             raise
         except BaseException as err:
-            if not self._fetch_ended.done():
-                self._fetch_ended.set_exception(err)
+            if not self._fetch_failed.done():
+                self._fetch_failed.set_exception(err)
             return
         if suspended is None:
-            if not self._fetch_ended.done():
-                self._fetch_ended.set_result(None)
+            # Closing: `close()` drains the lanes and sends the Leave, then sets `_stopped`,
+            # which is what ends `run()`. Ending it here would cancel the connector and
+            # abort in-flight handlers under the drain.
             return
         await self._lanes.adopt(suspended)
 
