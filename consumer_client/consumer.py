@@ -21,7 +21,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from consumer_client.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy, Suspended, WorkItem
 from consumer_client.membership import ConsumerError, Membership, parse_addresses
-from consumer_client.progress import ConsumerProgress
+from consumer_client.progress import ConsumerProgress, Grant
+from consumer_client.replay import ReplayWindow
 from coordinator.group import PositionUpdate
 from coordinator.hashing import (
     LOAD_BUCKET_COUNT,
@@ -48,15 +49,25 @@ class ConsumerStats:
 
     `fetched` counts every record aiokafka decoded for us (including the ones another
     consumer owns and the ones refetched after a rewind); `admitted` the ones handed to a
-    lane; `processed` the handler completions acknowledged.
+    lane; `processed` the handler completions acknowledged. A grant below the fetch
+    position either replays held records (`replayed` counts them) or seeks the partition
+    back (`rewinds`).
     """
 
     fetched: int = 0
     admitted: int = 0
     processed: int = 0
+    replayed: int = 0
+    rewinds: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"fetched": self.fetched, "admitted": self.admitted, "processed": self.processed}
+        return {
+            "fetched": self.fetched,
+            "admitted": self.admitted,
+            "processed": self.processed,
+            "replayed": self.replayed,
+            "rewinds": self.rewinds,
+        }
 
 
 @dataclass(slots=True)
@@ -69,6 +80,18 @@ class _Chunk:
     session: int
     records: list[Any]
     next: int = 0
+    # Held records replayed for this grant (not fetched: no generation to check).
+    replay: Grant | None = None
+
+
+@dataclass(slots=True)
+class _Fetch:
+    """A getmany in flight, with what it was sent under: it outlives a fetcher task that
+    stays with a suspended handler, and a replay may be dispatched while it is out."""
+
+    task: asyncio.Task[dict[TopicPartition, list[Any]]]
+    generations: dict[tuple[str, int], int]
+    session: int
 
 
 class CoordinatedConsumer:
@@ -90,6 +113,7 @@ class CoordinatedConsumer:
         max_pending: int | None = None,
         drain_timeout_s: float = 30.0,
         fetch_max_wait_ms: int = 100,
+        replay_window: int = 10_000,
     ) -> None:
         if not topics:
             raise ValueError("topics must name at least one topic")
@@ -99,6 +123,8 @@ class CoordinatedConsumer:
             raise ValueError(f"session_timeout_ms={session_timeout_ms} is outside 1000..300000")
         if not 1 <= capacity <= 100_000:
             raise ValueError(f"capacity={capacity} is outside 1..100000")
+        if replay_window < 0:
+            raise ValueError(f"replay_window={replay_window} must be >= 0 (0 turns it off)")
         self.group = group
         self.topics = list(topics)
         self.coordinators = parse_addresses(coordinator)
@@ -116,6 +142,10 @@ class CoordinatedConsumer:
         # Some brokers (Tansu) hold a fetch for about half of this even when records are
         # waiting, so it bounds delivery latency; on Kafka it only matters when idle.
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        # Fetched records held per partition so a grant a little behind the fetch position
+        # replays them instead of rewinding the partition (consumer_client.replay).
+        self.replay_window = replay_window
+        self._windows: dict[tuple[str, int], ReplayWindow] = {}
         self.progress = ConsumerProgress()
         # Handler completions per load bucket since the last Ping; a list, not a Counter:
         # `counter[b] += 1` cost more than the fetch filter.
@@ -137,6 +167,11 @@ class CoordinatedConsumer:
         self._closing = False
         self._stopped = asyncio.Event()
         self._acked = asyncio.Event()
+        self._replay_queued = asyncio.Event()
+        # Fetched (or replayed) records not dispatched yet, shared by successive fetcher
+        # tasks; a replay is put at its front (all of it lies below what is queued).
+        self._backlog: list[_Chunk] = []
+        self._inflight: _Fetch | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fetcher: asyncio.Task[None] | None = None
         # Fails when the fetch loop fails, whichever task runs it (closing ends via `_stopped`).
@@ -173,7 +208,7 @@ class CoordinatedConsumer:
         connector = asyncio.create_task(self._membership.run(), name=f"{self.name}-connector")
         fetch_failed: asyncio.Future[None] = self._loop.create_future()
         self._fetch_failed = fetch_failed
-        self._start_fetcher(None)
+        self._start_fetcher()
         stopped: asyncio.Future[Any] = asyncio.create_task(self._stopped.wait())
         try:
             done, _ = await asyncio.wait(
@@ -185,7 +220,8 @@ class CoordinatedConsumer:
         finally:
             fetch_failed.cancel()
             # The current fetcher only: earlier ones became lane workers (`abort` ends them).
-            tasks = [t for t in (connector, self._fetcher, stopped) if t is not None]
+            inflight = self._inflight.task if self._inflight is not None else None
+            tasks = [t for t in (connector, self._fetcher, stopped, inflight) if t is not None]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -249,6 +285,7 @@ class CoordinatedConsumer:
     async def session_lost(self) -> None:
         """Consumer.onLostConnection: stop fetchers, drop queues, forget ownership."""
         self.progress.clear()
+        self._windows.clear()
         if self._kafka is not None:
             self._kafka.pause(*self._kafka.assignment())
         if self._lanes is not None:
@@ -280,7 +317,16 @@ class CoordinatedConsumer:
         return marks
 
     def _start(self, slots: Any, positions: Any) -> None:
-        seeks = self.progress.add_grant(slots, positions)
+        held = {tp: window.start for tp, window in self._windows.items()}
+        running = {tp for tp, progress in self.progress.partitions.items() if progress.grants}
+        seeks = self.progress.add_grant(slots, positions, held)
+        self.stats.rewinds += len(running & seeks.keys())
+        for tp, grant in self.progress.take_replays():
+            records = self._windows[tp].between(grant.fetch_from, grant.replay_upto)
+            self.stats.replayed += len(records)
+            ktp = TopicPartition(*tp)
+            self._backlog.insert(0, _Chunk(ktp, tp, None, self._session, records, replay=grant))
+            self._replay_queued.set()
         if self._kafka is None:
             return
         wanted = {TopicPartition(*tp) for tp in self.progress.partitions}
@@ -288,7 +334,7 @@ class CoordinatedConsumer:
         if not wanted <= current:
             self._kafka.assign(sorted(current | wanted))
         for tp, offset in seeks.items():
-            self._kafka.seek(TopicPartition(*tp), offset)
+            self._seek(TopicPartition(*tp), offset)
         self._kafka.resume(
             *[TopicPartition(*tp) for tp, p in self.progress.partitions.items() if p.grants]
         )
@@ -307,17 +353,17 @@ class CoordinatedConsumer:
 
     # ---- fetcher --------------------------------------------------------------------
 
-    def _start_fetcher(self, backlog: list[_Chunk] | None) -> None:
-        task = asyncio.create_task(self._fetch_loop(backlog), name=f"{self.name}-fetcher")
+    def _start_fetcher(self) -> None:
+        task = asyncio.create_task(self._fetch_loop(), name=f"{self.name}-fetcher")
         self._fetcher = task
 
-    async def _fetch_loop(self, backlog: list[_Chunk] | None) -> None:
+    async def _fetch_loop(self) -> None:
         """The fetcher task. When a handler started inline suspends, this task stays with
         that handler (see `KeyLanes.dispatch`) and a new fetcher task takes over the rest
-        of the batch (`backlog`) and the loop."""
+        of the backlog and the loop."""
         assert self._fetch_failed is not None and self._lanes is not None
         try:
-            suspended = await self._fetch(backlog)
+            suspended = await self._fetch()
         except asyncio.CancelledError:
             raise
         except BaseException as err:
@@ -331,33 +377,68 @@ class CoordinatedConsumer:
             return
         await self._lanes.adopt(suspended)
 
-    async def _fetch(self, backlog: list[_Chunk] | None) -> Suspended | None:
+    async def _fetch(self) -> Suspended | None:
         """Fetch and dispatch until closing (None) or until a handler suspends inline (the
         `Suspended`, after starting the next fetcher task on what is left)."""
         assert self._kafka is not None
-        kafka = self._kafka
+        kafka, backlog = self._kafka, self._backlog
         while not self._closing:
-            if backlog is None:
-                if not self.progress.partitions or not kafka.assignment():
-                    await asyncio.sleep(0.05)
-                    continue
-                while self.progress.pending_count() >= self.max_pending:
-                    self._acked.clear()
-                    await self._acked.wait()
-                generations = {tp: p.generation for tp, p in self.progress.partitions.items()}
-                session = self._session
-                batches = await kafka.getmany(timeout_ms=200, max_records=2000)
-                backlog = []
-                for ktp, records in batches.items():
-                    self.stats.fetched += len(records)
-                    tp = (ktp.topic, ktp.partition)
-                    backlog.append(_Chunk(ktp, tp, generations.get(tp), session, records))
-            suspended = self._dispatch(backlog)
-            if suspended is not None:
-                self._start_fetcher(backlog)
-                return suspended
-            backlog = None
+            if backlog:
+                suspended = self._dispatch(backlog)
+                if suspended is not None:
+                    self._start_fetcher()
+                    return suspended
+                continue
+            if not self.progress.partitions or not kafka.assignment():
+                await asyncio.sleep(0.05)
+                continue
+            if self.progress.pending_count() >= self.max_pending:
+                self._acked.clear()
+                await self._acked.wait()
+                continue
+            fetch = self._inflight
+            if fetch is None:
+                fetch = self._inflight = _Fetch(
+                    asyncio.create_task(kafka.getmany(timeout_ms=200, max_records=2000)),
+                    {tp: p.generation for tp, p in self.progress.partitions.items()},
+                    self._session,
+                )
+            if not fetch.task.done():
+                # A replay queued meanwhile is dispatched at once; the fetch stays out.
+                self._replay_queued.clear()
+                replay = asyncio.ensure_future(self._replay_queued.wait())
+                try:
+                    await asyncio.wait({fetch.task, replay}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    replay.cancel()
+            if fetch.task.done():
+                self._inflight = None
+                self._queue_fetched(fetch)
         return None
+
+    def _queue_fetched(self, fetch: _Fetch) -> None:
+        """Append a completed fetch to the backlog, and to the replay windows of the
+        partitions it still joins up with (fetched at their current generation)."""
+        for ktp, records in fetch.task.result().items():
+            self.stats.fetched += len(records)
+            tp = (ktp.topic, ktp.partition)
+            generation = fetch.generations.get(tp)
+            progress = self.progress.partitions.get(tp)
+            window = self._windows.get(tp)
+            if window is not None and progress is not None and progress.generation == generation:
+                window.append(records)
+            self._backlog.append(_Chunk(ktp, tp, generation, fetch.session, records))
+
+    def _seek(self, ktp: TopicPartition, offset: int) -> None:
+        assert self._kafka is not None
+        self._kafka.seek(ktp, offset)
+        if self.replay_window:
+            tp = (ktp.topic, ktp.partition)
+            window = self._windows.get(tp)
+            if window is None:
+                self._windows[tp] = ReplayWindow(offset, self.replay_window)
+            else:
+                window.reset(offset)
 
     def _dispatch(self, backlog: list[_Chunk]) -> Suspended | None:
         """Filter and dispatch the records of `backlog` in order, consuming it; stops at
@@ -372,11 +453,13 @@ class CoordinatedConsumer:
             if progress is None or chunk.session != self._session:
                 backlog.pop(0)
                 continue
-            if progress.generation != chunk.generation:
-                self._kafka.seek(chunk.ktp, progress.cursor)  # fetched before a rewind: refetch
+            replay = chunk.replay
+            if replay is None and progress.generation != chunk.generation:
+                self._seek(chunk.ktp, progress.cursor)  # fetched before a rewind: refetch
                 backlog.pop(0)
                 continue
-            accept, pending = progress.accept, progress.pending
+            accept = progress.accept if replay is None else replay.admit_replayed
+            pending = progress.pending
             tp, session, records = chunk.tp, chunk.session, chunk.records
             admitted = processed = 0
             try:
@@ -408,6 +491,8 @@ class CoordinatedConsumer:
             finally:
                 self.stats.admitted += admitted
                 self.stats.processed += processed
+            if replay is not None:
+                replay.finish_replay()
             backlog.pop(0)
         return None
 

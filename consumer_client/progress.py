@@ -7,12 +7,19 @@ already done by a previous owner, or already examined before a rewind -> skipped
 becomes pending until the handler acknowledges it. Positions reported to the coordinator
 are the grant's start map united with "everything examined, minus what is pending", which
 is exact enough to hand the range to someone else with no loss and no duplicates.
+
+A grant whose positions lie below the fetch cursor needs the records in between. When the
+consumer still holds them (`consumer_client.replay`) the grant *replays* them from memory:
+it examines [fetch_from, replay_upto) on its own cursor (`replay_cursor`) while the shared
+fetcher goes on from `replay_upto`, so the other grants never wait behind a re-read.
+Otherwise the partition is rewound: the fetcher seeks back and the other grants skip what
+they have already examined.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 from coordinator.group import PositionUpdate, TopicPartition
 from coordinator.positions import Position, RangePositionMap
@@ -31,10 +38,36 @@ class Grant:
     # No offset at or above this is done in `start` (for any slot of the grant): the
     # per-record position lookup is skipped above it, which is nearly always.
     start_done_below: int = -1
+    # A replayed grant: records of [fetch_from, replay_upto) come from the consumer's
+    # replay window, examined up to `replay_cursor`; the fetcher admits it from
+    # `replay_upto` on. Equal when there is nothing (left) to replay.
+    replay_cursor: int = 0
+    replay_upto: int = 0
 
     def __post_init__(self) -> None:
         if self.start_done_below < 0:
             self.start_done_below = _done_ceiling(self.start, self.slots)
+
+    def admit_replayed(self, offset: int, slot: int) -> bool:
+        """The replay's fetch filter for one held record (advances the replay cursor)."""
+        if offset < self.replay_cursor:
+            return False
+        self.replay_cursor = offset + 1
+        if self.frozen_upto is not None or slot not in self.slots:
+            return False
+        return offset >= self.start_done_below or not self.start.get(slot).is_done(offset)
+
+    def finish_replay(self) -> None:
+        """Every held record below `replay_upto` was examined (offsets in between that
+        were not held do not exist)."""
+        if self.frozen_upto is None:
+            self.replay_cursor = max(self.replay_cursor, self.replay_upto)
+
+    def examined(self, done_upto: int) -> list[tuple[int, int]]:
+        """Offsets examined for this grant, as half-open spans (pending ones included)."""
+        if self.replay_cursor < self.replay_upto:
+            return [(self.fetch_from, self.replay_cursor), (self.replay_upto, done_upto)]
+        return [(self.fetch_from, done_upto)]
 
 
 def _done_ceiling(start: RangePositionMap, slots: RangeSet) -> int:
@@ -92,6 +125,7 @@ class ConsumerProgress:
 
     def __init__(self) -> None:
         self.partitions: dict[TopicPartition, PartitionProgress] = {}
+        self._replays: list[tuple[TopicPartition, Grant]] = []
 
     # ---- ownership ------------------------------------------------------------------
 
@@ -103,15 +137,23 @@ class ConsumerProgress:
                 owned = owned | grant.slots
         return owned
 
-    def add_grant(self, slots: RangeSet, positions: PositionUpdate) -> dict[TopicPartition, int]:
+    def add_grant(
+        self,
+        slots: RangeSet,
+        positions: PositionUpdate,
+        replayable_from: Mapping[TopicPartition, int] | None = None,
+    ) -> dict[TopicPartition, int]:
         """Start `slots` on every partition in `positions`; returns the partitions whose
-        fetch position must move (tp -> offset to seek to)."""
+        fetch position must move (tp -> offset to seek to). `replayable_from`: per
+        partition, the lowest offset from which the consumer holds every fetched record;
+        grants that can replay instead of rewinding are then listed by `take_replays`."""
         seeks: dict[TopicPartition, int] = {}
         for tp, segments in positions.items():
             start = RangePositionMap()
             start.update(segments)
             fetch_from = start.minimum_offset(slots)
             progress = self.partitions.get(tp)
+            held_from = (replayable_from or {}).get(tp)
             if progress is None:
                 progress = self.partitions[tp] = PartitionProgress(tp, cursor=fetch_from)
                 seeks[tp] = fetch_from
@@ -119,6 +161,13 @@ class ConsumerProgress:
                 progress.cursor = fetch_from
                 progress.generation += 1
                 seeks[tp] = fetch_from
+            elif fetch_from < progress.cursor and held_from is not None and held_from <= fetch_from:
+                grant = Grant(
+                    slots, start, fetch_from, replay_cursor=fetch_from, replay_upto=progress.cursor
+                )
+                progress.set_grants([*progress.grants, grant])
+                self._replays.append((tp, grant))
+                continue
             elif fetch_from < progress.cursor:
                 # Rewind: earlier grants skip what they have already examined.
                 for grant in progress.grants:
@@ -128,6 +177,11 @@ class ConsumerProgress:
                 seeks[tp] = fetch_from
             progress.set_grants([*progress.grants, Grant(slots, start, fetch_from)])
         return seeks
+
+    def take_replays(self) -> list[tuple[TopicPartition, Grant]]:
+        """Grants added since the last call that replay held records (see `add_grant`)."""
+        replays, self._replays = self._replays, []
+        return replays
 
     def begin_stop(self, slots: RangeSet) -> None:
         """From now on nothing of `slots` is dispatched; in-flight work may still finish.
@@ -143,11 +197,7 @@ class ConsumerProgress:
                 if not stopping or grant.frozen_upto is not None:
                     split.append(grant)
                     continue
-                frozen = Grant(
-                    stopping, grant.start, grant.fetch_from, grant.skip_below,
-                    frozen_upto=progress.done_upto(grant),
-                    start_done_below=grant.start_done_below,
-                )  # fmt: skip
+                frozen = replace(grant, slots=stopping, frozen_upto=progress.done_upto(grant))
                 grant.slots = grant.slots - slots
                 if grant.slots:
                     split.append(grant)
@@ -171,6 +221,7 @@ class ConsumerProgress:
 
     def clear(self) -> None:
         self.partitions.clear()
+        self._replays.clear()
 
     # ---- the fetch filter -----------------------------------------------------------
 
@@ -201,8 +252,9 @@ class ConsumerProgress:
                 if not slots:
                     continue
                 pending = sorted(o for o, s in progress.pending.items() if s in slots)
+                examined = grant.examined(progress.done_upto(grant))
                 done = Position.from_done(
-                    _gaps(grant.fetch_from, progress.done_upto(grant), pending)
+                    [gap for low, high in examined for gap in _gaps(low, high, pending)]
                 )
                 segments.extend((seg, pos.union(done)) for seg, pos in grant.start.segments(slots))
             if segments:
