@@ -11,6 +11,7 @@ it; `dispatch_chunk` then has the Python loop (the reference implementation, pas
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from array import array
@@ -35,11 +36,10 @@ def _load_native() -> ModuleType | None:
         log.debug("%s is set: the consumer uses its Python loop", PURE_PYTHON_ENV)
         return None
     try:
-        from consumer_client import _fastpath
+        return importlib.import_module("consumer_client._fastpath")
     except ImportError as err:
         log.debug("no C fast path (%s): the consumer uses its Python loop", err)
         return None
-    return _fastpath
 
 
 NATIVE = _load_native()
