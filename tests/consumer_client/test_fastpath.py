@@ -385,3 +385,66 @@ async def test_no_references_leak() -> None:
     assert sum(load) == 50 * sum(1 for r in recs if r.offset % 7 != 3 and r.offset % 11 != 5)
     assert [(sys.getrefcount(r), sys.getrefcount(r.key)) for r in recs] == before
     assert made and all(ref() is None for ref in made)
+
+
+# ---- what the rest of the consumer sees -----------------------------------------------
+
+
+@needs_native
+async def test_ping_reply_reports_the_loads_counted_in_c() -> None:
+    consumer = plain_consumer(NATIVE, noop)
+    recs = [ConsumerRecord("t", 0, i, 0, 0, KEYS[i % 3], b"v", None, 1, 1, ()) for i in range(30)]
+    assert consumer._dispatch([_Chunk(None, TP, 0, consumer._session, recs)]) is None  # type: ignore[arg-type]
+    consumer._kafka = None  # no high watermarks without a client
+    _, by_bucket, _ = consumer.ping_reply()
+    expected: dict[int, int] = {}
+    for key in KEYS[:3]:
+        bucket = slot_for_key(key) >> 4
+        expected[bucket] = expected.get(bucket, 0) + 10
+    assert by_bucket == expected
+    assert consumer.stats.as_dict() == {"fetched": 0, "admitted": 30, "processed": 30}
+    assert not any(consumer.load)  # a fresh buffer after the reply, which C counts in
+    consumer._kafka = FakeKafka()  # type: ignore[assignment]
+    more = [ConsumerRecord("t", 0, 30 + i, 0, 0, KEYS[0], b"v", None, 1, 1, ()) for i in range(4)]
+    assert consumer._dispatch([_Chunk(None, TP, 0, consumer._session, more)]) is None  # type: ignore[arg-type]
+    assert sum(consumer.load) == consumer.load[slot_for_key(KEYS[0]) >> 4] == 4
+
+
+@needs_native
+async def test_a_handler_suspended_in_c_is_finished_by_the_task_that_started_it() -> None:
+    """As in `_fetch_loop`: the task whose `_dispatch` ran the first step adopts the rest,
+    so `current_task()` and `asyncio.timeout` see one task across the handler's awaits."""
+    seen: list[tuple[int, asyncio.Task[Any] | None]] = []
+
+    async def handler(record: Any) -> None:
+        seen.append((record.offset, asyncio.current_task()))
+        async with asyncio.timeout(5):
+            await asyncio.sleep(0)
+        seen.append((record.offset, asyncio.current_task()))
+
+    consumer = plain_consumer(NATIVE, handler)
+    lanes = consumer._lanes
+    assert lanes is not None
+    recs = [ConsumerRecord("t", 0, i, 0, 0, KEYS[i], b"v", None, 1, 1, ()) for i in range(2)]
+    backlog = [_Chunk(None, TP, 0, consumer._session, recs)]
+
+    tasks: list[asyncio.Task[None]] = []
+
+    async def fetcher() -> None:
+        suspended = consumer._dispatch(backlog)  # type: ignore[arg-type]
+        if suspended is not None:
+            tasks.append(asyncio.create_task(fetcher()))  # the rest, as `_fetch` does
+            await lanes.adopt(suspended)
+
+    first = asyncio.create_task(fetcher())
+    tasks.append(first)
+    while not all(t.done() for t in tasks):
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert len(tasks) == 3  # each record suspended in its own fetcher task
+    by_offset: dict[int, set[Any]] = {}
+    for offset, task in seen:
+        by_offset.setdefault(offset, set()).add(task)
+    assert sorted(by_offset) == [0, 1]
+    assert by_offset[0] == {first}
+    assert len(by_offset[1]) == 1 and first not in by_offset[1]
+    assert consumer.stats.processed == 2 and not consumer.progress.partitions[TP].pending
