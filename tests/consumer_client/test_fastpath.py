@@ -11,10 +11,11 @@ counters. No broker: records are aiokafka's `ConsumerRecord`s.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -35,6 +36,16 @@ from coordinator.ranges import RangeSet, SlotRange
 TP = ("t", 0)
 NATIVE = fastpath.NATIVE
 needs_native = pytest.mark.skipif(NATIVE is None, reason="C fast path not built or disabled")
+# Handlers that failed at once get a worker task that `abort` cancels before it starts, so
+# their first attempt (`_reraise`) is never awaited; `collect_garbage` frees them here.
+pytestmark = pytest.mark.filterwarnings("ignore:coroutine '_reraise' was never awaited")
+
+
+@pytest.fixture(autouse=True)
+def collect_garbage() -> Iterator[None]:
+    yield
+    gc.collect()  # inside this module's warning filter, not during some later test
+
 
 KEYS = [f"k{i}".encode() for i in range(8)]
 KEY_CHOICES: list[Any] = [*KEYS, None, "str-key"]  # None: unkeyed; str: Python converts
@@ -219,8 +230,6 @@ async def run_scenario(scenario: Scenario, native: ModuleType | None) -> dict[st
     return state
 
 
-# Handlers that failed at once get a worker task that `abort` cancels before it starts.
-@pytest.mark.filterwarnings("ignore:coroutine '_reraise' was never awaited")
 @needs_native
 @settings(max_examples=400, deadline=None)
 @given(st.data())
@@ -309,7 +318,6 @@ async def test_bad_records_fail_like_the_python_loop(record: Any) -> None:
     assert await outcome(NATIVE) == python
 
 
-@pytest.mark.filterwarnings("ignore:coroutine '_reraise' was never awaited")
 @needs_native
 async def test_handler_not_callable_is_a_failed_first_attempt_in_both() -> None:
     """Not an error of the loop: like any handler failure it is replayed in a worker."""
