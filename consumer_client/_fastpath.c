@@ -236,6 +236,10 @@ run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int64_t cursor = PyLong_AsLongLong(args[4]);
     if (PyErr_Occurred())
         return NULL;
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "run(): start must be >= 0");
+        return NULL;
+    }
 
     Py_buffer table, load;
     if (PyObject_GetBuffer(args[5], &table, PyBUF_SIMPLE) < 0)

@@ -456,3 +456,26 @@ async def test_a_handler_suspended_in_c_is_finished_by_the_task_that_started_it(
     assert by_offset[0] == {first}
     assert len(by_offset[1]) == 1 and first not in by_offset[1]
     assert consumer.stats.processed == 2 and not consumer.progress.partitions[TP].pending
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({1: -1}, ValueError, "start must be >= 0"),
+        ({5: b"123"}, ValueError, "bad table or load buffer size"),
+        ({9: fastpath.new_load()[:10]}, ValueError, "bad table or load buffer size"),
+        ({9: bytes(8 * 4096)}, BufferError, "not writable"),
+        ({0: ()}, TypeError, "records must be a list"),
+        ({6: b"h"}, TypeError, "header a str"),
+    ],
+)
+def test_run_refuses_bad_arguments(change: dict[int, Any], error: type, message: str) -> None:
+    assert NATIVE is not None
+    args: list[Any] = [[], 0, None, None, 0, b"", "h", {}, noop, fastpath.new_load()]
+    for index, value in change.items():
+        args[index] = value
+    with pytest.raises(error, match=message):
+        NATIVE.run(*args)
+    with pytest.raises(TypeError, match="exactly 10 arguments"):
+        NATIVE.run(*args[:9])  # type: ignore[call-arg]
