@@ -125,8 +125,11 @@ class Cluster:
         return self.broker.bootstrap_servers
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+def _env(spec: RunSpec | None = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if spec is not None and spec.pure_python:
+        env["KEYSHARD_PURE_PYTHON"] = "1"
+    return env
 
 
 def load_topic(bootstrap: str, topic: str, partitions: int, records: int, keys: int) -> float:
@@ -180,6 +183,7 @@ class RunSpec:
     cpu_loops: int = 0
     warmup_s: float = 1.0
     window_s: float = 4.0
+    pure_python: bool = False  # keyshard without its C fast path (KEYSHARD_PURE_PYTHON=1)
 
 
 @dataclass
@@ -216,7 +220,9 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
             ]  # fmt: skip
             log = open(work / f"w{i}.log", "wb")  # noqa: SIM115 - handed to the child
             procs.append(
-                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env())
+                subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env(spec)
+                )
             )
             log.close()
         _wait(lambda: all(s.with_suffix(".ready").exists() for s in statuses), procs, 60, work)

@@ -4,6 +4,9 @@ Part 3 of `throughput.py` compares a whole consumer against a bare getmany loop;
 splits keyshard's extra per-record work into its steps, on synthetic aiokafka records
 (10,000 keys, no headers), timed in-process: best of several passes.
 
+The last rows are the whole path (`CoordinatedConsumer._dispatch`) through its Python loop
+and through the C fast path (consumer_client/_fastpath.c), when that is built.
+
 Run: PYTHONPATH=. /tmp/venv/bin/python bench/filter_breakdown.py [--quick]
 """
 
@@ -99,9 +102,18 @@ async def main(n: int, passes: int) -> None:
     consumer._lanes = lanes
     consumer._kafka = object()  # type: ignore[assignment]  # only checked for None here
 
+    native = consumer._fast
+
     def whole() -> None:
         consumer.progress = owning_everything()
         consumer._dispatch([_Chunk(None, TP, 0, consumer._session, recs)])  # type: ignore[arg-type]
+
+    def whole_python() -> None:
+        consumer._fast = None
+        try:
+            whole()
+        finally:
+            consumer._fast = native
 
     def us(fn: Callable[[], Any]) -> float:
         return best_us(fn, n, passes)
@@ -112,14 +124,19 @@ async def main(n: int, passes: int) -> None:
         ("slot: murmur3 of the key (slot_for_key)", us(slots) - us(keys)),
         ("fetch filter (PartitionProgress.accept)", us(accept) - base),
         ("inline dispatch incl. the handler (KeyLanes.dispatch)", us(dispatch) - base),
-        ("keyshard's whole per-record path (CoordinatedConsumer._dispatch)", us(whole)),
+        ("keyshard's whole per-record path, Python loop", us(whole_python)),
     ]
+    if native is not None:
+        rows.append(("keyshard's whole per-record path, C fast path (_fastpath.run)", us(whole)))
+    else:
+        print("(no C fast path: consumer_client._fastpath is not built or is disabled)\n")
     print(f"{n:,} synthetic records, best of {passes} passes, microseconds per record:\n")
     print("| step | us/record |\n|---|---|")
     for name, us in rows:
         print(f"| {name} | {us:.3f} |")
-    extra = rows[-1][1] - bare_us
-    print(f"\nkeyshard's path minus the bare loop's: {extra:.3f} us/record")
+    for name, cost in rows[-2 if native is not None else -1 :]:
+        which = name.rsplit(", ", 1)[1]
+        print(f"\nkeyshard's path ({which}) minus the bare loop's: {cost - bare_us:.3f} us/record")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ Subcommands (each writes bench/throughput-<name>.md, .json and .png and prints i
              and keyshard, each with N = 1 and 4 processes.
 - `cpu`    — the same systems with a handler burning ~1 ms of CPU; N = 1, 2, 4 processes.
 - `filter` — one keyshard consumer owning every slot against a bare aiokafka getmany loop,
-             no-op handler, on the same data.
+             no-op handler, on the same data; also the same consumer with its Python loop
+             instead of the C fast path (KEYSHARD_PURE_PYTHON=1).
 - `amplification` — 1, 2, 4, 8 keyshard consumers on one partition: records decoded per
              record processed (each consumer reads the whole partition).
 - `all`    — every one of the above.
@@ -69,7 +70,8 @@ QUICK = Size(records=40_000, runs=1, warmup_s=0.5, window_s=2.0, filter_records=
 
 def label(spec: RunSpec) -> str:
     if spec.system == "keyshard":
-        return f"keyshard ({spec.concurrency or LANES} lanes)"
+        loop = ", Python loop" if spec.pure_python else ""
+        return f"keyshard ({spec.concurrency or LANES} lanes{loop})"
     if spec.system == "pyrallel":
         return "Pyrallel Consumer" + (
             f" (max_in_flight {spec.concurrency})" if spec.concurrency else ""
@@ -206,7 +208,9 @@ def filter_overhead(
     base = RunSpec(
         "bare", "noop-p1", size.filter_records, handler="noop", warmup_s=0.0, window_s=600.0
     )
-    specs = [base, replace(base, system="keyshard", concurrency=LANES)]
+    keyshard = replace(base, system="keyshard", concurrency=LANES)
+    # The same consumer without its C fast path (consumer_client/_fastpath.c), for scale.
+    specs = [base, keyshard, replace(keyshard, pure_python=True)]
     return specs, repeat(cluster, specs, max(size.runs, 3), log)
 
 

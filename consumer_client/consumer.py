@@ -19,13 +19,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from consumer_client import fastpath
 from consumer_client.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy, Suspended, WorkItem
 from consumer_client.membership import ConsumerError, Membership, parse_addresses
-from consumer_client.progress import ConsumerProgress, Grant
+from consumer_client.progress import ConsumerProgress, Grant, PartitionProgress
 from consumer_client.replay import ReplayWindow
 from coordinator.group import PositionUpdate
 from coordinator.hashing import (
-    LOAD_BUCKET_COUNT,
     LOAD_BUCKET_SHIFT,
     ORDERING_KEY_HEADER,
     SLOT_COUNT,
@@ -147,9 +147,12 @@ class CoordinatedConsumer:
         self.replay_window = replay_window
         self._windows: dict[tuple[str, int], ReplayWindow] = {}
         self.progress = ConsumerProgress()
-        # Handler completions per load bucket since the last Ping; a list, not a Counter:
-        # `counter[b] += 1` cost more than the fetch filter.
-        self.load: list[int] = [0] * LOAD_BUCKET_COUNT
+        # Handler completions per load bucket since the last Ping; an int64 array, not a
+        # Counter (`counter[b] += 1` cost more than the fetch filter), which the C fast
+        # path increments in place.
+        self.load = fastpath.new_load()
+        # The C fast path of `_dispatch_records`, or None for the Python loop only.
+        self._fast = fastpath.NATIVE
         self._membership = Membership(
             self,
             group=group,
@@ -293,7 +296,7 @@ class CoordinatedConsumer:
         self._acked.set()
 
     def ping_reply(self) -> tuple[PositionUpdate, dict[int, int], list[HighWatermark]]:
-        load, self.load = self.load, [0] * LOAD_BUCKET_COUNT
+        load, self.load = self.load, fastpath.new_load()
         by_bucket = {bucket: n for bucket, n in enumerate(load) if n}
         return self.progress.positions(), by_bucket, self._high_watermarks()
 
@@ -334,7 +337,7 @@ class CoordinatedConsumer:
         if not wanted <= current:
             self._kafka.assign(sorted(current | wanted))
         for tp, offset in seeks.items():
-            self._seek(TopicPartition(*tp), offset)
+            self._seek(tp, offset)
         self._kafka.resume(
             *[TopicPartition(*tp) for tp, p in self.progress.partitions.items() if p.grants]
         )
@@ -429,11 +432,10 @@ class CoordinatedConsumer:
                 window.append(records)
             self._backlog.append(_Chunk(ktp, tp, generation, fetch.session, records))
 
-    def _seek(self, ktp: TopicPartition, offset: int) -> None:
+    def _seek(self, tp: tuple[str, int], offset: int) -> None:
         assert self._kafka is not None
-        self._kafka.seek(ktp, offset)
+        self._kafka.seek(TopicPartition(*tp), offset)
         if self.replay_window:
-            tp = (ktp.topic, ktp.partition)
             window = self._windows.get(tp)
             if window is None:
                 self._windows[tp] = ReplayWindow(offset, self.replay_window)
@@ -444,9 +446,6 @@ class CoordinatedConsumer:
         """Filter and dispatch the records of `backlog` in order, consuming it; stops at
         the first handler that suspends inline. Synchronous: nothing else runs meanwhile."""
         assert self._kafka is not None and self._lanes is not None
-        dispatch, header = self._lanes.dispatch, self.ordering_header
-        unkeyed = self._lanes.lane_key
-        load = self.load
         while backlog:
             chunk = backlog[0]
             progress = self.progress.partitions.get(chunk.tp)
@@ -455,45 +454,70 @@ class CoordinatedConsumer:
                 continue
             replay = chunk.replay
             if replay is None and progress.generation != chunk.generation:
-                self._seek(chunk.ktp, progress.cursor)  # fetched before a rewind: refetch
+                self._seek(chunk.tp, progress.cursor)  # fetched before a rewind: refetch
                 backlog.pop(0)
                 continue
-            accept = progress.accept if replay is None else replay.admit_replayed
-            pending = progress.pending
-            tp, session, records = chunk.tp, chunk.session, chunk.records
-            admitted = processed = 0
-            try:
-                for i in range(chunk.next, len(records)):
-                    record = records[i]
-                    offset = record.offset
-                    headers = record.headers
-                    okey = ordering_key(record.key, headers, header) if headers else record.key
-                    if okey is None:
-                        slot = offset % SLOT_COUNT
-                        if not accept(offset, slot):
-                            continue
-                        key: object = unkeyed(None)
-                    else:
-                        slot = slot_for_key(okey)
-                        if not accept(offset, slot):
-                            continue
-                        key = okey
-                    admitted += 1
-                    done = dispatch(tp, offset, slot, key, record, session)
-                    if done is True:
-                        processed += 1
-                        load[slot >> LOAD_BUCKET_SHIFT] += 1
-                        continue
-                    pending[offset] = slot
-                    if done is not False:
-                        chunk.next = i + 1
-                        return done
-            finally:
-                self.stats.admitted += admitted
-                self.stats.processed += processed
+            if self._fast is not None and replay is None:
+                suspended = self._dispatch_fast(chunk, progress)
+            else:
+                suspended = self._dispatch_records(chunk, progress, len(chunk.records))
+            if suspended is not None:
+                return suspended
             if replay is not None:
                 replay.finish_replay()
             backlog.pop(0)
+        return None
+
+    def _dispatch_fast(self, chunk: _Chunk, progress: PartitionProgress) -> Suspended | None:
+        """`_dispatch_records` for the whole chunk, mostly in C (consumer_client/fastpath.py)."""
+        assert self._fast is not None and self._lanes is not None
+        return fastpath.dispatch_chunk(
+            self._fast, chunk, progress, self._lanes, self.ordering_header, self.load,
+            self.stats, self._dispatch_records,
+        )  # fmt: skip
+
+    def _dispatch_records(
+        self, chunk: _Chunk, progress: PartitionProgress, end: int
+    ) -> Suspended | None:
+        """Filter and dispatch `chunk.records[chunk.next:end]`; the reference implementation
+        of the per-record path (the C fast path hands it every record it does not handle)."""
+        assert self._lanes is not None
+        dispatch, header = self._lanes.dispatch, self.ordering_header
+        unkeyed = self._lanes.lane_key
+        load = self.load
+        accept = progress.accept if chunk.replay is None else chunk.replay.admit_replayed
+        pending = progress.pending
+        tp, session, records = chunk.tp, chunk.session, chunk.records
+        admitted = processed = 0
+        try:
+            for i in range(chunk.next, end):
+                record = records[i]
+                offset = record.offset
+                headers = record.headers
+                okey = ordering_key(record.key, headers, header) if headers else record.key
+                if okey is None:
+                    slot = offset % SLOT_COUNT
+                    if not accept(offset, slot):
+                        continue
+                    key: object = unkeyed(None)
+                else:
+                    slot = slot_for_key(okey)
+                    if not accept(offset, slot):
+                        continue
+                    key = okey
+                admitted += 1
+                done = dispatch(tp, offset, slot, key, record, session)
+                if done is True:
+                    processed += 1
+                    load[slot >> LOAD_BUCKET_SHIFT] += 1
+                    continue
+                pending[offset] = slot
+                if done is not False:
+                    chunk.next = i + 1
+                    return done
+        finally:
+            self.stats.admitted += admitted
+            self.stats.processed += processed
         return None
 
     def _on_done(self, item: WorkItem) -> None:

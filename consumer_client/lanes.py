@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from types import CoroutineType
-from typing import Any
+from typing import Any, Literal
 
 from coordinator.group import TopicPartition
 from coordinator.ranges import RangeSet
@@ -203,46 +203,64 @@ class KeyLanes:
         because that task is the one the handler saw as current (`asyncio.timeout`,
         `TaskGroup` and `current_task()` captured it), so it must be the one to finish it.
         """
-        limit = self._limit
-        if (
-            key in self._lanes
-            or self._ready
-            or self._busy_workers >= self._max_workers
-            or limit.free <= 0
-            or limit.waiters
-        ):
+        if key in self._lanes or not self.can_start_inline():
             self.submit(WorkItem(tp, offset, slot, key, record, session))
             return False
         # The permit is taken only if the handler outlives this call: nothing else runs
         # meanwhile, so it is still free then.
-        first: Awaitable[None]
         try:
             started = self._handler(record)
         except BaseException as err:  # replayed as attempt 1
-            first = _reraise(err)
-        else:
-            if type(started) is CoroutineType:
-                try:
-                    yielded = started.send(None)
-                except StopIteration:
-                    return True
-                except BaseException as err:  # replayed as attempt 1
-                    first = _reraise(err)
-                else:
-                    item = WorkItem(tp, offset, slot, key, record, session)
-                    lane = self._lanes[key] = _Lane(running=item, scheduled=True)
-                    limit.free -= 1
-                    self._busy_workers += 1
-                    return Suspended(key, lane, item, _Resume(started, yielded))
-            else:  # an awaitable that is not a coroutine: awaited by a worker
-                first = started
-        # Failed at once (or not a coroutine): a worker of its own, which replays the
-        # failure as attempt 1 and goes on with the retry policy. Rare, so a task is fine.
+            return self.begin(tp, offset, slot, key, record, session, _reraise(err))
+        if type(started) is not CoroutineType:  # an awaitable: awaited by a worker
+            return self.begin(tp, offset, slot, key, record, session, started)
+        try:
+            yielded = started.send(None)
+        except StopIteration:
+            return True
+        except BaseException as err:  # replayed as attempt 1
+            return self.begin(tp, offset, slot, key, record, session, _reraise(err))
+        return self.begin(tp, offset, slot, key, record, session, _Resume(started, yielded))
+
+    @property
+    def handler(self) -> Handler:
+        return self._handler
+
+    def can_start_inline(self) -> bool:
+        """Could a record of an idle key start inline now? Only queueing (`submit`) and
+        lane tasks change the answer, and a dispatching fetcher can only make it False."""
+        limit = self._limit
+        return not (
+            self._ready
+            or self._busy_workers >= self._max_workers
+            or limit.free <= 0
+            or limit.waiters
+        )
+
+    def begin(
+        self,
+        tp: TopicPartition,
+        offset: int,
+        slot: int,
+        key: object,
+        record: Any,
+        session: int,
+        rest: Awaitable[None],
+    ) -> Literal[False] | Suspended:
+        """An inline record whose handler was called and did not complete in its first
+        step becomes its lane's running record, holding a permit. `rest`: a `_Resume` (it
+        suspended: the calling task adopts the returned `Suspended`), else its failure as
+        `_reraise` or the non-coroutine awaitable it returned (a worker of its own, which
+        replays a failure as attempt 1 and goes on with the retry policy; rare, so a task
+        is fine). Shared by `dispatch` and the C fast path (consumer_client/fastpath.py).
+        """
         item = WorkItem(tp, offset, slot, key, record, session)
         lane = self._lanes[key] = _Lane(running=item, scheduled=True)
-        limit.free -= 1
+        self._limit.free -= 1
         self._busy_workers += 1
-        task = asyncio.create_task(self._continue(key, lane, item, first))
+        if type(rest) is _Resume:
+            return Suspended(key, lane, item, rest)
+        task = asyncio.create_task(self._continue(key, lane, item, rest))
         self._workers.add(task)
         task.add_done_callback(self._workers.discard)
         return False

@@ -13,7 +13,13 @@ if [ ! -x .venv/bin/python ]; then
   "$python_bin" -m venv .venv
 fi
 stamp=".venv/.keyshard-installed-$extras"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# setup.py and the C source: the editable install compiles consumer_client/_fastpath.c
+# into the checkout, so a changed .c needs the install to run again.
+newer=0
+for f in pyproject.toml setup.py consumer_client/_fastpath.c; do
+  if [ "$f" -nt "$stamp" ]; then newer=1; fi
+done
+if [ ! -f "$stamp" ] || [ "$newer" = 1 ]; then
   echo "installing keyshard[$extras] into .venv (log: .venv/setup.log)"
   if ! { .venv/bin/python -m pip install --upgrade pip \
          && .venv/bin/python -m pip install -e ".[$extras]"; } > .venv/setup.log 2>&1; then

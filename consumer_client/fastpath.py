@@ -1,0 +1,129 @@
+"""The C fast path of `CoordinatedConsumer`'s per-record loop, and its Python driver.
+
+`consumer_client._fastpath.run` (C) handles the common case of a chunk's records - exact
+`bytes` keys, grants decided by their table, idle keys, handlers that finish, suspend or
+fail at their first step - and stops at any record it does not handle *before* touching
+it; `dispatch_chunk` then has the Python loop (the reference implementation, passed in as
+`slow`) do that one record and calls C again from the next one. Without the extension
+(no compiler at install time) or with `KEYSHARD_PURE_PYTHON=1` in the environment,
+`NATIVE` is None and the consumer uses only the Python loop.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from array import array
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from consumer_client.lanes import KeyLanes, Suspended, _reraise, _Resume
+from consumer_client.progress import Grant, PartitionProgress
+from coordinator.hashing import LOAD_BUCKET_COUNT
+
+if TYPE_CHECKING:
+    from consumer_client.consumer import ConsumerStats, _Chunk
+
+log = logging.getLogger(__name__)
+
+PURE_PYTHON_ENV = "KEYSHARD_PURE_PYTHON"
+
+
+def _load_native() -> ModuleType | None:
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        log.debug("%s is set: the consumer uses its Python loop", PURE_PYTHON_ENV)
+        return None
+    try:
+        return importlib.import_module("consumer_client._fastpath")
+    except ImportError as err:
+        log.debug("no C fast path (%s): the consumer uses its Python loop", err)
+        return None
+
+
+NATIVE = _load_native()
+
+
+def new_load() -> array[int]:
+    """Handler completions per load bucket, an int64 buffer the C loop increments in place."""
+    return array("q", bytes(8 * LOAD_BUCKET_COUNT))
+
+
+def grant_table(grants: list[Grant]) -> array[int]:
+    """The grants as C's GrantRow quads (start, end, floor, frozen), in `grant_for` order.
+
+    floor = max(skip_below, start_done_below): at or above it `PartitionProgress.accept`
+    admits without looking at the start map; below it C leaves the record to Python.
+    """
+    rows = array("q")
+    for grant in grants:
+        floor = max(grant.skip_below, grant.start_done_below)
+        frozen = int(grant.frozen_upto is not None)
+        for r in grant.slots.ranges:
+            rows.extend((r.start, r.end, floor, frozen))
+    return rows
+
+
+def dispatch_chunk(
+    native: ModuleType,
+    chunk: _Chunk,
+    progress: PartitionProgress,
+    lanes: KeyLanes,
+    header: str,
+    load: array[int],
+    stats: ConsumerStats,
+    slow: Callable[[_Chunk, PartitionProgress, int], Suspended | None],
+) -> Suspended | None:
+    """`CoordinatedConsumer._dispatch_records(chunk, progress, len(records))`, the same
+    records admitted in the same order with the same outcomes, mostly in C.
+
+    `slow(chunk, progress, end)` is that Python loop from `chunk.next` to `end`.
+    """
+    run, records, tp, session = native.run, chunk.records, chunk.tp, chunk.session
+    handler, lane_map = lanes.handler, lanes._lanes
+    i, end = chunk.next, len(records)
+    grants: list[Grant] | None = None
+    table = array("q")
+    admitted = processed = 0
+    try:
+        while i < end:
+            if not lanes.can_start_inline():  # stays so for the rest of this dispatch
+                chunk.next = i
+                return slow(chunk, progress, end)
+            if progress.grants is not grants:
+                grants = progress.grants
+                table = grant_table(grants)
+            status, i, n_admitted, n_processed, slot, key, a, b = run(
+                records, i, progress, grants, progress.cursor, table, header, lane_map,
+                handler, load,
+            )  # fmt: skip
+            admitted += n_admitted
+            processed += n_processed
+            if status == native.DONE:
+                break
+            if status == native.PYTHON:
+                chunk.next = i
+                suspended = slow(chunk, progress, i + 1)
+                if suspended is not None:
+                    return suspended
+            elif status != native.CHANGED:  # the handler ran and did not complete
+                rest: Any = (
+                    _Resume(a, b)
+                    if status == native.SUSPENDED
+                    else _reraise(a)
+                    if status == native.RAISED
+                    else a
+                )
+                record = records[i]
+                offset = record.offset
+                done = lanes.begin(tp, offset, slot, key, record, session, rest)
+                progress.pending[offset] = slot
+                if done is not False:
+                    chunk.next = i + 1
+                    return done
+            i += 1
+        return None
+    finally:
+        stats.admitted += admitted
+        stats.processed += processed
