@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coordinator import handlers
+from coordinator.activity import Activity, watch_loop
 from coordinator.assignor import assignor_named
 from coordinator.group import (
     GrantsDeferred,
@@ -28,6 +29,7 @@ from coordinator.group import (
     GroupState,
     MemberContacted,
     MemberHeard,
+    MemberRemoved,
     PositionsAdvanced,
     PositionsLoaded,
     RebalanceRequested,
@@ -128,6 +130,8 @@ class CoordinatorRuntime:
         self._recompute_took: dict[str, float] = {}
         self._recompute_scheduled: set[str] = set()
         self._metadata = _CoalescedPartitionCounts(store)
+        self.activity = Activity()
+        self._flush_waiting = 0
 
     # ---- lifecycle ----------------------------------------------------------------
 
@@ -143,6 +147,8 @@ class CoordinatorRuntime:
         log.info("state loaded: %d group(s) from %s", len(loaded), self.settings.state_topic)
         self.ready = True
         self._spawn(self._flush_loop(), "flush-loop")
+        self._spawn(watch_loop(self.activity), "loop-lag")
+        self._spawn(self._report_loop(), "activity-report")
 
     async def stop(self) -> None:
         self.ready = False
@@ -202,6 +208,7 @@ class CoordinatorRuntime:
             self._ping_loop(request.group, member_id, channel, interval_ms / 1000),
             f"ping-{member_id}",
         )
+        self.activity.count("joined")
         log.info("member %s joined group %s (%s)", member_id, request.group, channel.peer)
         return RegisterResponse(
             correlation_id=0,
@@ -298,6 +305,7 @@ class CoordinatorRuntime:
             ended = time.perf_counter()
             self._recompute_ended[group] = ended
             self._recompute_took[group] = ended - began
+            self.activity.timed("recompute", ended - began)
         # A group without members has nothing to recompute (reconcile returns at once):
         # scheduling it anyway would spin the loop for a group replayed from the store.
         if (
@@ -327,9 +335,17 @@ class CoordinatorRuntime:
         for effect in result.effects:
             match effect:
                 case SendStop():
-                    self._spawn(self._send_stop(group, effect), f"stop-{effect.member_id}")
+                    self.activity.count("stop decided")
+                    self._spawn(
+                        self._send_stop(group, effect, time.perf_counter()),
+                        f"stop-{effect.member_id}",
+                    )
                 case SendStart():
-                    self._spawn(self._send_start(group, effect), f"start-{effect.member_id}")
+                    self.activity.count("start decided")
+                    self._spawn(
+                        self._send_start(group, effect, time.perf_counter()),
+                        f"start-{effect.member_id}",
+                    )
                 case CloseMember():
                     channel = self.channels.pop((group, effect.member_id), None)
                     if channel is not None:
@@ -349,16 +365,21 @@ class CoordinatorRuntime:
             imbalance = strategy_traits(state.config.assignor).imbalance
             self._run(group, handlers.balance_check(state, now=self.clock(), imbalance=imbalance))
         else:
-            self._run(group, handlers.timer_fired(state, key=key, now=self.clock()))
+            result = handlers.timer_fired(state, key=key, now=self.clock())
+            if any(isinstance(r, MemberRemoved) for r in result.records):
+                self.activity.count(f"{key.partition(':')[0]} expired")
+            self._run(group, result)
 
     # ---- effects ------------------------------------------------------------------
 
-    async def _send_stop(self, group: str, effect: SendStop) -> None:
+    async def _send_stop(self, group: str, effect: SendStop, decided: float) -> None:
         request = StopFetcherRequest(
             correlation_id=0, member_epoch=effect.epoch, ranges=ranges_to_wire(effect.ranges)
         )
         # No timeout on the reply: the drain deadline timer fences a member that never answers.
-        reply = await self._send_in_order(group, effect.member_id, request, bounded=False)
+        reply = await self._send_in_order(
+            group, effect.member_id, request, decided=decided, bounded=False
+        )
         if reply is None:
             return
         if not isinstance(reply, StopFetcherResponse):
@@ -376,14 +397,16 @@ class CoordinatorRuntime:
             ),
         )
 
-    async def _send_start(self, group: str, effect: SendStart) -> None:
+    async def _send_start(self, group: str, effect: SendStart, decided: float) -> None:
         request = StartFetcherRequest(
             correlation_id=0,
             member_epoch=effect.epoch,
             ranges=ranges_to_wire(effect.ranges),
             positions=positions_to_wire(effect.positions),
         )
-        reply = await self._send_in_order(group, effect.member_id, request, flush_first=True)
+        reply = await self._send_in_order(
+            group, effect.member_id, request, decided=decided, flush_first=True
+        )
         if reply is None:
             return
         if not isinstance(reply, StartFetcherResponse):
@@ -403,6 +426,7 @@ class CoordinatorRuntime:
         member_id: str,
         request: StopFetcherRequest | StartFetcherRequest,
         *,
+        decided: float,
         flush_first: bool = False,
         bounded: bool = True,
     ) -> Message | None:
@@ -415,19 +439,27 @@ class CoordinatorRuntime:
         lock = self._send_locks.setdefault((group, member_id), asyncio.Lock())
         async with lock:
             if flush_first:
-                await self._flush(group)
+                self._flush_waiting += 1
+                try:
+                    await self._flush(group)
+                finally:
+                    self._flush_waiting -= 1
             channel = self.channels.get((group, member_id))
             member = self.groups[group].members.get(member_id)
             if channel is None or member is None or channel.is_closed:
                 return None
             self._contacted(group, member_id)
             future = channel.submit(request)
+            written = time.perf_counter()
+            self.activity.timed(f"{request.type[:-8]} queued", written - decided)
         timeout = member.session_timeout_ms / 1000 if bounded else None
         try:
-            return await channel.response(future, timeout=timeout)
+            reply = await channel.response(future, timeout=timeout)
         except (ChannelClosed, RemoteError, TimeoutError) as err:
             log.info("%s to %s failed: %s", request.type, member_id, err)
             return None
+        self.activity.timed(f"{request.type[:-8]} round trip", time.perf_counter() - written)
+        return reply
 
     def _fail_member(self, group: str, member_id: str, reply: Message) -> None:
         channel = self.channels.get((group, member_id))
@@ -444,6 +476,7 @@ class CoordinatorRuntime:
             if state is None or member is None:
                 return
             self._contacted(group, member_id)
+            sent = time.perf_counter()
             try:
                 reply = await channel.request(
                     PingRequest(correlation_id=0, member_epoch=member.epoch),
@@ -459,6 +492,7 @@ class CoordinatorRuntime:
                     ErrorCode.UNEXPECTED_MESSAGE, f"expected a ping_response, got {reply.type}"
                 )
                 return
+            self.activity.timed("ping round trip", time.perf_counter() - sent)
             result = handlers.ping_answered(
                 state,
                 member_id=member_id,
@@ -497,9 +531,11 @@ class CoordinatorRuntime:
             if self._flushed.get(group, -1) >= needed:
                 return
             version = state.positions_version
+            began = time.perf_counter()
             snapshot = {tp: pmap.copy() for tp, pmap in state.positions.items()}
             await self.store.save(group, snapshot)
             self._flushed[group] = version
+            self.activity.timed("flush", time.perf_counter() - began)
             self._spawn(self.store.commit_low_watermarks(group, snapshot), f"commit-{group}")
 
     async def _flush_all(self) -> None:
@@ -519,6 +555,25 @@ class CoordinatorRuntime:
             except Exception as err:
                 log.error("could not persist positions: %s", err)
             took = time.perf_counter() - began
+
+    async def _report_loop(self, interval: float = 1.0) -> None:
+        """One line a second while anything happens: what an overloaded coordinator is
+        busy with (see coordinator.activity)."""
+        while True:
+            await asyncio.sleep(interval)
+            gauges = {
+                "members": sum(len(s.members) for s in self.groups.values()),
+                "waiting for flush": self._flush_waiting,
+                "draining": sum(
+                    1 for s in self.groups.values() for m in s.members.values() if m.draining
+                ),
+                "starting": sum(
+                    1 for s in self.groups.values() for m in s.members.values() if m.starting
+                ),
+            }
+            report = self.activity.take(gauges)
+            if report is not None:
+                log.info("activity: %s", report)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
