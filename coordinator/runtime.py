@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import random
 import time
 import uuid
 from collections.abc import Coroutine, Mapping
@@ -118,7 +119,8 @@ class CoordinatorRuntime:
         self.started_at = clock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._flushed: dict[str, int] = {}
-        self._flush_locks: dict[str, asyncio.Lock] = {}
+        # The position write in flight per group; every flush waits on it (group commit).
+        self._flush_writes: dict[str, asyncio.Task[None]] = {}
         # Requests to one member must leave in the order they were decided: a StopFetcher
         # overtaking an earlier StartFetcher would start slots already handed on.
         self._send_locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -469,8 +471,13 @@ class CoordinatorRuntime:
     async def _ping_loop(
         self, group: str, member_id: str, channel: Channel, interval: float
     ) -> None:
+        # A random first delay: members that registered together (a join storm, everyone
+        # reconnecting after a restart) would otherwise be pinged together forever, and
+        # every interval the loop would stall for a whole group's worth of replies.
+        delay = random.uniform(0.0, interval)
         while not channel.is_closed:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(delay)
+            delay = interval
             state = self.groups.get(group)
             member = state.members.get(member_id) if state else None
             if state is None or member is None:
@@ -521,22 +528,33 @@ class CoordinatorRuntime:
         Callers waiting while a write is in flight are all served by the next one: each
         needs the version it saw on arrival, not the newest, or a burst of StartFetchers
         would each wait for a write of its own while pings keep moving positions on.
+        They wait on the write itself, not in a lock's queue: thousands of waiters then
+        resume in one loop turn when it lands instead of one per turn (a convoy that
+        held StartFetchers for seconds in a join storm).
         """
         state = self.groups.get(group)
         if state is None:
             return
         needed = state.positions_version
-        lock = self._flush_locks.setdefault(group, asyncio.Lock())
-        async with lock:
-            if self._flushed.get(group, -1) >= needed:
-                return
-            version = state.positions_version
-            began = time.perf_counter()
-            snapshot = {tp: pmap.copy() for tp, pmap in state.positions.items()}
-            await self.store.save(group, snapshot)
-            self._flushed[group] = version
-            self.activity.timed("flush", time.perf_counter() - began)
-            self._spawn(self.store.commit_low_watermarks(group, snapshot), f"commit-{group}")
+        while self._flushed.get(group, -1) < needed:
+            write = self._flush_writes.get(group)
+            if write is None or write.done():
+                write = self._flush_writes[group] = asyncio.create_task(
+                    self._write_positions(group, state), name=f"flush-{group}"
+                )
+                # Its waiters see a failure; this keeps one nobody waits for from being
+                # reported as never retrieved.
+                write.add_done_callback(lambda t: t.cancelled() or t.exception())
+            await asyncio.shield(write)
+
+    async def _write_positions(self, group: str, state: GroupState) -> None:
+        version = state.positions_version
+        began = time.perf_counter()
+        snapshot = {tp: pmap.copy() for tp, pmap in state.positions.items()}
+        await self.store.save(group, snapshot)
+        self._flushed[group] = max(self._flushed.get(group, -1), version)
+        self.activity.timed("flush", time.perf_counter() - began)
+        self._spawn(self.store.commit_low_watermarks(group, snapshot), f"commit-{group}")
 
     async def _flush_all(self) -> None:
         for group in list(self.groups):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from coordinator.group import GroupConfig
 from coordinator.handlers import Result
 from coordinator.positions import RangePositionMap
 from coordinator.protocol import (
@@ -247,4 +248,70 @@ async def test_flushes_waiting_behind_a_write_share_the_next_one() -> None:
         assert store.saves - before == 2
     finally:
         store.released.set()
+        await runtime.stop()
+
+
+async def test_writers_waiting_for_a_flush_all_resume_in_the_same_loop_turn() -> None:
+    """A thousand StartFetchers waiting for one position write are released together when
+    it lands. Queued on a lock they resumed one per loop turn: in a 5,000-member join storm
+    each turn was long, and StartFetchers waited seconds after their positions were
+    durable."""
+    store = HeldStore()
+    runtime = CoordinatorRuntime(RuntimeSettings("unused:1", startup_grace_ms=0), store)  # type: ignore[arg-type]
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+        state = runtime.groups["g"]
+        store.released.clear()
+        state.positions_version += 1
+        saves = store.saves
+        waiting = [asyncio.create_task(runtime._flush("g")) for _ in range(1000)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not any(t.done() for t in waiting), "the write is held"
+        store.released.set()
+        turns = 0
+        while not all(t.done() for t in waiting):
+            await asyncio.sleep(0)
+            turns += 1
+            assert turns <= 10, f"{sum(t.done() for t in waiting)} of 1000 resumed in 10 turns"
+        assert store.saves == saves + 1
+    finally:
+        store.released.set()
+        await runtime.stop()
+
+
+class PingClock(RecordingChannel):
+    """Notes when each ping is sent; never answers it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pinged: list[float] = []
+
+    async def request(self, message: Message, *, timeout: float | None = None) -> Message:
+        self.pinged.append(asyncio.get_running_loop().time())
+        return await super().request(message, timeout=timeout)
+
+
+async def test_members_registering_together_are_not_pinged_together() -> None:
+    """First pings are spread over the interval: 5,000 members pinged in one burst every
+    interval stalled the loop for ~1 s each time, delaying every reply and timer."""
+    settings = RuntimeSettings(
+        "unused:1", startup_grace_ms=0, group_defaults=GroupConfig(ping_interval_ms=200)
+    )
+    runtime = CoordinatorRuntime(settings, HeldStore())  # type: ignore[arg-type]
+    await runtime.start()
+    try:
+        channels = [PingClock() for _ in range(30)]
+        began = asyncio.get_running_loop().time()
+        await asyncio.gather(
+            *(runtime.register(c, register(f"m{i}")) for i, c in enumerate(channels))
+        )  # type: ignore[arg-type]
+        await eventually(lambda: all(c.pinged for c in channels), "everyone pinged once")
+        first = sorted(c.pinged[0] - began for c in channels)
+        assert first[-1] <= 0.2 + 0.1, "no later than one interval"
+        assert first[-1] - first[0] > 0.06, f"first pings not spread: {first}"
+    finally:
         await runtime.stop()
