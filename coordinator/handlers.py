@@ -50,6 +50,8 @@ class SendStart:
     ranges: RangeSet
     epoch: int
     positions: PositionUpdate
+    # Send only once positions up to this version are durable (GroupState.handoff_version).
+    durable_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,7 +415,9 @@ def reconcile(
             epochs[mid] = epochs.get(mid, state.members[mid].epoch) + 1
             positions = {tp: state.position_map(tp).segments(grant) for tp in state.partitions}
             result.records.append(RangesGranted(mid, grant, epochs[mid], now))
-            result.effects.append(SendStart(mid, grant, epochs[mid], positions))
+            result.effects.append(
+                SendStart(mid, grant, epochs[mid], positions, state.handoff_version)
+            )
             free = free - grant
     return result
 

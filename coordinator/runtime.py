@@ -261,6 +261,8 @@ class CoordinatorRuntime:
             state = self.groups[group] = GroupState(
                 group, config, load=BucketLoad(config.load_half_life_ms / 1000)
             )
+            # A new group has no positions: nothing to write before its first grants.
+            self._flushed.setdefault(group, state.positions_version)
             self.timers.set(
                 f"{group}/{handlers.BALANCE_KEY}",
                 self.clock() + config.balance_check_ms / 1000,
@@ -407,7 +409,7 @@ class CoordinatorRuntime:
             positions=positions_to_wire(effect.positions),
         )
         reply = await self._send_in_order(
-            group, effect.member_id, request, decided=decided, flush_first=True
+            group, effect.member_id, request, decided=decided, durable=effect.durable_version
         )
         if reply is None:
             return
@@ -429,21 +431,22 @@ class CoordinatorRuntime:
         request: StopFetcherRequest | StartFetcherRequest,
         *,
         decided: float,
-        flush_first: bool = False,
+        durable: int | None = None,
         bounded: bool = True,
     ) -> Message | None:
         """Write `request` after every request decided before it, then await the reply.
 
-        A StartFetcher first makes positions durable, so a range always starts from a
-        stored position even if this process dies right after. A bounded request waits
-        for its reply at most a session timeout. None: the member is gone.
+        A StartFetcher first waits until positions up to `durable` (where the previous
+        owners stopped) are stored, so a range always starts from a stored position even
+        if this process dies right after. A bounded request waits for its reply at most
+        a session timeout. None: the member is gone.
         """
         lock = self._send_locks.setdefault((group, member_id), asyncio.Lock())
         async with lock:
-            if flush_first:
+            if durable is not None:
                 self._flush_waiting += 1
                 try:
-                    await self._flush(group)
+                    await self._flush(group, durable)
                 finally:
                     self._flush_waiting -= 1
             channel = self.channels.get((group, member_id))
@@ -522,8 +525,8 @@ class CoordinatorRuntime:
 
     # ---- durability ---------------------------------------------------------------
 
-    async def _flush(self, group: str) -> None:
-        """Make the positions as of this call durable (group commit).
+    async def _flush(self, group: str, needed: int | None = None) -> None:
+        """Make the positions as of this call (or version `needed`) durable (group commit).
 
         Callers waiting while a write is in flight are all served by the next one: each
         needs the version it saw on arrival, not the newest, or a burst of StartFetchers
@@ -535,7 +538,8 @@ class CoordinatorRuntime:
         state = self.groups.get(group)
         if state is None:
             return
-        needed = state.positions_version
+        if needed is None:
+            needed = state.positions_version
         while self._flushed.get(group, -1) < needed:
             write = self._flush_writes.get(group)
             if write is None or write.done():

@@ -431,3 +431,30 @@ def test_reconcile_without_recompute_keeps_a_stale_target_and_still_hands_off() 
     grants = run(state, stopped(state, stop, 2.0), 2.0)
     (grant,) = [e for e in grants if isinstance(e, SendStart)]
     assert grant.member_id == "b" and grant.ranges == stop.ranges
+
+
+def test_a_start_waits_only_for_the_positions_it_hands_over(group3: GroupState) -> None:
+    """A StartFetcher must not leave before the positions it carries are stored; it need
+    not wait for progress other members reported since (in a join storm every ping moved
+    positions on, and each batch of StartFetchers waited for a write of its own)."""
+    fresh = GroupState("g")
+    apply(fresh, join(fresh, "a", 0.0))
+    (first,) = of(run(fresh, Result(), 0.0), SendStart)
+    assert first.durable_version == 0, "slots nobody ever owned: nothing to store first"
+
+    state = group3
+    stops = of(run(state, join(state, "m4", 2.0), 2.0), SendStop)
+    stop, *_ = stops
+    keeper = next(mid for mid in state.members if mid not in (stop.member_id, "m4"))
+    run(state, ping(state, keeper, 2.5, report(state.members[keeper].owned, P_OLD)), 2.5)
+    effects = run(state, stopped(state, stop, 3.0, report(stop.ranges, P_OLD)), 3.0)
+    (start,) = of(effects, SendStart)
+    with_final_positions = state.positions_version
+    assert start.durable_version == with_final_positions
+    run(state, ping(state, keeper, 3.5, report(state.members[keeper].owned, P_OLD)), 3.5)
+    assert state.positions_version > with_final_positions
+    assert state.handoff_version == with_final_positions, "a ping of kept slots hands over nothing"
+    lost = state.members[keeper].owned
+    run(state, h.connection_lost(state, member_id=keeper, now=4.0), 4.0)
+    assert state.handoff_version == state.positions_version, "its last report is handed over"
+    assert lost

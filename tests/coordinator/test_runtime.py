@@ -315,3 +315,20 @@ async def test_members_registering_together_are_not_pinged_together() -> None:
         assert first[-1] - first[0] > 0.06, f"first pings not spread: {first}"
     finally:
         await runtime.stop()
+
+
+async def test_first_grants_of_a_new_group_do_not_wait_for_a_position_write() -> None:
+    """Slots nobody owned before start where the store already says (nowhere): a join
+    storm's first StartFetchers need no write, so a slow broker does not hold them."""
+    store = HeldStore()
+    store.released.clear()
+    runtime = CoordinatorRuntime(RuntimeSettings("unused:1", startup_grace_ms=0), store)  # type: ignore[arg-type]
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts at once")
+        assert store.saves == 0
+    finally:
+        store.released.set()
+        await runtime.stop()
