@@ -236,6 +236,16 @@ class RangesRevoked:
 
 
 @dataclass(frozen=True, slots=True)
+class DrainStarted:
+    """The StopFetcher for `ranges` was written: the member's drain time runs from here,
+    not from the decision, which can be seconds earlier on a busy coordinator."""
+
+    member_id: str
+    ranges: RangeSet
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
 class RangesReleased:
     member_id: str
     ranges: RangeSet
@@ -301,6 +311,7 @@ Record = (
     | RebalanceRequested
     | ImbalanceObserved
     | RangesRevoked
+    | DrainStarted
     | RangesReleased
     | RangesGranted
     | GrantAcknowledged
@@ -374,6 +385,13 @@ def replay(state: GroupState, record: Record) -> None:
             member.drains.append((record.ranges, record.deadline))
             _refresh_excess(state, record.member_id)
             _open_handoff(state, "revoke", record.member_id, record.ranges, record.at)
+        case DrainStarted():
+            member = state.members.get(record.member_id)
+            if member is not None:
+                member.drains = [
+                    (ranges, deadline if ranges - record.ranges else max(deadline, record.deadline))
+                    for ranges, deadline in member.drains
+                ]
         case RangesReleased():
             member = state.members[record.member_id]
             state.free = state.free | (record.ranges & member.owned)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from coordinator.assignor import AssignmentSpec, Assignor, MemberSpec
 from coordinator.group import (
+    DrainStarted,
     GrantAcknowledged,
     GroupState,
     ImbalanceObserved,
@@ -211,6 +212,25 @@ def stop_completed(
     else:
         result.effects.append(CancelTimer(drain_key(member_id)))
     return result
+
+
+def stop_written(state: GroupState, *, member_id: str, ranges: RangeSet, now: float) -> Result:
+    """The StopFetcher for `ranges` left: the drain deadline counts from now.
+
+    A StopFetcher can wait behind an earlier StartFetcher to the same member (which waits
+    for a position write) or behind a busy loop; counting from the decision would leave
+    the member less than the drain timeout, and on an overloaded coordinator fence
+    members that drained in time. Deadlines only move later.
+    """
+    member = state.members.get(member_id)
+    if member is None or not member.drains:
+        return Result()
+    deadline = now + state.config.drain_timeout_ms / 1000
+    moved = [d if r - ranges else max(d, deadline) for r, d in member.drains]
+    return Result(
+        records=[DrainStarted(member_id, ranges, deadline)],
+        effects=[SetTimer(drain_key(member_id), min(moved))],
+    )
 
 
 def contacted(state: GroupState, *, member_id: str, now: float) -> Result:

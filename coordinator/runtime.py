@@ -25,6 +25,7 @@ from coordinator import handlers
 from coordinator.activity import Activity, watch_loop
 from coordinator.assignor import assignor_named
 from coordinator.group import (
+    DrainStarted,
     GrantsDeferred,
     GroupConfig,
     GroupState,
@@ -58,10 +59,12 @@ from coordinator.protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
+from coordinator.ranges import RangeSet
 from coordinator.store import StateStore
 from coordinator.strategies.traits import strategy_traits
 from coordinator.timers import AsyncioTimers, Clock, Timers
 from coordinator.transport import Channel, ChannelClosed, RemoteError
+from coordinator.verdicts import PendingReplies, settled
 from coordinator.wire import (
     positions_from_wire,
     positions_to_wire,
@@ -70,7 +73,7 @@ from coordinator.wire import (
 )
 
 log = logging.getLogger(__name__)
-PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced)
+PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced, DrainStarted)
 
 
 class CoordinatorError(Exception):
@@ -133,6 +136,7 @@ class CoordinatorRuntime:
         self._recompute_scheduled: set[str] = set()
         self._metadata = _CoalescedPartitionCounts(store)
         self.activity = Activity()
+        self._replies = PendingReplies()
         self._flush_waiting = 0
 
     # ---- lifecycle ----------------------------------------------------------------
@@ -370,9 +374,44 @@ class CoordinatorRuntime:
             self._run(group, handlers.balance_check(state, now=self.clock(), imbalance=imbalance))
         else:
             result = handlers.timer_fired(state, key=key, now=self.clock())
-            if any(isinstance(r, MemberRemoved) for r in result.records):
-                self.activity.count(f"{key.partition(':')[0]} expired")
+            member_id = key.partition(":")[2]
+            channel = self.channels.get((group, member_id))
+            if not any(isinstance(r, MemberRemoved) for r in result.records):
+                self._run(group, result)
+            elif channel is None or channel.is_closed:
+                self._expired(group, key, result)
+            else:
+                self._spawn(self._judge_after_input(group, key, channel), f"judge-{key}")
+
+    async def _judge_after_input(self, group: str, key: str, channel: Channel) -> None:
+        """Decide an expired session or drain deadline only after reading what the member
+        already sent.
+
+        A timer fires on the coordinator's clock; when the loop is behind, the reply that
+        answers it may be sitting unread in the socket, or read and not yet handled.
+        Fencing then would punish the member for our lag (and an overloaded coordinator
+        would fence hundreds at once, each one more work). So: read and handle everything
+        received so far, then judge again with what is known. Bounded by the session
+        timeout, so a member that keeps talking without answering is still judged.
+        """
+        member_id = key.partition(":")[2]
+        state = self.groups.get(group)
+        member = state.members.get(member_id) if state else None
+        if state is None or member is None:
+            return
+        await settled(channel, self._replies, group, member_id, member.session_timeout_ms / 1000)
+        if self.groups.get(group) is not state:
+            return
+        result = handlers.timer_fired(state, key=key, now=self.clock())
+        if any(isinstance(r, MemberRemoved) for r in result.records):
+            self._expired(group, key, result)
+        else:
+            self.activity.count("verdict spared")
             self._run(group, result)
+
+    def _expired(self, group: str, key: str, result: Result) -> None:
+        self.activity.count(f"{key.partition(':')[0]} expired")
+        self._run(group, result)
 
     # ---- effects ------------------------------------------------------------------
 
@@ -382,7 +421,7 @@ class CoordinatorRuntime:
         )
         # No timeout on the reply: the drain deadline timer fences a member that never answers.
         reply = await self._send_in_order(
-            group, effect.member_id, request, decided=decided, bounded=False
+            group, effect.member_id, request, decided=decided, bounded=False, stops=effect.ranges
         )
         if reply is None:
             return
@@ -433,6 +472,7 @@ class CoordinatorRuntime:
         decided: float,
         durable: int | None = None,
         bounded: bool = True,
+        stops: RangeSet | None = None,
     ) -> Message | None:
         """Write `request` after every request decided before it, then await the reply.
 
@@ -457,14 +497,25 @@ class CoordinatorRuntime:
             future = channel.submit(request)
             written = time.perf_counter()
             self.activity.timed(f"{request.type[:-8]} queued", written - decided)
-        timeout = member.session_timeout_ms / 1000 if bounded else None
-        try:
-            reply = await channel.response(future, timeout=timeout)
-        except (ChannelClosed, RemoteError, TimeoutError) as err:
-            log.info("%s to %s failed: %s", request.type, member_id, err)
-            return None
-        self.activity.timed(f"{request.type[:-8]} round trip", time.perf_counter() - written)
-        return reply
+            if stops is not None:
+                state = self.groups[group]
+                self._run(
+                    group,
+                    handlers.stop_written(
+                        state, member_id=member_id, ranges=stops, now=self.clock()
+                    ),
+                )
+        timeout = _reply_timeout(member.session_timeout_ms) if bounded else None
+        # Until the caller has handled the reply (synchronously after this returns), a
+        # timer verdict on this member waits for it (see `_judge_after_input`).
+        with self._replies.awaiting(group, member_id, future):
+            try:
+                reply = await channel.response(future, timeout=timeout)
+            except (ChannelClosed, RemoteError, TimeoutError) as err:
+                log.info("%s to %s failed: %s", request.type, member_id, err)
+                return None
+            self.activity.timed(f"{request.type[:-8]} round trip", time.perf_counter() - written)
+            return reply
 
     def _fail_member(self, group: str, member_id: str, reply: Message) -> None:
         channel = self.channels.get((group, member_id))
@@ -488,33 +539,45 @@ class CoordinatorRuntime:
             self._contacted(group, member_id)
             sent = time.perf_counter()
             try:
-                reply = await channel.request(
-                    PingRequest(correlation_id=0, member_epoch=member.epoch),
-                    timeout=member.session_timeout_ms / 1000,
-                )
+                future = channel.submit(PingRequest(correlation_id=0, member_epoch=member.epoch))
+                with self._replies.awaiting(group, member_id, future):
+                    reply = await channel.response(
+                        future, timeout=_reply_timeout(member.session_timeout_ms)
+                    )
+                    self._ping_answered(group, state, member_id, channel, reply, sent)
             except (TimeoutError, RemoteError) as err:
                 log.info("ping of %s failed: %s", member_id, err)
                 continue
             except ChannelClosed:
                 return
-            if not isinstance(reply, PingResponse):
-                channel.fail(
-                    ErrorCode.UNEXPECTED_MESSAGE, f"expected a ping_response, got {reply.type}"
-                )
-                return
-            self.activity.timed("ping round trip", time.perf_counter() - sent)
-            result = handlers.ping_answered(
-                state,
-                member_id=member_id,
-                epoch=reply.member_epoch,
-                positions=positions_from_wire(reply.positions),
-                load=sorted(reply.load.items()),
-                now=self.clock(),
-                high_watermarks=[((h.topic, h.partition), h.offset) for h in reply.high_watermarks],
+
+    def _ping_answered(
+        self,
+        group: str,
+        state: GroupState,
+        member_id: str,
+        channel: Channel,
+        reply: Message,
+        sent: float,
+    ) -> None:
+        if not isinstance(reply, PingResponse):
+            channel.fail(
+                ErrorCode.UNEXPECTED_MESSAGE, f"expected a ping_response, got {reply.type}"
             )
-            if result.error is not None and result.error[0] != ErrorCode.STALE_EPOCH:
-                log.info("ping reply of %s rejected: %s", member_id, result.error[1])
-            self._run(group, result)
+            return
+        self.activity.timed("ping round trip", time.perf_counter() - sent)
+        result = handlers.ping_answered(
+            state,
+            member_id=member_id,
+            epoch=reply.member_epoch,
+            positions=positions_from_wire(reply.positions),
+            load=sorted(reply.load.items()),
+            now=self.clock(),
+            high_watermarks=[((h.topic, h.partition), h.offset) for h in reply.high_watermarks],
+        )
+        if result.error is not None and result.error[0] != ErrorCode.STALE_EPOCH:
+            log.info("ping reply of %s rejected: %s", member_id, result.error[1])
+        self._run(group, result)
 
     def _contacted(self, group: str, member_id: str) -> None:
         state = self.groups[group]
@@ -606,6 +669,14 @@ class CoordinatorRuntime:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+
+def _reply_timeout(session_timeout_ms: int) -> float:
+    """How long to wait for a reply before dropping it: a safety net only. The session
+    timer judges silence, after reading what already arrived; a reply timeout as short
+    as the session would drop a reply that sat unread on a busy coordinator, and the
+    member would then be judged silent."""
+    return 2 * session_timeout_ms / 1000
 
 
 class _CoalescedPartitionCounts:

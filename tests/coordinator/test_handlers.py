@@ -458,3 +458,28 @@ def test_a_start_waits_only_for_the_positions_it_hands_over(group3: GroupState) 
     run(state, h.connection_lost(state, member_id=keeper, now=4.0), 4.0)
     assert state.handoff_version == state.positions_version, "its last report is handed over"
     assert lost
+
+
+def test_drain_time_counts_from_when_the_stop_fetcher_was_written(group3: GroupState) -> None:
+    """A StopFetcher decided at t=2 but written at t=7 (it waited behind a StartFetcher to
+    the same member) gives the member the full drain timeout from t=7."""
+    state = group3
+    stops = of(run(state, join(state, "m4", 2.0), 2.0), SendStop)
+    late, *others = stops
+    effects = run(
+        state, h.stop_written(state, member_id=late.member_id, ranges=late.ranges, now=7.0), 7.0
+    )
+    assert effects == [SetTimer(f"drain:{late.member_id}", 7.0 + DRAIN)]
+    key = f"drain:{late.member_id}"
+    res = h.timer_fired(state, key=key, now=2.0 + DRAIN)
+    assert res.records == [] and res.effects == [SetTimer(key, 7.0 + DRAIN)], "fenced too early"
+    assert of(
+        run(state, h.timer_fired(state, key=key, now=7.0 + DRAIN), 7.0 + DRAIN), h.CloseMember
+    )
+    # A write never moves a deadline earlier, nor one of ranges it did not carry.
+    other = others[0]
+    m = state.members[other.member_id]
+    before = list(m.drains)
+    run(state, h.stop_written(state, member_id=other.member_id, ranges=late.ranges, now=9.0), 9.0)
+    run(state, h.stop_written(state, member_id=other.member_id, ranges=other.ranges, now=1.0), 1.0)
+    assert m.drains == before
