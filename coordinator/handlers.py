@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from coordinator.assignor import AssignmentSpec, Assignor, MemberSpec
+from coordinator.assignor import Assignment, AssignmentSpec, Assignor, MemberSpec
 from coordinator.group import (
     DrainStarted,
     GrantAcknowledged,
@@ -338,6 +338,21 @@ def assignment_spec(state: GroupState, now: float) -> AssignmentSpec:
     )
 
 
+def target_computed(
+    state: GroupState, assignment: Assignment, inputs_version: int
+) -> TargetComputed:
+    """The record adopting `assignment`, computed from the inputs as of `inputs_version`.
+
+    The runtime computes off the event loop, so members may have left meanwhile: their
+    share stays unassigned until the next recompute (which the newer inputs_version
+    schedules). Members that joined meanwhile get nothing until then either.
+    """
+    target = {mid: r for mid, r in assignment.ranges.items() if mid in state.members}
+    return TargetComputed(
+        tuple(sorted(target.items())), inputs_version, assignment.unassigned, assignment.notes
+    )
+
+
 def balance_check(
     state: GroupState,
     *,
@@ -400,14 +415,10 @@ def reconcile(
     excess = state.excess
     free = state.free
     if recompute and state.target_version != state.inputs_version:
-        assignment = assignor.assign(assignment_spec(state, now))
-        target = dict(assignment.ranges)
-        record = TargetComputed(
-            tuple(sorted(target.items())),
-            state.inputs_version,
-            assignment.unassigned,
-            assignment.notes,
+        record = target_computed(
+            state, assignor.assign(assignment_spec(state, now)), state.inputs_version
         )
+        target = dict(record.target)
         result.records.append(record)
         excess = {
             mid for mid, m in state.members.items() if m.owned - target.get(mid, EMPTY) - m.draining

@@ -60,6 +60,7 @@ from coordinator.protocol import (
     StopFetcherResponse,
 )
 from coordinator.ranges import RangeSet
+from coordinator.recompute import TargetRecomputer
 from coordinator.store import StateStore
 from coordinator.strategies.traits import strategy_traits
 from coordinator.timers import AsyncioTimers, Clock, Timers
@@ -94,6 +95,10 @@ class RuntimeSettings:
     # must have stopped first (their longest session timeout, plus margin).
     startup_grace_ms: int = 10_500
     flush_interval_ms: int = 200
+    # A stale target is recomputed once membership was quiet this long (a storm of
+    # joins shares one recompute), but at most this long after it went stale.
+    recompute_quiet_ms: int = 100
+    recompute_max_defer_ms: int = 2_000
     coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     # Per-group strategy overrides: group -> assignor name (the rest use group_defaults).
     group_assignors: Mapping[str, str] = field(default_factory=dict)
@@ -128,14 +133,15 @@ class CoordinatorRuntime:
         # overtaking an earlier StartFetcher would start slots already handed on.
         self._send_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._grants_allowed_at = 0.0
-        # Target recomputes are O(members) or worse; a burst of joins must not pay one
-        # each. Per group: when the last one ended and how long it took, and whether one
-        # is already scheduled (see `_reconcile`).
-        self._recompute_ended: dict[str, float] = {}
-        self._recompute_took: dict[str, float] = {}
-        self._recompute_scheduled: set[str] = set()
         self._metadata = _CoalescedPartitionCounts(store)
         self.activity = Activity()
+        self._recomputer = TargetRecomputer(
+            self._adopt_target,
+            self.activity,
+            clock,
+            quiet_s=settings.recompute_quiet_ms / 1000,
+            max_defer_s=settings.recompute_max_defer_ms / 1000,
+        )
         self._replies = PendingReplies()
         self._flush_waiting = 0
 
@@ -158,6 +164,7 @@ class CoordinatorRuntime:
 
     async def stop(self) -> None:
         self.ready = False
+        self._recomputer.cancel()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -286,51 +293,26 @@ class CoordinatorRuntime:
         # O(1) instead of O(members). (An empty result, e.g. the grace timer, reconciles.)
         if result.records and all(isinstance(r, PROGRESS_RECORDS) for r in result.records):
             return
-        self._reconcile(group, state, recompute=False)
+        self._reconcile(group, state)
 
-    def _reconcile(self, group: str, state: GroupState, *, recompute: bool) -> None:
-        """Reconcile now; recompute a stale target on a later loop turn.
-
-        Every event is reconciled at once against the current target (cheap: it costs
-        what changed). A stale target is recomputed from a callback scheduled on the
-        loop, so the joins of a burst that arrive meanwhile share one recompute, and
-        never sooner than the last recompute's own duration after it ended: recomputing
-        takes at most about half the loop even while members keep arriving. The
-        handoff order is unaffected: a recompute only changes the target, and the same
-        reconcile then drives revokes before grants.
-        """
+    def _reconcile(self, group: str, state: GroupState) -> None:
+        """Reconcile now against the current target (cheap: it costs what changed); a
+        stale target is recomputed later, off the loop (coordinator/recompute.py)."""
         assignor = assignor_named(state.config.assignor)
-        stale = state.target_version != state.inputs_version
-        began = time.perf_counter()
         self._apply(
             group,
             state,
-            handlers.reconcile(
-                state, now=self.clock(), assignor=assignor, recompute=recompute and stale
-            ),
+            handlers.reconcile(state, now=self.clock(), assignor=assignor, recompute=False),
         )
-        if recompute and stale:
-            ended = time.perf_counter()
-            self._recompute_ended[group] = ended
-            self._recompute_took[group] = ended - began
-            self.activity.timed("recompute", ended - began)
-        # A group without members has nothing to recompute (reconcile returns at once):
-        # scheduling it anyway would spin the loop for a group replayed from the store.
-        if (
-            state.members
-            and state.target_version != state.inputs_version
-            and group not in self._recompute_scheduled
-        ):
-            self._recompute_scheduled.add(group)
-            ready_at = self._recompute_ended.get(group, 0.0) + self._recompute_took.get(group, 0.0)
-            delay = max(0.0, ready_at - time.perf_counter())
-            asyncio.get_running_loop().call_later(delay, self._recompute, group)
+        # A group without members has nothing to recompute: scheduling it anyway would
+        # spin the loop for a group replayed from the store.
+        if state.members and state.target_version != state.inputs_version:
+            self._recomputer.stale(group, state)
 
-    def _recompute(self, group: str) -> None:
-        self._recompute_scheduled.discard(group)
-        state = self.groups.get(group)
-        if state is not None and self.ready:
-            self._reconcile(group, state, recompute=True)
+    def _adopt_target(self, group: str, state: GroupState, record: TargetComputed) -> None:
+        if self.ready:
+            self._apply(group, state, Result(records=[record]))
+            self._reconcile(group, state)
 
     def _apply(self, group: str, state: GroupState, result: Result) -> None:
         for record in result.records:
@@ -525,10 +507,11 @@ class CoordinatorRuntime:
     async def _ping_loop(
         self, group: str, member_id: str, channel: Channel, interval: float
     ) -> None:
-        # A random first delay: members that registered together (a join storm, everyone
+        # A random phase: members that registered together (a join storm, everyone
         # reconnecting after a restart) would otherwise be pinged together forever, and
-        # every interval the loop would stall for a whole group's worth of replies.
-        delay = random.uniform(0.0, interval)
+        # every interval the loop would stall for a whole group's worth of replies. Not
+        # sooner than half an interval: pings in the middle of the storm only add to it.
+        delay = random.uniform(0.5 * interval, 1.5 * interval)
         while not channel.is_closed:
             await asyncio.sleep(delay)
             delay = interval

@@ -201,7 +201,7 @@ async def test_a_group_replayed_without_members_schedules_no_recompute() -> None
         runtime._run("old", Result())  # e.g. its balance timer
         for _ in range(10):
             await asyncio.sleep(0)
-        assert runtime._recompute_scheduled == set()
+        assert runtime._recomputer.scheduled == set()
     finally:
         await runtime.stop()
 
@@ -315,7 +315,7 @@ async def test_members_registering_together_are_not_pinged_together() -> None:
         )  # type: ignore[arg-type]
         await eventually(lambda: all(c.pinged for c in channels), "everyone pinged once")
         first = sorted(c.pinged[0] - began for c in channels)
-        assert first[-1] <= 0.2 + 0.1, "no later than one interval"
+        assert first[0] >= 0.1 and first[-1] <= 0.3 + 0.1, "within half an interval of it"
         assert first[-1] - first[0] > 0.06, f"first pings not spread: {first}"
     finally:
         await runtime.stop()
