@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -71,3 +72,15 @@ async def watch_loop(activity: Activity, tick: float = 0.05) -> None:
         began = time.perf_counter()
         await asyncio.sleep(tick)
         activity.lag(max(0.0, time.perf_counter() - began - tick))
+
+
+async def report_loop(
+    activity: Activity, gauges: Callable[[], dict[str, int]], interval: float = 1.0
+) -> None:
+    """One line a second while anything happens: what an overloaded coordinator is busy
+    with."""
+    while True:
+        await asyncio.sleep(interval)
+        report = activity.take(gauges())
+        if report is not None:
+            log.info("activity: %s", report)

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coordinator import handlers
-from coordinator.activity import Activity, watch_loop
+from coordinator.activity import Activity, report_loop, watch_loop
 from coordinator.assignor import assignor_named
+from coordinator.durability import PositionWriter
 from coordinator.group import (
     DrainStarted,
     GrantsDeferred,
@@ -47,6 +48,7 @@ from coordinator.handlers import (
     SetTimer,
 )
 from coordinator.load import BucketLoad
+from coordinator.metadata import CoalescedPartitionCounts
 from coordinator.protocol import (
     ErrorCode,
     Message,
@@ -126,15 +128,13 @@ class CoordinatorRuntime:
         self.ready = False
         self.started_at = clock()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._flushed: dict[str, int] = {}
-        # The position write in flight per group; every flush waits on it (group commit).
-        self._flush_writes: dict[str, asyncio.Task[None]] = {}
         # Requests to one member must leave in the order they were decided: a StopFetcher
         # overtaking an earlier StartFetcher would start slots already handed on.
         self._send_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._grants_allowed_at = 0.0
-        self._metadata = _CoalescedPartitionCounts(store)
+        self._metadata = CoalescedPartitionCounts(store)
         self.activity = Activity()
+        self.writer = PositionWriter(store, self.groups, self.activity, self._spawn)
         self._recomputer = TargetRecomputer(
             self._adopt_target,
             self.activity,
@@ -143,7 +143,6 @@ class CoordinatorRuntime:
             max_defer_s=settings.recompute_max_defer_ms / 1000,
         )
         self._replies = PendingReplies()
-        self._flush_waiting = 0
 
     # ---- lifecycle ----------------------------------------------------------------
 
@@ -155,12 +154,12 @@ class CoordinatorRuntime:
             state = self._group(group)
             for tp, pmap in positions.items():
                 replay(state, PositionsLoaded(tp, pmap))
-            self._flushed[group] = state.positions_version
+            self.writer.durable(group, state.positions_version)
         log.info("state loaded: %d group(s) from %s", len(loaded), self.settings.state_topic)
         self.ready = True
-        self._spawn(self._flush_loop(), "flush-loop")
+        self._spawn(self.writer.run(self.settings.flush_interval_ms / 1000), "flush-loop")
         self._spawn(watch_loop(self.activity), "loop-lag")
-        self._spawn(self._report_loop(), "activity-report")
+        self._spawn(report_loop(self.activity, self._gauges), "activity-report")
 
     async def stop(self) -> None:
         self.ready = False
@@ -172,7 +171,7 @@ class CoordinatorRuntime:
             channel.close("coordinator shutting down")
         self.timers.cancel_all()
         with contextlib.suppress(Exception):
-            await self._flush_all()
+            await self.writer.flush_all()
         await self.store.stop()
 
     # ---- events from channels -----------------------------------------------------
@@ -273,7 +272,7 @@ class CoordinatorRuntime:
                 group, config, load=BucketLoad(config.load_half_life_ms / 1000)
             )
             # A new group has no positions: nothing to write before its first grants.
-            self._flushed.setdefault(group, state.positions_version)
+            self.writer.durable(group, state.positions_version)
             self.timers.set(
                 f"{group}/{handlers.BALANCE_KEY}",
                 self.clock() + config.balance_check_ms / 1000,
@@ -466,11 +465,7 @@ class CoordinatorRuntime:
         lock = self._send_locks.setdefault((group, member_id), asyncio.Lock())
         async with lock:
             if durable is not None:
-                self._flush_waiting += 1
-                try:
-                    await self._flush(group, durable)
-                finally:
-                    self._flush_waiting -= 1
+                await self.writer.flush(group, durable)
             channel = self.channels.get((group, member_id))
             member = self.groups[group].members.get(member_id)
             if channel is None or member is None or channel.is_closed:
@@ -569,79 +564,14 @@ class CoordinatorRuntime:
     def _ping_interval_ms(self, state: GroupState, session_timeout_ms: int) -> int:
         return state.config.ping_interval_ms or max(100, session_timeout_ms // 3)
 
-    # ---- durability ---------------------------------------------------------------
-
-    async def _flush(self, group: str, needed: int | None = None) -> None:
-        """Make the positions as of this call (or version `needed`) durable (group commit).
-
-        Callers waiting while a write is in flight are all served by the next one: each
-        needs the version it saw on arrival, not the newest, or a burst of StartFetchers
-        would each wait for a write of its own while pings keep moving positions on.
-        They wait on the write itself, not in a lock's queue: thousands of waiters then
-        resume in one loop turn when it lands instead of one per turn (a convoy that
-        held StartFetchers for seconds in a join storm).
-        """
-        state = self.groups.get(group)
-        if state is None:
-            return
-        if needed is None:
-            needed = state.positions_version
-        while self._flushed.get(group, -1) < needed:
-            write = self._flush_writes.get(group)
-            if write is None or write.done():
-                write = self._flush_writes[group] = asyncio.create_task(
-                    self._write_positions(group, state), name=f"flush-{group}"
-                )
-                # Its waiters see a failure; this keeps one nobody waits for from being
-                # reported as never retrieved.
-                write.add_done_callback(lambda t: t.cancelled() or t.exception())
-            await asyncio.shield(write)
-
-    async def _write_positions(self, group: str, state: GroupState) -> None:
-        version = state.positions_version
-        began = time.perf_counter()
-        snapshot = {tp: pmap.copy() for tp, pmap in state.positions.items()}
-        await self.store.save(group, snapshot)
-        self._flushed[group] = max(self._flushed.get(group, -1), version)
-        self.activity.timed("flush", time.perf_counter() - began)
-        self._spawn(self.store.commit_low_watermarks(group, snapshot), f"commit-{group}")
-
-    async def _flush_all(self) -> None:
-        for group in list(self.groups):
-            await self._flush(group)
-
-    async def _flush_loop(self) -> None:
-        """Persist progress every `flush_interval_ms`, or less often when a flush itself
-        is slow (thousands of members: the maps are large): at most about a tenth of the
-        time goes to it. A StartFetcher still flushes first, whatever this loop does."""
-        took = 0.0
-        while True:
-            await asyncio.sleep(max(self.settings.flush_interval_ms / 1000, 9 * took))
-            began = time.perf_counter()
-            try:
-                await self._flush_all()
-            except Exception as err:
-                log.error("could not persist positions: %s", err)
-            took = time.perf_counter() - began
-
-    async def _report_loop(self, interval: float = 1.0) -> None:
-        """One line a second while anything happens: what an overloaded coordinator is
-        busy with (see coordinator.activity)."""
-        while True:
-            await asyncio.sleep(interval)
-            gauges = {
-                "members": sum(len(s.members) for s in self.groups.values()),
-                "waiting for flush": self._flush_waiting,
-                "draining": sum(
-                    1 for s in self.groups.values() for m in s.members.values() if m.draining
-                ),
-                "starting": sum(
-                    1 for s in self.groups.values() for m in s.members.values() if m.starting
-                ),
-            }
-            report = self.activity.take(gauges)
-            if report is not None:
-                log.info("activity: %s", report)
+    def _gauges(self) -> dict[str, int]:
+        members = [m for s in self.groups.values() for m in s.members.values()]
+        return {
+            "members": len(members),
+            "waiting for flush": self.writer.waiting,
+            "draining": sum(1 for m in members if m.draining),
+            "starting": sum(1 for m in members if m.starting),
+        }
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -660,35 +590,3 @@ def _reply_timeout(session_timeout_ms: int) -> float:
     as the session would drop a reply that sat unread on a busy coordinator, and the
     member would then be judged silent."""
     return 2 * session_timeout_ms / 1000
-
-
-class _CoalescedPartitionCounts:
-    """Partition counts for Register, one metadata request for many concurrent callers.
-
-    A caller never gets an answer fetched before it asked (topics created after start-up
-    must be seen), but callers arriving while a fetch is in flight share the next one:
-    a thousand consumers registering at once cost two metadata round trips, not a
-    thousand.
-    """
-
-    def __init__(self, store: StateStore) -> None:
-        self.store = store
-        self._running: asyncio.Task[dict[str, int]] | None = None
-        self._next: asyncio.Task[dict[str, int]] | None = None
-        self._next_topics: set[str] = set()
-
-    async def get(self, topics: tuple[str, ...]) -> dict[str, int]:
-        if self._next is None:
-            self._next_topics = set()
-            self._next = asyncio.create_task(self._fetch_after(self._running))
-        self._next_topics.update(topics)
-        counts = await asyncio.shield(self._next)
-        return {t: counts[t] for t in topics if t in counts}
-
-    async def _fetch_after(self, previous: asyncio.Task[dict[str, int]] | None) -> dict[str, int]:
-        if previous is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(previous)
-        await asyncio.sleep(0)  # let the callers of this loop turn add their topics
-        self._running, self._next = self._next, None
-        return await self.store.partition_counts(tuple(sorted(self._next_topics)))

@@ -8,6 +8,7 @@ from typing import Any
 
 from coordinator.group import GroupConfig
 from coordinator.handlers import Result
+from coordinator.metadata import CoalescedPartitionCounts
 from coordinator.positions import RangePositionMap
 from coordinator.protocol import (
     Message,
@@ -20,7 +21,7 @@ from coordinator.protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from coordinator.runtime import CoordinatorRuntime, RuntimeSettings, _CoalescedPartitionCounts
+from coordinator.runtime import CoordinatorRuntime, RuntimeSettings
 
 TIMEOUT = 5.0
 
@@ -168,7 +169,7 @@ async def test_concurrent_registrations_share_one_metadata_fetch() -> None:
     """Callers arriving together share a fetch; one arriving while it runs gets the next
     (it must see topics created after the first fetch started), never a third."""
     store = CountingStore()
-    counts = _CoalescedPartitionCounts(store)  # type: ignore[arg-type]
+    counts = CoalescedPartitionCounts(store)  # type: ignore[arg-type]
     first = [asyncio.ensure_future(counts.get(("a",))) for _ in range(50)]
     first.append(asyncio.ensure_future(counts.get(("b",))))
     await eventually(lambda: len(store.calls) == 1, "the first fetch")
@@ -241,9 +242,9 @@ async def test_flushes_waiting_behind_a_write_share_the_next_one() -> None:
         store.released.clear()
         moved()
         before, entered = store.saves, store.entered
-        first = asyncio.create_task(runtime._flush("g"))
+        first = asyncio.create_task(runtime.writer.flush("g"))
         await eventually(lambda: store.entered > entered, "a write in flight")
-        waiting = [asyncio.create_task(runtime._flush("g")) for _ in range(10)]
+        waiting = [asyncio.create_task(runtime.writer.flush("g")) for _ in range(10)]
         for _ in range(5):
             await asyncio.sleep(0)
         store.released.set()
@@ -270,7 +271,7 @@ async def test_writers_waiting_for_a_flush_all_resume_in_the_same_loop_turn() ->
         store.released.clear()
         state.positions_version += 1
         saves = store.saves
-        waiting = [asyncio.create_task(runtime._flush("g")) for _ in range(1000)]
+        waiting = [asyncio.create_task(runtime.writer.flush("g")) for _ in range(1000)]
         for _ in range(5):
             await asyncio.sleep(0)
         assert not any(t.done() for t in waiting), "the write is held"
