@@ -354,7 +354,7 @@ async def one_run(
 def _settled(view: Any, members: int) -> bool:
     if view is None or len(view["members"]) != members:
         return False
-    if view["quarantined"] or view["unowned"]:
+    if view["quarantined"] or view["unowned"] or view["target_pending"]:
         return False
     return all(not m["draining"] and not m["starting"] for m in view["members"])
 

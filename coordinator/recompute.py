@@ -3,9 +3,10 @@
 A recompute is O(members) or worse: ~1.5 s of CPU at 5,000 members. Two rules keep it
 from hurting a busy coordinator:
 
-- **When**: once membership has been quiet for `quiet_s` (a storm of joins shares one
-  recompute instead of paying one per wave, each wave moving what the last one placed),
-  but no later than `max_defer_s` after the target went stale, and never sooner than the
+- **When**: a lone change at once; a change that follows another within `quiet_s` (a
+  storm of joins) once membership has been quiet for `quiet_s`, so the storm shares one
+  recompute instead of paying one per wave, each wave moving what the last one placed;
+  no later than `max_defer_s` after the target went stale; and never sooner than the
   last recompute's own duration after it ended.
 - **Where**: in a worker thread, on a frozen snapshot of the inputs (`AssignmentSpec`).
   Inline it blocked the loop for its whole duration: no reply read, no timer on time,
@@ -40,6 +41,7 @@ class _Schedule:
     stale_since: float  # when the target went stale (perf_counter)
     changed_at: float  # when inputs last changed
     version: int  # inputs_version seen at `changed_at`
+    burst: bool  # changes are coming close together: wait for a quiet moment
 
 
 class TargetRecomputer:
@@ -61,6 +63,8 @@ class TargetRecomputer:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ended: dict[str, float] = {}
         self._took: dict[str, float] = {}
+        self._seen: dict[str, int] = {}  # per group: the inputs_version last seen
+        self._changed: dict[str, float] = {}  # and when it changed
 
     @property
     def scheduled(self) -> set[str]:
@@ -69,11 +73,19 @@ class TargetRecomputer:
     def stale(self, group: str, state: GroupState) -> None:
         """The group's target is stale (inputs changed): make sure a recompute follows."""
         now = time.perf_counter()
+        version = state.inputs_version
+        changed = self._seen.get(group) != version
+        burst = False
+        if changed:
+            previous = self._changed.get(group)
+            burst = previous is not None and now - previous < self.quiet_s
+            self._seen[group], self._changed[group] = version, now
         pending = self._pending.get(group)
         if pending is None:
-            self._pending[group] = _Schedule(now, now, state.inputs_version)
-        elif pending.version != state.inputs_version:
-            pending.changed_at, pending.version = now, state.inputs_version
+            self._pending[group] = _Schedule(now, now, version, burst)
+        elif changed:
+            pending.changed_at, pending.version = now, version
+            pending.burst = pending.burst or burst
         running = self._tasks.get(group)
         if running is None or running.done():
             task = asyncio.create_task(self._run(group, state), name=f"recompute-{group}")
@@ -93,7 +105,7 @@ class TargetRecomputer:
 
     def _due_in(self, group: str, schedule: _Schedule) -> float:
         now = time.perf_counter()
-        quiet = schedule.changed_at + self.quiet_s
+        quiet = schedule.changed_at + (self.quiet_s if schedule.burst else 0.0)
         latest = schedule.stale_since + self.max_defer_s
         spaced = self._ended.get(group, 0.0) + self._took.get(group, 0.0)
         return max(min(quiet, latest), spaced) - now
