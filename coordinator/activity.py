@@ -2,7 +2,8 @@
 
 An overloaded coordinator looks the same from outside whatever the cause (slow state
 writes, recomputes, a backlog of unread replies); these numbers say which. One INFO line
-per interval while anything happened, nothing while idle, so a steady group is quiet.
+per interval while anything happened, nothing while idle or only pinging, so a steady
+group is quiet unless its loop lags.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ class Activity:
 
     def take(self, gauges: dict[str, int] | None = None) -> str | None:
         """The report since the last call, or None when nothing worth saying happened."""
-        busy = bool(self.counts or self.timings) or self.lag_longest >= 0.1
+        # Pings alone are a healthy group's heartbeat, not news.
+        routine = {"ping round trip"}
+        busy = bool(self.counts or set(self.timings) - routine) or self.lag_longest >= 0.1
         parts = [f"loop lag {self.lag_longest * 1000:.0f} ms"]
         parts += [f"{name} {timing}" for name, timing in sorted(self.timings.items())]
         parts += [f"{name} {n}" for name, n in sorted(self.counts.items())]
