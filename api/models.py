@@ -110,6 +110,8 @@ class GroupView(BaseModel):
     members: list[MemberView]
     unowned: list[tuple[int, int]]
     unassigned: list[tuple[int, int]]  # the strategy gives these to nobody: records wait
+    # Membership changed and the new target is not computed yet: slots are about to move.
+    target_pending: bool
     notes: list[str]  # what the strategy reported, e.g. a slot hotter than a fair share
     imbalanced_for_s: float | None  # load imbalance above the threshold for this long
     quarantined: list[QuarantineView]
@@ -215,6 +217,7 @@ def group_view(
         members=members,
         unowned=state.busy().complement().to_pairs(),
         unassigned=state.unassigned.to_pairs(),
+        target_pending=bool(state.members) and state.target_version != state.inputs_version,
         notes=list(state.notes),
         imbalanced_for_s=None if state.imbalanced_since is None else now - state.imbalanced_since,
         quarantined=[

@@ -354,7 +354,7 @@ async def one_run(
 def _settled(view: Any, members: int) -> bool:
     if view is None or len(view["members"]) != members:
         return False
-    if view["quarantined"] or view["unowned"]:
+    if view["quarantined"] or view["unowned"] or view["target_pending"]:
         return False
     return all(not m["draining"] and not m["starting"] for m in view["members"])
 
@@ -403,15 +403,17 @@ def summarize(results: list[RunResult], args: argparse.Namespace) -> str:
     for members in args.members:
         rs = [r for r in results if r.members == members]
         stable = [r.stable_s for r in rs if r.stable_s is not None]
+        each = ", ".join("-" if r.stable_s is None else f"{r.stable_s:.2f}" for r in rs)
         rows.append(
             [
                 f"{members:,}",
                 f"{len(rs)}",
-                f"{median(stable):.2f} s" if len(stable) == len(rs) else
-                f"{len(rs) - len(stable)} of {len(rs)} not stable"
-                + (f"; others {median(stable):.2f} s" if stable else ""),
+                (f"{median(stable):.2f} s, worst {max(stable):.2f} s" if len(stable) == len(rs)
+                 else f"{len(rs) - len(stable)} of {len(rs)} not stable")
+                + f" ({each})",
                 f"{median([r.starts for r in rs]):.0f} / {median([r.stops for r in rs]):.0f}",
-                f"{median([r.cpu_cores for r in rs]):.3f}",
+                f"{median([r.cpu_cores for r in rs]):.3f} "
+                f"({', '.join(f'{r.cpu_cores:.2f}' for r in rs)})",
                 f"{median([r.pings_per_s for r in rs]):.0f}",
                 f"{median([r.rss_idle_mib for r in rs]):.0f} -> "
                 f"{median([r.rss_mib for r in rs]):.0f}",
@@ -420,8 +422,9 @@ def summarize(results: list[RunResult], args: argparse.Namespace) -> str:
         )  # fmt: skip
     return markdown_table(
         [
-            "members", "runs", "time to stable (median)", "StartFetcher / StopFetcher sent",
-            "coordinator CPU at steady pings (cores)", "pings/s",
+            "members", "runs", "time to stable (median, worst; every run)",
+            "StartFetcher / StopFetcher sent (median)",
+            "coordinator CPU at steady pings (cores; every run)", "pings/s",
             "coordinator RSS idle -> steady (MiB)",
             "longest silence seen by a client",
         ],

@@ -174,7 +174,7 @@ async def wait_until(probe: Any, timeout: float, what: str) -> None:
 def settled(view: Any, members: int) -> bool:
     if view is None or len(view["members"]) != members:
         return False
-    if view["quarantined"] or view["unowned"]:
+    if view["quarantined"] or view["unowned"] or view["target_pending"]:
         return False
     return all(not m["draining"] and not m["starting"] for m in view["members"])
 

@@ -123,6 +123,10 @@ class GroupState:
     inputs_version: int = 0  # bumped by whatever should make the target be recomputed
     target_version: int = -1
     positions_version: int = 0
+    # The positions_version when slots last stopped being owned: a StartFetcher needs the
+    # positions durable up to here (where the previous owners stopped), not up to the
+    # newest ping's progress on slots it does not touch.
+    handoff_version: int = 0
     # Derived indexes kept by `replay` so that `reconcile` costs what changed, not the
     # group's size (thousands of members would otherwise make every reply O(members)):
     # slots nobody owns or quarantines (== busy().complement()),
@@ -232,6 +236,16 @@ class RangesRevoked:
 
 
 @dataclass(frozen=True, slots=True)
+class DrainStarted:
+    """The StopFetcher for `ranges` was written: the member's drain time runs from here,
+    not from the decision, which can be seconds earlier on a busy coordinator."""
+
+    member_id: str
+    ranges: RangeSet
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
 class RangesReleased:
     member_id: str
     ranges: RangeSet
@@ -297,6 +311,7 @@ Record = (
     | RebalanceRequested
     | ImbalanceObserved
     | RangesRevoked
+    | DrainStarted
     | RangesReleased
     | RangesGranted
     | GrantAcknowledged
@@ -370,9 +385,17 @@ def replay(state: GroupState, record: Record) -> None:
             member.drains.append((record.ranges, record.deadline))
             _refresh_excess(state, record.member_id)
             _open_handoff(state, "revoke", record.member_id, record.ranges, record.at)
+        case DrainStarted():
+            member = state.members.get(record.member_id)
+            if member is not None:
+                member.drains = [
+                    (ranges, deadline if ranges - record.ranges else max(deadline, record.deadline))
+                    for ranges, deadline in member.drains
+                ]
         case RangesReleased():
             member = state.members[record.member_id]
             state.free = state.free | (record.ranges & member.owned)
+            state.handoff_version = state.positions_version
             member.owned = member.owned - record.ranges
             member.draining = member.draining - record.ranges
             member.starting = member.starting - record.ranges
@@ -408,6 +431,7 @@ def replay(state: GroupState, record: Record) -> None:
             state.target.pop(record.member_id, None)
             state.excess.discard(record.member_id)
             if member.owned:
+                state.handoff_version = state.positions_version
                 kind = record.reason
                 if record.quarantine_until is not None:
                     state.quarantined.append(

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from coordinator.assignor import AssignmentSpec, Assignor, MemberSpec
+from coordinator.assignor import Assignment, AssignmentSpec, Assignor, MemberSpec
 from coordinator.group import (
+    DrainStarted,
     GrantAcknowledged,
     GroupState,
     ImbalanceObserved,
@@ -50,6 +51,8 @@ class SendStart:
     ranges: RangeSet
     epoch: int
     positions: PositionUpdate
+    # Send only once positions up to this version are durable (GroupState.handoff_version).
+    durable_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +214,25 @@ def stop_completed(
     return result
 
 
+def stop_written(state: GroupState, *, member_id: str, ranges: RangeSet, now: float) -> Result:
+    """The StopFetcher for `ranges` left: the drain deadline counts from now.
+
+    A StopFetcher can wait behind an earlier StartFetcher to the same member (which waits
+    for a position write) or behind a busy loop; counting from the decision would leave
+    the member less than the drain timeout, and on an overloaded coordinator fence
+    members that drained in time. Deadlines only move later.
+    """
+    member = state.members.get(member_id)
+    if member is None or not member.drains:
+        return Result()
+    deadline = now + state.config.drain_timeout_ms / 1000
+    moved = [d if r - ranges else max(d, deadline) for r, d in member.drains]
+    return Result(
+        records=[DrainStarted(member_id, ranges, deadline)],
+        effects=[SetTimer(drain_key(member_id), min(moved))],
+    )
+
+
 def contacted(state: GroupState, *, member_id: str, now: float) -> Result:
     """We are sending a member a request: it will restart its session clock on it."""
     if member_id not in state.members:
@@ -316,6 +338,21 @@ def assignment_spec(state: GroupState, now: float) -> AssignmentSpec:
     )
 
 
+def target_computed(
+    state: GroupState, assignment: Assignment, inputs_version: int
+) -> TargetComputed:
+    """The record adopting `assignment`, computed from the inputs as of `inputs_version`.
+
+    The runtime computes off the event loop, so members may have left meanwhile: their
+    share stays unassigned until the next recompute (which the newer inputs_version
+    schedules). Members that joined meanwhile get nothing until then either.
+    """
+    target = {mid: r for mid, r in assignment.ranges.items() if mid in state.members}
+    return TargetComputed(
+        tuple(sorted(target.items())), inputs_version, assignment.unassigned, assignment.notes
+    )
+
+
 def balance_check(
     state: GroupState,
     *,
@@ -378,14 +415,10 @@ def reconcile(
     excess = state.excess
     free = state.free
     if recompute and state.target_version != state.inputs_version:
-        assignment = assignor.assign(assignment_spec(state, now))
-        target = dict(assignment.ranges)
-        record = TargetComputed(
-            tuple(sorted(target.items())),
-            state.inputs_version,
-            assignment.unassigned,
-            assignment.notes,
+        record = target_computed(
+            state, assignor.assign(assignment_spec(state, now)), state.inputs_version
         )
+        target = dict(record.target)
         result.records.append(record)
         excess = {
             mid for mid, m in state.members.items() if m.owned - target.get(mid, EMPTY) - m.draining
@@ -413,7 +446,9 @@ def reconcile(
             epochs[mid] = epochs.get(mid, state.members[mid].epoch) + 1
             positions = {tp: state.position_map(tp).segments(grant) for tp in state.partitions}
             result.records.append(RangesGranted(mid, grant, epochs[mid], now))
-            result.effects.append(SendStart(mid, grant, epochs[mid], positions))
+            result.effects.append(
+                SendStart(mid, grant, epochs[mid], positions, state.handoff_version)
+            )
             free = free - grant
     return result
 

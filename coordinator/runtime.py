@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
+import random
 import time
 import uuid
 from collections.abc import Coroutine, Mapping
@@ -21,13 +23,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coordinator import handlers
+from coordinator.activity import Activity, report_loop, watch_loop
 from coordinator.assignor import assignor_named
+from coordinator.durability import PositionWriter
 from coordinator.group import (
+    DrainStarted,
     GrantsDeferred,
     GroupConfig,
     GroupState,
     MemberContacted,
     MemberHeard,
+    MemberRemoved,
     PositionsAdvanced,
     PositionsLoaded,
     RebalanceRequested,
@@ -43,6 +49,7 @@ from coordinator.handlers import (
     SetTimer,
 )
 from coordinator.load import BucketLoad
+from coordinator.metadata import CoalescedPartitionCounts
 from coordinator.protocol import (
     ErrorCode,
     Message,
@@ -55,10 +62,13 @@ from coordinator.protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
+from coordinator.ranges import RangeSet
+from coordinator.recompute import TargetRecomputer
 from coordinator.store import StateStore
 from coordinator.strategies.traits import strategy_traits
 from coordinator.timers import AsyncioTimers, Clock, Timers
 from coordinator.transport import Channel, ChannelClosed, RemoteError
+from coordinator.verdicts import PendingReplies, settled
 from coordinator.wire import (
     positions_from_wire,
     positions_to_wire,
@@ -67,7 +77,8 @@ from coordinator.wire import (
 )
 
 log = logging.getLogger(__name__)
-PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced)
+PING_TICK_S = 0.1
+PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced, DrainStarted)
 
 
 class CoordinatorError(Exception):
@@ -88,6 +99,10 @@ class RuntimeSettings:
     # must have stopped first (their longest session timeout, plus margin).
     startup_grace_ms: int = 10_500
     flush_interval_ms: int = 200
+    # A stale target is recomputed once membership was quiet this long (a storm of
+    # joins shares one recompute), but at most this long after it went stale.
+    recompute_quiet_ms: int = 100
+    recompute_max_defer_ms: int = 2_000
     coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     # Per-group strategy overrides: group -> assignor name (the rest use group_defaults).
     group_assignors: Mapping[str, str] = field(default_factory=dict)
@@ -115,19 +130,21 @@ class CoordinatorRuntime:
         self.ready = False
         self.started_at = clock()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._flushed: dict[str, int] = {}
-        self._flush_locks: dict[str, asyncio.Lock] = {}
         # Requests to one member must leave in the order they were decided: a StopFetcher
         # overtaking an earlier StartFetcher would start slots already handed on.
         self._send_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._grants_allowed_at = 0.0
-        # Target recomputes are O(members) or worse; a burst of joins must not pay one
-        # each. Per group: when the last one ended and how long it took, and whether one
-        # is already scheduled (see `_reconcile`).
-        self._recompute_ended: dict[str, float] = {}
-        self._recompute_took: dict[str, float] = {}
-        self._recompute_scheduled: set[str] = set()
-        self._metadata = _CoalescedPartitionCounts(store)
+        self._metadata = CoalescedPartitionCounts(store)
+        self.activity = Activity()
+        self.writer = PositionWriter(store, self.groups, self.activity, self._spawn)
+        self._recomputer = TargetRecomputer(
+            self._adopt_target,
+            self.activity,
+            clock,
+            quiet_s=settings.recompute_quiet_ms / 1000,
+            max_defer_s=settings.recompute_max_defer_ms / 1000,
+        )
+        self._replies = PendingReplies()
 
     # ---- lifecycle ----------------------------------------------------------------
 
@@ -139,13 +156,16 @@ class CoordinatorRuntime:
             state = self._group(group)
             for tp, pmap in positions.items():
                 replay(state, PositionsLoaded(tp, pmap))
-            self._flushed[group] = state.positions_version
+            self.writer.durable(group, state.positions_version)
         log.info("state loaded: %d group(s) from %s", len(loaded), self.settings.state_topic)
         self.ready = True
-        self._spawn(self._flush_loop(), "flush-loop")
+        self._spawn(self.writer.run(self.settings.flush_interval_ms / 1000), "flush-loop")
+        self._spawn(watch_loop(self.activity), "loop-lag")
+        self._spawn(report_loop(self.activity, self._gauges), "activity-report")
 
     async def stop(self) -> None:
         self.ready = False
+        self._recomputer.cancel()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -153,7 +173,7 @@ class CoordinatorRuntime:
             channel.close("coordinator shutting down")
         self.timers.cancel_all()
         with contextlib.suppress(Exception):
-            await self._flush_all()
+            await self.writer.flush_all()
         await self.store.stop()
 
     # ---- events from channels -----------------------------------------------------
@@ -202,6 +222,7 @@ class CoordinatorRuntime:
             self._ping_loop(request.group, member_id, channel, interval_ms / 1000),
             f"ping-{member_id}",
         )
+        self.activity.count("joined")
         log.info("member %s joined group %s (%s)", member_id, request.group, channel.peer)
         return RegisterResponse(
             correlation_id=0,
@@ -252,6 +273,8 @@ class CoordinatorRuntime:
             state = self.groups[group] = GroupState(
                 group, config, load=BucketLoad(config.load_half_life_ms / 1000)
             )
+            # A new group has no positions: nothing to write before its first grants.
+            self.writer.durable(group, state.positions_version)
             self.timers.set(
                 f"{group}/{handlers.BALANCE_KEY}",
                 self.clock() + config.balance_check_ms / 1000,
@@ -271,50 +294,26 @@ class CoordinatorRuntime:
         # O(1) instead of O(members). (An empty result, e.g. the grace timer, reconciles.)
         if result.records and all(isinstance(r, PROGRESS_RECORDS) for r in result.records):
             return
-        self._reconcile(group, state, recompute=False)
+        self._reconcile(group, state)
 
-    def _reconcile(self, group: str, state: GroupState, *, recompute: bool) -> None:
-        """Reconcile now; recompute a stale target on a later loop turn.
-
-        Every event is reconciled at once against the current target (cheap: it costs
-        what changed). A stale target is recomputed from a callback scheduled on the
-        loop, so the joins of a burst that arrive meanwhile share one recompute, and
-        never sooner than the last recompute's own duration after it ended: recomputing
-        takes at most about half the loop even while members keep arriving. The
-        handoff order is unaffected: a recompute only changes the target, and the same
-        reconcile then drives revokes before grants.
-        """
+    def _reconcile(self, group: str, state: GroupState) -> None:
+        """Reconcile now against the current target (cheap: it costs what changed); a
+        stale target is recomputed later, off the loop (coordinator/recompute.py)."""
         assignor = assignor_named(state.config.assignor)
-        stale = state.target_version != state.inputs_version
-        began = time.perf_counter()
         self._apply(
             group,
             state,
-            handlers.reconcile(
-                state, now=self.clock(), assignor=assignor, recompute=recompute and stale
-            ),
+            handlers.reconcile(state, now=self.clock(), assignor=assignor, recompute=False),
         )
-        if recompute and stale:
-            ended = time.perf_counter()
-            self._recompute_ended[group] = ended
-            self._recompute_took[group] = ended - began
-        # A group without members has nothing to recompute (reconcile returns at once):
-        # scheduling it anyway would spin the loop for a group replayed from the store.
-        if (
-            state.members
-            and state.target_version != state.inputs_version
-            and group not in self._recompute_scheduled
-        ):
-            self._recompute_scheduled.add(group)
-            ready_at = self._recompute_ended.get(group, 0.0) + self._recompute_took.get(group, 0.0)
-            delay = max(0.0, ready_at - time.perf_counter())
-            asyncio.get_running_loop().call_later(delay, self._recompute, group)
+        # A group without members has nothing to recompute: scheduling it anyway would
+        # spin the loop for a group replayed from the store.
+        if state.members and state.target_version != state.inputs_version:
+            self._recomputer.stale(group, state)
 
-    def _recompute(self, group: str) -> None:
-        self._recompute_scheduled.discard(group)
-        state = self.groups.get(group)
-        if state is not None and self.ready:
-            self._reconcile(group, state, recompute=True)
+    def _adopt_target(self, group: str, state: GroupState, record: TargetComputed) -> None:
+        if self.ready:
+            self._apply(group, state, Result(records=[record]))
+            self._reconcile(group, state)
 
     def _apply(self, group: str, state: GroupState, result: Result) -> None:
         for record in result.records:
@@ -327,9 +326,17 @@ class CoordinatorRuntime:
         for effect in result.effects:
             match effect:
                 case SendStop():
-                    self._spawn(self._send_stop(group, effect), f"stop-{effect.member_id}")
+                    self.activity.count("stop decided")
+                    self._spawn(
+                        self._send_stop(group, effect, time.perf_counter()),
+                        f"stop-{effect.member_id}",
+                    )
                 case SendStart():
-                    self._spawn(self._send_start(group, effect), f"start-{effect.member_id}")
+                    self.activity.count("start decided")
+                    self._spawn(
+                        self._send_start(group, effect, time.perf_counter()),
+                        f"start-{effect.member_id}",
+                    )
                 case CloseMember():
                     channel = self.channels.pop((group, effect.member_id), None)
                     if channel is not None:
@@ -349,16 +356,56 @@ class CoordinatorRuntime:
             imbalance = strategy_traits(state.config.assignor).imbalance
             self._run(group, handlers.balance_check(state, now=self.clock(), imbalance=imbalance))
         else:
-            self._run(group, handlers.timer_fired(state, key=key, now=self.clock()))
+            result = handlers.timer_fired(state, key=key, now=self.clock())
+            member_id = key.partition(":")[2]
+            channel = self.channels.get((group, member_id))
+            if not any(isinstance(r, MemberRemoved) for r in result.records):
+                self._run(group, result)
+            elif channel is None or channel.is_closed:
+                self._expired(group, key, result)
+            else:
+                self._spawn(self._judge_after_input(group, key, channel), f"judge-{key}")
+
+    async def _judge_after_input(self, group: str, key: str, channel: Channel) -> None:
+        """Decide an expired session or drain deadline only after reading what the member
+        already sent.
+
+        A timer fires on the coordinator's clock; when the loop is behind, the reply that
+        answers it may be sitting unread in the socket, or read and not yet handled.
+        Fencing then would punish the member for our lag (and an overloaded coordinator
+        would fence hundreds at once, each one more work). So: read and handle everything
+        received so far, then judge again with what is known. Bounded by the session
+        timeout, so a member that keeps talking without answering is still judged.
+        """
+        member_id = key.partition(":")[2]
+        state = self.groups.get(group)
+        member = state.members.get(member_id) if state else None
+        if state is None or member is None:
+            return
+        await settled(channel, self._replies, group, member_id, member.session_timeout_ms / 1000)
+        if self.groups.get(group) is not state:
+            return
+        result = handlers.timer_fired(state, key=key, now=self.clock())
+        if any(isinstance(r, MemberRemoved) for r in result.records):
+            self._expired(group, key, result)
+        else:
+            self.activity.count("verdict spared")
+            self._run(group, result)
+
+    def _expired(self, group: str, key: str, result: Result) -> None:
+        self.activity.count(f"{key.partition(':')[0]} expired")
+        self._run(group, result)
 
     # ---- effects ------------------------------------------------------------------
 
-    async def _send_stop(self, group: str, effect: SendStop) -> None:
+    async def _send_stop(self, group: str, effect: SendStop, decided: float) -> None:
         request = StopFetcherRequest(
             correlation_id=0, member_epoch=effect.epoch, ranges=ranges_to_wire(effect.ranges)
         )
         # No timeout on the reply: the drain deadline timer fences a member that never answers.
-        reply = await self._send_in_order(group, effect.member_id, request, bounded=False)
+        reply = await self._send_in_order(
+            group, effect.member_id, request, decided=decided, bounded=False, stops=effect.ranges
+        )
         if reply is None:
             return
         if not isinstance(reply, StopFetcherResponse):
@@ -376,14 +423,16 @@ class CoordinatorRuntime:
             ),
         )
 
-    async def _send_start(self, group: str, effect: SendStart) -> None:
+    async def _send_start(self, group: str, effect: SendStart, decided: float) -> None:
         request = StartFetcherRequest(
             correlation_id=0,
             member_epoch=effect.epoch,
             ranges=ranges_to_wire(effect.ranges),
             positions=positions_to_wire(effect.positions),
         )
-        reply = await self._send_in_order(group, effect.member_id, request, flush_first=True)
+        reply = await self._send_in_order(
+            group, effect.member_id, request, decided=decided, durable=effect.durable_version
+        )
         if reply is None:
             return
         if not isinstance(reply, StartFetcherResponse):
@@ -403,31 +452,49 @@ class CoordinatorRuntime:
         member_id: str,
         request: StopFetcherRequest | StartFetcherRequest,
         *,
-        flush_first: bool = False,
+        decided: float,
+        durable: int | None = None,
         bounded: bool = True,
+        stops: RangeSet | None = None,
     ) -> Message | None:
         """Write `request` after every request decided before it, then await the reply.
 
-        A StartFetcher first makes positions durable, so a range always starts from a
-        stored position even if this process dies right after. A bounded request waits
-        for its reply at most a session timeout. None: the member is gone.
+        A StartFetcher first waits until positions up to `durable` (where the previous
+        owners stopped) are stored, so a range always starts from a stored position even
+        if this process dies right after. A bounded request waits for its reply at most
+        a session timeout. None: the member is gone.
         """
         lock = self._send_locks.setdefault((group, member_id), asyncio.Lock())
         async with lock:
-            if flush_first:
-                await self._flush(group)
+            if durable is not None:
+                await self.writer.flush(group, durable)
             channel = self.channels.get((group, member_id))
             member = self.groups[group].members.get(member_id)
             if channel is None or member is None or channel.is_closed:
                 return None
             self._contacted(group, member_id)
             future = channel.submit(request)
-        timeout = member.session_timeout_ms / 1000 if bounded else None
-        try:
-            return await channel.response(future, timeout=timeout)
-        except (ChannelClosed, RemoteError, TimeoutError) as err:
-            log.info("%s to %s failed: %s", request.type, member_id, err)
-            return None
+            written = time.perf_counter()
+            self.activity.timed(f"{request.type[:-8]} queued", written - decided)
+            if stops is not None:
+                state = self.groups[group]
+                self._run(
+                    group,
+                    handlers.stop_written(
+                        state, member_id=member_id, ranges=stops, now=self.clock()
+                    ),
+                )
+        timeout = _reply_timeout(member.session_timeout_ms) if bounded else None
+        # Until the caller has handled the reply (synchronously after this returns), a
+        # timer verdict on this member waits for it (see `_judge_after_input`).
+        with self._replies.awaiting(group, member_id, future):
+            try:
+                reply = await channel.response(future, timeout=timeout)
+            except (ChannelClosed, RemoteError, TimeoutError) as err:
+                log.info("%s to %s failed: %s", request.type, member_id, err)
+                return None
+            self.activity.timed(f"{request.type[:-8]} round trip", time.perf_counter() - written)
+            return reply
 
     def _fail_member(self, group: str, member_id: str, reply: Message) -> None:
         channel = self.channels.get((group, member_id))
@@ -437,40 +504,65 @@ class CoordinatorRuntime:
     async def _ping_loop(
         self, group: str, member_id: str, channel: Channel, interval: float
     ) -> None:
+        # A random phase: members that registered together (a join storm, everyone
+        # reconnecting after a restart) would otherwise be pinged together forever, and
+        # every interval the loop would stall for a whole group's worth of replies. Not
+        # sooner than half an interval: pings in the middle of the storm only add to it.
+        # Sent on ticks (a twentieth of the interval, at most 100 ms), so each loop turn
+        # still serves a batch: one ping per turn doubled the CPU of steady pings.
+        delay = random.uniform(0.5 * interval, 1.5 * interval)
+        tick = min(PING_TICK_S, interval / 20)
+        loop = asyncio.get_running_loop()
         while not channel.is_closed:
-            await asyncio.sleep(interval)
+            now = loop.time()
+            await asyncio.sleep(math.ceil((now + delay) / tick) * tick - now)
+            delay = interval
             state = self.groups.get(group)
             member = state.members.get(member_id) if state else None
             if state is None or member is None:
                 return
             self._contacted(group, member_id)
+            sent = time.perf_counter()
             try:
-                reply = await channel.request(
-                    PingRequest(correlation_id=0, member_epoch=member.epoch),
-                    timeout=member.session_timeout_ms / 1000,
-                )
+                future = channel.submit(PingRequest(correlation_id=0, member_epoch=member.epoch))
+                with self._replies.awaiting(group, member_id, future):
+                    reply = await channel.response(
+                        future, timeout=_reply_timeout(member.session_timeout_ms)
+                    )
+                    self._ping_answered(group, state, member_id, channel, reply, sent)
             except (TimeoutError, RemoteError) as err:
                 log.info("ping of %s failed: %s", member_id, err)
                 continue
             except ChannelClosed:
                 return
-            if not isinstance(reply, PingResponse):
-                channel.fail(
-                    ErrorCode.UNEXPECTED_MESSAGE, f"expected a ping_response, got {reply.type}"
-                )
-                return
-            result = handlers.ping_answered(
-                state,
-                member_id=member_id,
-                epoch=reply.member_epoch,
-                positions=positions_from_wire(reply.positions),
-                load=sorted(reply.load.items()),
-                now=self.clock(),
-                high_watermarks=[((h.topic, h.partition), h.offset) for h in reply.high_watermarks],
+
+    def _ping_answered(
+        self,
+        group: str,
+        state: GroupState,
+        member_id: str,
+        channel: Channel,
+        reply: Message,
+        sent: float,
+    ) -> None:
+        if not isinstance(reply, PingResponse):
+            channel.fail(
+                ErrorCode.UNEXPECTED_MESSAGE, f"expected a ping_response, got {reply.type}"
             )
-            if result.error is not None and result.error[0] != ErrorCode.STALE_EPOCH:
-                log.info("ping reply of %s rejected: %s", member_id, result.error[1])
-            self._run(group, result)
+            return
+        self.activity.timed("ping round trip", time.perf_counter() - sent)
+        result = handlers.ping_answered(
+            state,
+            member_id=member_id,
+            epoch=reply.member_epoch,
+            positions=positions_from_wire(reply.positions),
+            load=sorted(reply.load.items()),
+            now=self.clock(),
+            high_watermarks=[((h.topic, h.partition), h.offset) for h in reply.high_watermarks],
+        )
+        if result.error is not None and result.error[0] != ErrorCode.STALE_EPOCH:
+            log.info("ping reply of %s rejected: %s", member_id, result.error[1])
+        self._run(group, result)
 
     def _contacted(self, group: str, member_id: str) -> None:
         state = self.groups[group]
@@ -479,46 +571,14 @@ class CoordinatorRuntime:
     def _ping_interval_ms(self, state: GroupState, session_timeout_ms: int) -> int:
         return state.config.ping_interval_ms or max(100, session_timeout_ms // 3)
 
-    # ---- durability ---------------------------------------------------------------
-
-    async def _flush(self, group: str) -> None:
-        """Make the positions as of this call durable (group commit).
-
-        Callers waiting while a write is in flight are all served by the next one: each
-        needs the version it saw on arrival, not the newest, or a burst of StartFetchers
-        would each wait for a write of its own while pings keep moving positions on.
-        """
-        state = self.groups.get(group)
-        if state is None:
-            return
-        needed = state.positions_version
-        lock = self._flush_locks.setdefault(group, asyncio.Lock())
-        async with lock:
-            if self._flushed.get(group, -1) >= needed:
-                return
-            version = state.positions_version
-            snapshot = {tp: pmap.copy() for tp, pmap in state.positions.items()}
-            await self.store.save(group, snapshot)
-            self._flushed[group] = version
-            self._spawn(self.store.commit_low_watermarks(group, snapshot), f"commit-{group}")
-
-    async def _flush_all(self) -> None:
-        for group in list(self.groups):
-            await self._flush(group)
-
-    async def _flush_loop(self) -> None:
-        """Persist progress every `flush_interval_ms`, or less often when a flush itself
-        is slow (thousands of members: the maps are large): at most about a tenth of the
-        time goes to it. A StartFetcher still flushes first, whatever this loop does."""
-        took = 0.0
-        while True:
-            await asyncio.sleep(max(self.settings.flush_interval_ms / 1000, 9 * took))
-            began = time.perf_counter()
-            try:
-                await self._flush_all()
-            except Exception as err:
-                log.error("could not persist positions: %s", err)
-            took = time.perf_counter() - began
+    def _gauges(self) -> dict[str, int]:
+        members = [m for s in self.groups.values() for m in s.members.values()]
+        return {
+            "members": len(members),
+            "waiting for flush": self.writer.waiting,
+            "draining": sum(1 for m in members if m.draining),
+            "starting": sum(1 for m in members if m.starting),
+        }
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -531,33 +591,9 @@ class CoordinatorRuntime:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
 
 
-class _CoalescedPartitionCounts:
-    """Partition counts for Register, one metadata request for many concurrent callers.
-
-    A caller never gets an answer fetched before it asked (topics created after start-up
-    must be seen), but callers arriving while a fetch is in flight share the next one:
-    a thousand consumers registering at once cost two metadata round trips, not a
-    thousand.
-    """
-
-    def __init__(self, store: StateStore) -> None:
-        self.store = store
-        self._running: asyncio.Task[dict[str, int]] | None = None
-        self._next: asyncio.Task[dict[str, int]] | None = None
-        self._next_topics: set[str] = set()
-
-    async def get(self, topics: tuple[str, ...]) -> dict[str, int]:
-        if self._next is None:
-            self._next_topics = set()
-            self._next = asyncio.create_task(self._fetch_after(self._running))
-        self._next_topics.update(topics)
-        counts = await asyncio.shield(self._next)
-        return {t: counts[t] for t in topics if t in counts}
-
-    async def _fetch_after(self, previous: asyncio.Task[dict[str, int]] | None) -> dict[str, int]:
-        if previous is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(previous)
-        await asyncio.sleep(0)  # let the callers of this loop turn add their topics
-        self._running, self._next = self._next, None
-        return await self.store.partition_counts(tuple(sorted(self._next_topics)))
+def _reply_timeout(session_timeout_ms: int) -> float:
+    """How long to wait for a reply before dropping it: a safety net only. The session
+    timer judges silence, after reading what already arrived; a reply timeout as short
+    as the session would drop a reply that sat unread on a busy coordinator, and the
+    member would then be judged silent."""
+    return 2 * session_timeout_ms / 1000

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import itertools
 import logging
+import sys
+import termios
 from collections.abc import Callable
 
 from coordinator.protocol import (
@@ -137,6 +140,24 @@ class Channel:
             except (ProtocolError, OSError, RuntimeError) as err:
                 log.warning("%s: could not send error to %s: %s", self.name, self.peer, err)
         self.close(f"{code}: {message}")
+
+    def unread_bytes(self) -> int:
+        """Bytes the peer sent that this side has not dispatched yet: in the kernel's
+        receive buffer, or in the stream's buffer waiting for the read loop.
+
+        The coordinator asks before fencing a member on its own clock (see
+        coordinator/verdicts.py). A partial frame already fed to the decoder is not
+        counted: the rest of it has not arrived.
+        """
+        buffered = len(getattr(self._reader, "_buffer", b""))  # StreamReader's, no public API
+        sock = self._writer.get_extra_info("socket")
+        if sock is None:
+            return buffered
+        try:
+            raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return buffered
+        return buffered + int.from_bytes(raw, sys.byteorder, signed=True)
 
     def _write(self, message: Message) -> None:
         self._writer.write(encode(message, max_frame_bytes=self._max_frame_bytes))

@@ -431,3 +431,55 @@ def test_reconcile_without_recompute_keeps_a_stale_target_and_still_hands_off() 
     grants = run(state, stopped(state, stop, 2.0), 2.0)
     (grant,) = [e for e in grants if isinstance(e, SendStart)]
     assert grant.member_id == "b" and grant.ranges == stop.ranges
+
+
+def test_a_start_waits_only_for_the_positions_it_hands_over(group3: GroupState) -> None:
+    """A StartFetcher must not leave before the positions it carries are stored; it need
+    not wait for progress other members reported since (in a join storm every ping moved
+    positions on, and each batch of StartFetchers waited for a write of its own)."""
+    fresh = GroupState("g")
+    apply(fresh, join(fresh, "a", 0.0))
+    (first,) = of(run(fresh, Result(), 0.0), SendStart)
+    assert first.durable_version == 0, "slots nobody ever owned: nothing to store first"
+
+    state = group3
+    stops = of(run(state, join(state, "m4", 2.0), 2.0), SendStop)
+    stop, *_ = stops
+    keeper = next(mid for mid in state.members if mid not in (stop.member_id, "m4"))
+    run(state, ping(state, keeper, 2.5, report(state.members[keeper].owned, P_OLD)), 2.5)
+    effects = run(state, stopped(state, stop, 3.0, report(stop.ranges, P_OLD)), 3.0)
+    (start,) = of(effects, SendStart)
+    with_final_positions = state.positions_version
+    assert start.durable_version == with_final_positions
+    run(state, ping(state, keeper, 3.5, report(state.members[keeper].owned, P_OLD)), 3.5)
+    assert state.positions_version > with_final_positions
+    assert state.handoff_version == with_final_positions, "a ping of kept slots hands over nothing"
+    lost = state.members[keeper].owned
+    run(state, h.connection_lost(state, member_id=keeper, now=4.0), 4.0)
+    assert state.handoff_version == state.positions_version, "its last report is handed over"
+    assert lost
+
+
+def test_drain_time_counts_from_when_the_stop_fetcher_was_written(group3: GroupState) -> None:
+    """A StopFetcher decided at t=2 but written at t=7 (it waited behind a StartFetcher to
+    the same member) gives the member the full drain timeout from t=7."""
+    state = group3
+    stops = of(run(state, join(state, "m4", 2.0), 2.0), SendStop)
+    late, *others = stops
+    effects = run(
+        state, h.stop_written(state, member_id=late.member_id, ranges=late.ranges, now=7.0), 7.0
+    )
+    assert effects == [SetTimer(f"drain:{late.member_id}", 7.0 + DRAIN)]
+    key = f"drain:{late.member_id}"
+    res = h.timer_fired(state, key=key, now=2.0 + DRAIN)
+    assert res.records == [] and res.effects == [SetTimer(key, 7.0 + DRAIN)], "fenced too early"
+    assert of(
+        run(state, h.timer_fired(state, key=key, now=7.0 + DRAIN), 7.0 + DRAIN), h.CloseMember
+    )
+    # A write never moves a deadline earlier, nor one of ranges it did not carry.
+    other = others[0]
+    m = state.members[other.member_id]
+    before = list(m.drains)
+    run(state, h.stop_written(state, member_id=other.member_id, ranges=late.ranges, now=9.0), 9.0)
+    run(state, h.stop_written(state, member_id=other.member_id, ranges=other.ranges, now=1.0), 1.0)
+    assert m.drains == before

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from coordinator.group import GroupConfig
 from coordinator.handlers import Result
+from coordinator.metadata import CoalescedPartitionCounts
 from coordinator.positions import RangePositionMap
 from coordinator.protocol import (
     Message,
@@ -19,7 +21,7 @@ from coordinator.protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from coordinator.runtime import CoordinatorRuntime, RuntimeSettings, _CoalescedPartitionCounts
+from coordinator.runtime import CoordinatorRuntime, RuntimeSettings
 
 TIMEOUT = 5.0
 
@@ -69,6 +71,9 @@ class RecordingChannel:
 
     def fail(self, *args: Any) -> None:
         self.is_closed = True
+
+    def unread_bytes(self) -> int:
+        return 0
 
     def close(self, reason: str = "") -> None:
         self.is_closed = True
@@ -164,7 +169,7 @@ async def test_concurrent_registrations_share_one_metadata_fetch() -> None:
     """Callers arriving together share a fetch; one arriving while it runs gets the next
     (it must see topics created after the first fetch started), never a third."""
     store = CountingStore()
-    counts = _CoalescedPartitionCounts(store)  # type: ignore[arg-type]
+    counts = CoalescedPartitionCounts(store)  # type: ignore[arg-type]
     first = [asyncio.ensure_future(counts.get(("a",))) for _ in range(50)]
     first.append(asyncio.ensure_future(counts.get(("b",))))
     await eventually(lambda: len(store.calls) == 1, "the first fetch")
@@ -197,7 +202,7 @@ async def test_a_group_replayed_without_members_schedules_no_recompute() -> None
         runtime._run("old", Result())  # e.g. its balance timer
         for _ in range(10):
             await asyncio.sleep(0)
-        assert runtime._recompute_scheduled == set()
+        assert runtime._recomputer.scheduled == set()
     finally:
         await runtime.stop()
 
@@ -237,14 +242,103 @@ async def test_flushes_waiting_behind_a_write_share_the_next_one() -> None:
         store.released.clear()
         moved()
         before, entered = store.saves, store.entered
-        first = asyncio.create_task(runtime._flush("g"))
+        first = asyncio.create_task(runtime.writer.flush("g"))
         await eventually(lambda: store.entered > entered, "a write in flight")
-        waiting = [asyncio.create_task(runtime._flush("g")) for _ in range(10)]
+        waiting = [asyncio.create_task(runtime.writer.flush("g")) for _ in range(10)]
         for _ in range(5):
             await asyncio.sleep(0)
         store.released.set()
         await asyncio.wait_for(asyncio.gather(first, *waiting), TIMEOUT)
         assert store.saves - before == 2
+    finally:
+        store.released.set()
+        await runtime.stop()
+
+
+async def test_writers_waiting_for_a_flush_all_resume_in_the_same_loop_turn() -> None:
+    """A thousand StartFetchers waiting for one position write are released together when
+    it lands. Queued on a lock they resumed one per loop turn: in a 5,000-member join storm
+    each turn was long, and StartFetchers waited seconds after their positions were
+    durable."""
+    store = HeldStore()
+    runtime = CoordinatorRuntime(RuntimeSettings("unused:1", startup_grace_ms=0), store)  # type: ignore[arg-type]
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+        state = runtime.groups["g"]
+        store.released.clear()
+        state.positions_version += 1
+        saves = store.saves
+        waiting = [asyncio.create_task(runtime.writer.flush("g")) for _ in range(1000)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not any(t.done() for t in waiting), "the write is held"
+        store.released.set()
+        turns = 0
+        while not all(t.done() for t in waiting):
+            await asyncio.sleep(0)
+            turns += 1
+            assert turns <= 10, f"{sum(t.done() for t in waiting)} of 1000 resumed in 10 turns"
+        assert store.saves == saves + 1
+    finally:
+        store.released.set()
+        await runtime.stop()
+
+
+class PingClock(RecordingChannel):
+    """Notes when each ping is sent; never answers it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pinged: list[float] = []
+
+    def submit(self, message: Message) -> asyncio.Future[Message]:
+        if message.type == "ping_request":
+            self.pinged.append(asyncio.get_running_loop().time())
+        return super().submit(message)
+
+
+async def test_members_registering_together_are_not_pinged_together() -> None:
+    """First pings are spread over the interval: 5,000 members pinged in one burst every
+    interval stalled the loop for ~1 s each time, delaying every reply and timer."""
+    settings = RuntimeSettings(
+        "unused:1", startup_grace_ms=0, group_defaults=GroupConfig(ping_interval_ms=200)
+    )
+    runtime = CoordinatorRuntime(settings, HeldStore())  # type: ignore[arg-type]
+    await runtime.start()
+    try:
+        channels = [PingClock() for _ in range(30)]
+        began = asyncio.get_running_loop().time()
+        await asyncio.gather(
+            *(runtime.register(c, register(f"m{i}")) for i, c in enumerate(channels))
+        )  # type: ignore[arg-type]
+        await eventually(lambda: all(c.pinged for c in channels), "everyone pinged once")
+        first = sorted(c.pinged[0] - began for c in channels)
+        assert first[0] >= 0.1 and first[-1] <= 0.3 + 0.1, "within half an interval of it"
+        assert first[-1] - first[0] > 0.06, f"first pings not spread: {first}"
+        # ...but in batches, on 10 ms ticks (a twentieth of the interval): one loop turn
+        # serves several, which halves the CPU of steady pings against one per turn.
+        late = [c.pinged[0] % 0.01 for c in channels]  # after the tick they were sent on
+        on_tick = [t for t in late if t < 0.004]
+        assert len(on_tick) >= 20, f"first pings not sent on ticks: {sorted(late)}"
+    finally:
+        await runtime.stop()
+
+
+async def test_first_grants_of_a_new_group_do_not_wait_for_a_position_write() -> None:
+    """Slots nobody owned before start where the store already says (nowhere): a join
+    storm's first StartFetchers need no write, so a slow broker does not hold them."""
+    store = HeldStore()
+    store.released.clear()
+    runtime = CoordinatorRuntime(RuntimeSettings("unused:1", startup_grace_ms=0), store)  # type: ignore[arg-type]
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts at once")
+        assert store.saves == 0
     finally:
         store.released.set()
         await runtime.stop()

@@ -209,9 +209,10 @@ def owned_ranges(view: dict[str, Any]) -> dict[str, RangeSet]:
 
 
 def is_settled(view: dict[str, Any] | None, members: int) -> bool:
-    """Exactly `members` members, every slot owned, nothing draining or starting."""
+    """Exactly `members` members, every slot owned, nothing draining or starting, and no
+    recompute pending (a join the coordinator has not placed yet moves slots soon)."""
     if view is None or len(view["members"]) != members:
         return False
-    if view["quarantined"] or view["unowned"]:
+    if view["quarantined"] or view["unowned"] or view["target_pending"]:
         return False
     return all(not m["draining"] and not m["starting"] for m in view["members"])
