@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+
+import pytest
 
 from api.models import group_view
-from coordinator.assignor import Assignment, AssignmentSpec, BalancedAssignor, register_assignor
+from coordinator.assignor import (
+    ASSIGNORS,
+    Assignment,
+    AssignmentSpec,
+    BalancedAssignor,
+    register_assignor,
+)
 from coordinator.group import GroupConfig
 from coordinator.runtime import CoordinatorRuntime, RuntimeSettings
 from tests.coordinator.test_runtime import (
@@ -32,7 +41,13 @@ class SlowAssignor:
         return BalancedAssignor().assign(spec)
 
 
-register_assignor(SlowAssignor())
+@pytest.fixture(autouse=True)
+def slow_assignor() -> Iterator[None]:
+    """Registered only while this module's tests run: the registry is global, and other
+    tests (tests/deploy/test_parity.py) hold the chart's list equal to it."""
+    register_assignor(SlowAssignor())
+    yield
+    ASSIGNORS.pop(SlowAssignor.name, None)
 
 
 def runtime_with(assignor: str = "balanced", quiet_ms: int = 100) -> CoordinatorRuntime:
