@@ -25,6 +25,8 @@ from coordinator.group import PositionUpdate, TopicPartition
 from coordinator.positions import Position, RangePositionMap
 from coordinator.ranges import EMPTY, RangeSet, SlotRange
 
+FULL = RangeSet.full()
+
 
 @dataclass(slots=True)
 class Grant:
@@ -87,10 +89,18 @@ class PartitionProgress:
     # The slot range last matched by `grant_for` and its grant: a consumer usually owns a
     # few wide ranges, so most records hit it. Reset whenever the grants change.
     _hit: tuple[int, int, Grant] | None = None
+    # Every slot is in a grant that is not stopping: nobody else can hand this consumer a
+    # range of the partition, so there is nothing to keep fetched records for.
+    owns_everything: bool = False
 
     def set_grants(self, grants: list[Grant]) -> None:
         self.grants = grants
         self._hit = None
+        owned = EMPTY
+        for grant in grants:
+            if grant.frozen_upto is None:
+                owned = owned | grant.slots
+        self.owns_everything = owned == FULL
 
     def grant_for(self, slot: int) -> Grant | None:
         hit = self._hit

@@ -8,8 +8,10 @@ any order, a hand-over still gives the next owner exactly the unacknowledged rec
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -261,3 +263,28 @@ def test_a_replay_is_dispatched_before_records_already_queued() -> None:
     assert first.replay is not None and offsets(first.records) == list(range(5, 30))
     assert second is queued
     assert consumer.stats.replayed == 25 and consumer.stats.rewinds == 0
+
+
+def test_a_partition_owned_whole_holds_no_records() -> None:
+    """Nobody can hand a consumer part of a partition it owns whole, and held records cost
+    GC time on every fetch: the window only starts holding once part of it is elsewhere."""
+    from aiokafka import TopicPartition
+
+    from consumer_client import CoordinatedConsumer
+
+    consumer = CoordinatedConsumer(
+        group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
+    )
+
+    def fetched(*offsets: int) -> None:
+        batch: dict[TopicPartition, list[Any]] = {TopicPartition(*TP): chunk(*offsets)}
+        consumer._queue_fetched(batch, {TP: 0}, consumer._session)
+
+    consumer.start_fetcher(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(0))]})
+    window = consumer._windows[TP] = ReplayWindow(0, 100)
+    fetched(*range(10))
+    assert window.count == 0 and window.start == 10
+    asyncio.run(consumer.stop_fetcher(RangeSet.from_pairs([(0, 99)])))  # type: ignore[arg-type]
+    assert not consumer.progress.partitions[TP].owns_everything
+    fetched(*range(10, 20))
+    assert window.count == 10 and offsets(window.between(0, 100)) == list(range(10, 20))
