@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._coord_common import settled  # noqa: E402
 from coordinator.broker import EmbeddedBroker, free_port, stop_process  # noqa: E402
+
+KEYS = 10_000  # distinct record keys in every benchmark topic
 
 WORKER = ROOT / "bench" / "_worker.py"
 PYRALLEL_PYTHON = Path(os.environ.get("PYRALLEL_PYTHON", "/tmp/venv-pyrallel/bin/python"))
@@ -86,11 +89,13 @@ class Cluster:
         self.broker = EmbeddedBroker()
         self.coordinator_proc: subprocess.Popen[bytes] | None = None
         self.coordinator = ""
+        self.admin_url = ""
 
     def __enter__(self) -> Cluster:
         self.broker.start()
         listen, admin = free_port(), free_port()
         self.coordinator = f"127.0.0.1:{listen}"
+        self.admin_url = f"http://127.0.0.1:{admin}"
         log = open(self.work / "coordinator.log", "wb")
         self.coordinator_proc = subprocess.Popen(
             [
@@ -132,24 +137,27 @@ def _env(spec: RunSpec | None = None) -> dict[str, str]:
     return env
 
 
-def load_topic(bootstrap: str, topic: str, partitions: int, records: int, keys: int) -> float:
-    """Create `topic` and fill it with `records` keyed records (key i mod `keys`, 64-byte
-    values); returns the seconds it took."""
-    return asyncio.run(_load_topic(bootstrap, topic, partitions, records, keys))
+def load_topic(
+    bootstrap: str, topic: str, partitions: int, records: int, keys: int, create: bool = True
+) -> float:
+    """Create `topic` (unless `create` is False) and fill it with `records` keyed records
+    (key i mod `keys`, 64-byte values); returns the seconds the filling took."""
+    return asyncio.run(_load_topic(bootstrap, topic, partitions, records, keys, create))
 
 
 async def _load_topic(
-    bootstrap: str, topic: str, partitions: int, records: int, keys: int
+    bootstrap: str, topic: str, partitions: int, records: int, keys: int, create: bool
 ) -> float:
     from aiokafka import AIOKafkaProducer
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
+    if create:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, partitions, 1)])
+        finally:
+            await admin.close()
     t0 = time.monotonic()
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=256 * 1024
@@ -184,6 +192,9 @@ class RunSpec:
     warmup_s: float = 1.0
     window_s: float = 4.0
     pure_python: bool = False  # keyshard without its C fast path (KEYSHARD_PURE_PYTHON=1)
+    # keyshard only: the topic (a fresh one per run) is filled only once all processes'
+    # consumers share it, so the first to register does not read it all alone.
+    fill_when_settled: bool = False
 
 
 @dataclass
@@ -209,6 +220,9 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
     python = str(PYRALLEL_PYTHON) if spec.system == "pyrallel" else sys.executable
     procs: list[subprocess.Popen[bytes]] = []
     statuses = [work / f"w{i}.json" for i in range(spec.processes)]
+    if spec.fill_when_settled:
+        spec = replace(spec, topic=f"{spec.topic}-{_counter[spec.system]}")
+        load_topic(cluster.bootstrap, spec.topic, 1, 0, 1)
     try:
         for i, status in enumerate(statuses):
             cmd = [
@@ -227,6 +241,9 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
             log.close()
         _wait(lambda: all(s.with_suffix(".ready").exists() for s in statuses), procs, 60, work)
         go.touch()
+        if spec.fill_when_settled:
+            _wait(lambda: settled(_group(cluster, tag), spec.processes), procs, 60, work)
+            load_topic(cluster.bootstrap, spec.topic, 1, spec.records, KEYS, create=False)
         t_go = time.monotonic()
         first: float | None = None
         while True:
@@ -249,6 +266,14 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
             stop_process(proc)
     finals = [_read(s) for s in statuses]
     return _measure(spec, t_go, finals)
+
+
+def _group(cluster: Cluster, group: str) -> Any:
+    try:
+        with urllib.request.urlopen(f"{cluster.admin_url}/v1/groups/{group}", timeout=5) as r:
+            return json.load(r)
+    except OSError:
+        return None
 
 
 def _wait(cond: Any, procs: list[subprocess.Popen[bytes]], timeout: float, work: Path) -> None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -105,6 +106,16 @@ class Coordinator:
     def stop(self) -> None:
         if self.proc is not None:
             stop_process(self.proc)
+
+
+def settled(view: Any, members: int) -> bool:
+    """A group view with exactly `members` members, every slot running somewhere and no
+    change pending (the same test as tests/integration/harness.is_settled)."""
+    if view is None or len(view["members"]) != members:
+        return False
+    if view["quarantined"] or view["unowned"] or view["target_pending"]:
+        return False
+    return all(not m["draining"] and not m["starting"] for m in view["members"])
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

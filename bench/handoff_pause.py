@@ -54,6 +54,7 @@ from bench._coord_common import (
     markdown_table,
     median,
     percentile,
+    settled,
 )
 from coordinator.broker import EmbeddedBroker, stop_process
 from coordinator.demo import GROUP, TOPIC, worker_command
@@ -169,14 +170,6 @@ async def wait_until(probe: Any, timeout: float, what: str) -> None:
             return
         await asyncio.sleep(0.1)
     raise RuntimeError(f"timed out waiting for {what}")
-
-
-def settled(view: Any, members: int) -> bool:
-    if view is None or len(view["members"]) != members:
-        return False
-    if view["quarantined"] or view["unowned"] or view["target_pending"]:
-        return False
-    return all(not m["draining"] and not m["starting"] for m in view["members"])
 
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    KEYS,
     PYRALLEL_PYTHON,
     Cluster,
     RunResult,
@@ -49,7 +50,6 @@ from _common import (
 )
 
 OUT = Path(__file__).resolve().parent
-KEYS = 10_000
 LANES = 64  # keyshard's default max_concurrency
 
 
@@ -268,6 +268,7 @@ def amplification(
             concurrency=LANES,
             warmup_s=0.0,
             window_s=600.0,
+            fill_when_settled=True,
         )
         for n in (1, 2, 4, 8)
     ]
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Cluster(work) as cluster:
             t0 = time.monotonic()
-            topics = {"slow": ["io"], "cpu": ["cpu"], "filter": ["noop"], "amplification": ["amp"]}
+            topics = {"slow": ["io"], "cpu": ["cpu"], "filter": ["noop"], "amplification": []}
             for part in parts:
                 for prefix in topics[part]:
                     for partitions in (1, 4) if part in ("slow", "cpu") else (1,):
