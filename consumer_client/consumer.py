@@ -399,6 +399,10 @@ class CoordinatedConsumer:
                 if suspended is not None:
                     self._start_fetcher()
                     return suspended
+                # Let the connector and aiokafka's own fetcher run once per batch: while
+                # records are buffered, getmany does not suspend and handlers that finish
+                # inline do not either, so nothing else would (pings went unanswered).
+                await asyncio.sleep(0)
                 continue
             if not self.progress.partitions or not kafka.assignment():
                 await asyncio.sleep(0.05)

@@ -1,0 +1,75 @@
+"""The fetch loop gives the event loop a turn per batch, whatever the handler does.
+
+While aiokafka holds buffered records `getmany` returns without suspending, and a handler
+that finishes inline does not suspend either: without a yield of its own the loop ran
+batch after batch and the connector never answered a Ping (a 1 ms CPU handler got its
+member fenced; bench/throughput.py cpu processed nothing). No broker here: a fake client
+that always has a batch buffered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from consumer_client import CoordinatedConsumer
+from consumer_client.lanes import KeyLanes
+from coordinator.positions import Position
+from coordinator.ranges import RangeSet, SlotRange
+
+TP = ("t", 0)
+GIVE_UP_AFTER = 500  # batches: far more than the few the other task needs
+
+
+class EndlessBuffer:
+    """An aiokafka consumer with a 10-record batch always buffered."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition(*TP)}
+
+    def assign(self, tps: Any) -> None: ...
+
+    def seek(self, tp: Any, offset: int) -> None: ...
+
+    def resume(self, *tps: Any) -> None: ...
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int = 0) -> dict[Any, list[Any]]:
+        if self.batches >= GIVE_UP_AFTER:
+            raise RuntimeError("the fetch loop never yielded")
+        first = self.batches * 10
+        self.batches += 1
+        records = [
+            ConsumerRecord("t", 0, o, 0, 0, f"k{o}".encode(), b"v", None, 2, 1, [])
+            for o in range(first, first + 10)
+        ]
+        return {TopicPartition(*TP): records}
+
+
+async def test_the_fetch_loop_yields_once_per_batch() -> None:
+    async def inline(_: Any) -> None:  # finishes without suspending
+        return None
+
+    consumer = CoordinatedConsumer(
+        group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
+    )
+    kafka = EndlessBuffer()
+    consumer._kafka = kafka  # type: ignore[assignment]
+    consumer._lanes = KeyLanes(inline, max_concurrency=4, on_done=consumer._on_done)
+    consumer.start_fetcher(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(0))]})
+    fetching = asyncio.create_task(consumer._fetch())
+    turns = 0
+    while turns < 5 and not fetching.done():
+        await asyncio.sleep(0)
+        turns += 1
+    consumer._closing = True
+    await fetching  # raises if the loop ran GIVE_UP_AFTER batches without a turn for us
+    assert turns == 5
+    assert kafka.batches < 20, f"{kafka.batches} batches before 5 turns of another task"
+    assert consumer.stats.fetched == kafka.batches * 10
+    assert consumer.stats.processed >= 10  # handlers ran inline meanwhile
