@@ -85,6 +85,9 @@ class _Chunk:
     replay: Grant | None = None
 
 
+_MAX_TURN_S = 0.02  # the fetch loop gives other tasks a turn at least this often
+
+
 def _wake(waker: asyncio.Future[None], _: object) -> None:
     if not waker.done():
         waker.set_result(None)
@@ -393,23 +396,29 @@ class CoordinatedConsumer:
         `Suspended`, after starting the next fetcher task on what is left)."""
         assert self._kafka is not None
         kafka, backlog = self._kafka, self._backlog
+        clock = asyncio.get_running_loop().time
+        turn = clock()  # when the other tasks last had a turn
         while not self._closing:
             if backlog:
                 suspended = self._dispatch(backlog)
                 if suspended is not None:
                     self._start_fetcher()
                     return suspended
-                # Let the connector and aiokafka's own fetcher run once per batch: while
-                # records are buffered, getmany does not suspend and handlers that finish
-                # inline do not either, so nothing else would (pings went unanswered).
-                await asyncio.sleep(0)
+                # While records are buffered getmany does not suspend, and handlers that
+                # finish inline do not either: without this nothing else would ever run
+                # (the connector left Pings unanswered). At most a batch past 20 ms.
+                if clock() - turn >= _MAX_TURN_S:
+                    await asyncio.sleep(0)
+                    turn = clock()
                 continue
             if not self.progress.partitions or not kafka.assignment():
                 await asyncio.sleep(0.05)
+                turn = clock()
                 continue
             if self.progress.pending_count() >= self.max_pending:
                 self._acked.clear()
                 await self._acked.wait()
+                turn = clock()
                 continue
             fetch = self._inflight
             if fetch is None:
@@ -434,6 +443,7 @@ class CoordinatedConsumer:
                     await waker
                 finally:
                     self._fetch_waker = None
+                turn = clock()
             if fetch.task.done():
                 self._inflight = None
                 self._queue_fetched(fetch.task.result(), fetch.generations, fetch.session)

@@ -1,4 +1,4 @@
-"""The fetch loop gives the event loop a turn per batch, whatever the handler does.
+"""The fetch loop gives the event loop a turn every 20 ms or so, whatever the handler does.
 
 While aiokafka holds buffered records `getmany` returns without suspending, and a handler
 that finishes inline does not suspend either: without a yield of its own the loop ran
@@ -21,7 +21,7 @@ from coordinator.positions import Position
 from coordinator.ranges import RangeSet, SlotRange
 
 TP = ("t", 0)
-GIVE_UP_AFTER = 500  # batches: far more than the few the other task needs
+GIVE_UP_AFTER = 100_000  # batches: seconds of work, far past the first 20 ms
 
 
 class EndlessBuffer:
@@ -51,7 +51,7 @@ class EndlessBuffer:
         return {TopicPartition(*TP): records}
 
 
-async def test_the_fetch_loop_yields_once_per_batch() -> None:
+async def test_the_fetch_loop_lets_other_tasks_run() -> None:
     async def inline(_: Any) -> None:  # finishes without suspending
         return None
 
@@ -70,6 +70,5 @@ async def test_the_fetch_loop_yields_once_per_batch() -> None:
     consumer._closing = True
     await fetching  # raises if the loop ran GIVE_UP_AFTER batches without a turn for us
     assert turns == 5
-    assert kafka.batches < 20, f"{kafka.batches} batches before 5 turns of another task"
     assert consumer.stats.fetched == kafka.batches * 10
     assert consumer.stats.processed >= 10  # handlers ran inline meanwhile
