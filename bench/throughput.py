@@ -64,7 +64,7 @@ class Size:
     filter_records: int
 
 
-FULL = Size(records=200_000, runs=3, warmup_s=1.0, window_s=4.0, filter_records=400_000)
+FULL = Size(records=200_000, runs=3, warmup_s=1.0, window_s=4.0, filter_records=1_600_000)
 QUICK = Size(records=40_000, runs=1, warmup_s=0.5, window_s=2.0, filter_records=200_000)
 
 
