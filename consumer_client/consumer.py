@@ -86,6 +86,8 @@ class _Chunk:
 
 
 _MAX_TURN_S = 0.02  # the fetch loop gives other tasks a turn at least this often
+_MAX_BATCH = 2000  # records per getmany
+_MIN_BATCH = 8
 
 
 def _wake(waker: asyncio.Future[None], _: object) -> None:
@@ -185,6 +187,7 @@ class CoordinatedConsumer:
         # tasks; a replay is put at its front (all of it lies below what is queued).
         self._backlog: list[_Chunk] = []
         self._inflight: _Fetch | None = None
+        self._batch = _MIN_BATCH  # records per getmany: grows while batches are quick
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fetcher: asyncio.Task[None] | None = None
         # Fails when the fetch loop fails, whichever task runs it (closing ends via `_stopped`).
@@ -400,10 +403,12 @@ class CoordinatedConsumer:
         turn = clock()  # when the other tasks last had a turn
         while not self._closing:
             if backlog:
+                began = clock()
                 suspended = self._dispatch(backlog)
                 if suspended is not None:
                     self._start_fetcher()
                     return suspended
+                self._fit_batch(clock() - began)
                 # While records are buffered getmany does not suspend, and handlers that
                 # finish inline do not either: without this nothing else would ever run
                 # (the connector left Pings unanswered). At most a batch past 20 ms.
@@ -425,12 +430,12 @@ class CoordinatedConsumer:
                 # What aiokafka already holds, without waiting (and without a task: when
                 # records stream in, they nearly always are there).
                 generations = {tp: p.generation for tp, p in self.progress.partitions.items()}
-                buffered = await kafka.getmany(timeout_ms=0, max_records=2000)
+                buffered = await kafka.getmany(timeout_ms=0, max_records=self._batch)
                 if buffered:
                     self._queue_fetched(buffered, generations, self._session)
                     continue
                 fetch = self._inflight = _Fetch(
-                    asyncio.create_task(kafka.getmany(timeout_ms=200, max_records=2000)),
+                    asyncio.create_task(kafka.getmany(timeout_ms=200, max_records=self._batch)),
                     {tp: p.generation for tp, p in self.progress.partitions.items()},
                     self._session,
                 )
@@ -448,6 +453,16 @@ class CoordinatedConsumer:
                 self._inflight = None
                 self._queue_fetched(fetch.task.result(), fetch.generations, fetch.session)
         return None
+
+    def _fit_batch(self, took: float) -> None:
+        """Handlers that finish inline run synchronously, a whole batch in one turn of the
+        event loop: with 1 ms of CPU each, 2,000 records blocked it for 2 s (Pings and
+        StopFetchers waited). Halve the batch while one takes longer than a turn should,
+        grow it back while they are quick."""
+        if took > _MAX_TURN_S:
+            self._batch = max(_MIN_BATCH, self._batch // 2)
+        elif took < _MAX_TURN_S / 4:
+            self._batch = min(_MAX_BATCH, self._batch * 2)
 
     def _queue_fetched(
         self,

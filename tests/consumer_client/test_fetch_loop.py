@@ -72,3 +72,24 @@ async def test_the_fetch_loop_lets_other_tasks_run() -> None:
     assert turns == 5
     assert consumer.stats.fetched == kafka.batches * 10
     assert consumer.stats.processed >= 10  # handlers ran inline meanwhile
+
+
+def test_batches_shrink_while_a_batch_outlasts_a_turn_and_grow_back() -> None:
+    """Handlers that finish inline run a whole batch in one turn: 2,000 records of 1 ms
+    CPU blocked Pings and StopFetchers for 2 s. Batches start small and adapt."""
+    from consumer_client.consumer import _MAX_BATCH, _MAX_TURN_S, _MIN_BATCH
+
+    consumer = CoordinatedConsumer(
+        group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
+    )
+    assert consumer._batch == _MIN_BATCH
+    sizes = []
+    for _ in range(12):  # quick batches: doubles up to the maximum
+        consumer._fit_batch(0.0)
+        sizes.append(consumer._batch)
+    assert sizes[0] == 2 * _MIN_BATCH and sizes[-1] == _MAX_BATCH == max(sizes)
+    consumer._fit_batch(_MAX_TURN_S / 2)  # within a turn: kept
+    assert consumer._batch == _MAX_BATCH
+    for _ in range(20):  # slow batches: halves down to the minimum
+        consumer._fit_batch(10 * _MAX_TURN_S)
+    assert consumer._batch == _MIN_BATCH
