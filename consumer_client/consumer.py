@@ -405,10 +405,10 @@ class CoordinatedConsumer:
             if backlog:
                 began = clock()
                 suspended = self._dispatch(backlog)
+                self._fit_batch(clock() - began)  # the synchronous part of this turn
                 if suspended is not None:
                     self._start_fetcher()
                     return suspended
-                self._fit_batch(clock() - began)
                 # While records are buffered getmany does not suspend, and handlers that
                 # finish inline do not either: without this nothing else would ever run
                 # (the connector left Pings unanswered). At most a batch past 20 ms.
