@@ -67,10 +67,29 @@ def start_query(
 
 
 def sink_rows(out: Path) -> list[dict[str, Any]]:
-    if not out.exists() or not any(out.glob("batch=*/*.parquet")):
-        return []
-    table = ds.dataset(str(out), format="parquet", partitioning="hive").to_table()
-    return table.to_pylist()  # type: ignore[no-any-return]
+    """The rows of every batch Spark has finished committing.
+
+    Spark writes a batch under `_temporary/` and moves the files into place while the test
+    polls, and a re-run batch deletes its directory before writing it again. So only
+    batches with a `_SUCCESS` marker are read, and a file that vanishes between listing and
+    reading makes the read start over (the test polls this until its condition holds)."""
+    for _ in range(5):
+        files = [
+            str(part)
+            for batch in sorted(out.glob("batch=*"))
+            if (batch / "_SUCCESS").exists()
+            for part in sorted(batch.glob("*.parquet"))
+        ]
+        if not files:
+            return []
+        try:
+            table = ds.dataset(
+                files, format="parquet", partitioning="hive", partition_base_dir=str(out)
+            ).to_table()
+        except FileNotFoundError:
+            continue
+        return table.to_pylist()  # type: ignore[no-any-return]
+    raise AssertionError(f"the sink under {out} kept changing while it was read")
 
 
 async def wait_until_written(
