@@ -30,8 +30,9 @@ class GroupConfig:
     assignor: str = "load-aware"
     drain_timeout_ms: int = 10_000
     # Load-driven rebalancing (strategies that read load): move boundaries only when the
-    # busiest member's load share / capacity share exceeds the best achievable (a slot
-    # hotter than a fair share sets a floor) by this factor...
+    # busiest member's load share / capacity share exceeds this factor, measured with every
+    # slot counted at most as the smallest member's share (no assignment can split a
+    # hotter slot, so chasing it only thrashes)...
     rebalance_threshold: float = 1.25
     # ...continuously for this long (hysteresis: no thrashing on bursts).
     rebalance_hold_ms: int = 30_000

@@ -19,11 +19,8 @@ from __future__ import annotations
 from coordinator.assignor import BalancedAssignor, register_assignor
 from coordinator.strategies.auto_split import AutoSplitAssignor
 from coordinator.strategies.consistent_hash import ConsistentHashAssignor
-from coordinator.strategies.load_aware import (
-    LoadAwareAssignor,
-    achievable_imbalance,
-    imbalance,
-)
+from coordinator.strategies.load_aware import LoadAwareAssignor
+from coordinator.strategies.measures import achievable_imbalance, balancing_imbalance, imbalance
 from coordinator.strategies.sticky import StickyAssignor, validate_fixed_ranges
 
 DEFAULT_STRATEGY = LoadAwareAssignor.name
@@ -54,6 +51,7 @@ __all__ = [
     "LoadAwareAssignor",
     "StickyAssignor",
     "achievable_imbalance",
+    "balancing_imbalance",
     "imbalance",
     "validate_fixed_ranges",
 ]

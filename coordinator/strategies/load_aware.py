@@ -8,7 +8,7 @@ thousand others, so equal slot counts can still leave one consumer with most of 
 It is `balanced` weighted by load (all pure, all deterministic):
 
 1. The profile to balance caps every slot at the smallest member's fair share
-   (`_capped`): a hotter slot cannot be split, and counting it as one full share gives
+   (`measures.capped`): a hotter slot cannot be split, and counting it as one full share gives
    its holder little else while the others balance among themselves. Member j's fair
    load is the capped total times its capacity share.
 2. Hysteresis. With nothing orphaned, the current assignment is kept while every member is
@@ -34,20 +34,21 @@ the smallest member is named in `Assignment.notes` with its share of the load; i
 of the optimum the bands are measured against, so it does not cause repeated
 rebalancing.
 
-`imbalance` and `achievable_imbalance` are the measures the coordinator's hysteresis and
-the benchmarks use.
+The measures of balance (`imbalance`, `balancing_imbalance`, `achievable_imbalance`) are
+in `coordinator.strategies.measures`.
 """
 
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from coordinator.assignor import Assignment, AssignmentSpec, MemberSpec
 from coordinator.hashing import MAX_SLOT, SLOT_COUNT
 from coordinator.ranges import EMPTY, RangeSet, SlotRange
 from coordinator.strategies._common import LoadPrefix, capacity
+from coordinator.strategies.measures import achievable_imbalance, capped
 
 Run = tuple[int, int]  # inclusive
 _MAX_PASSES = 4
@@ -86,7 +87,7 @@ class LoadAwareAssignor:
         measured = LoadPrefix(spec.slot_load)
         caps = {mid: capacity(m) for mid, m in members.items()}
         total_cap = sum(caps.values())
-        load = _capped(measured, min(caps.values()) / total_cap)
+        load = capped(measured, min(caps.values()) / total_cap)
         fair = {mid: load.total * c / total_cap for mid, c in caps.items()}
         current = _claimed(spec.current, members)
         notes = self._hot_slot_notes(measured, members) if measured.measured else ()
@@ -549,62 +550,3 @@ class _Rebalance:
             heir = min(beside or list(self.owned), key=lambda m: (self.ratio(m), m))
             self.owned[heir] = _merged([*self.owned[heir], (a, b)])
             self.held[heir] += self.load.load(a, b)
-
-
-def _capped(load: LoadPrefix, min_share: float) -> LoadPrefix:
-    """The profile to balance: every slot capped at the smallest member's fair share.
-
-    A slot hotter than that cannot be split, so whoever holds it is over its share no
-    matter what; balancing the raw load would then only bound everyone by that hot
-    member's ratio, leaving the others free to drift up to it. Capped, a hot slot counts
-    as one full share: its holder gets little else, and the others balance among
-    themselves. The cap is water-filled (capping lowers the total, which lowers the fair
-    share) until it settles.
-    """
-    if not load.measured:
-        return load
-    cap = load.total * min_share
-    hot = [w for w in load.weights if w > cap]
-    if not hot:
-        return load
-    for _ in range(32):
-        capped_total = load.total - sum(w - cap for w in hot if w > cap)
-        settled = capped_total * min_share
-        if settled >= cap * (1 - 1e-9):
-            break
-        cap = settled
-    return LoadPrefix([min(w, cap) for w in load.weights])
-
-
-def imbalance(
-    assignment: Assignment, slot_load: Sequence[float] | None, members: Sequence[MemberSpec]
-) -> float:
-    """max over members of (share of the load) / (share of the capacity); 1.0 is perfect.
-
-    The coordinator's hysteresis compares this with a threshold before asking for a
-    rebalance. Without a measurement slot counts stand in for load. Load of unassigned
-    slots counts in the total (it is waiting work nobody carries).
-    """
-    if not members:
-        return 0.0
-    load = LoadPrefix(slot_load)
-    total_cap = sum(capacity(m) for m in members)
-    return max(
-        (load.of(assignment.ranges.get(m.member_id, EMPTY)) / load.total)
-        / (capacity(m) / total_cap)
-        for m in members
-    )
-
-
-def achievable_imbalance(slot_load: Sequence[float] | None, members: Sequence[MemberSpec]) -> float:
-    """Lower bound on `imbalance` set by the hottest slot: no strategy can do better.
-
-    The hottest slot must belong to someone; at best to the member with the most capacity.
-    Contiguity or an unlucky order can make the real optimum higher, so this is a bound.
-    """
-    if not members:
-        return 0.0
-    load = LoadPrefix(slot_load)
-    caps = [capacity(m) for m in members]
-    hottest = max(load.weights) / load.total
-    return max(1.0, hottest / (max(caps) / sum(caps)))

@@ -30,15 +30,12 @@ def strategy_traits(name: str) -> StrategyTraits:
 
         return StrategyTraits(validate_ranges=validate_fixed_ranges)
     if name == "load-aware":
-        from coordinator.strategies.load_aware import achievable_imbalance, imbalance
+        from coordinator.strategies.measures import balancing_imbalance
 
         def measure(spec: AssignmentSpec, target: Mapping[str, RangeSet]) -> float:
-            """Imbalance relative to the best any assignment could do: a key hotter than a
-            fair share keeps raw imbalance high forever, and chasing it would only thrash."""
             if spec.slot_load is None:
                 return 1.0
-            measured = imbalance(Assignment(dict(target)), spec.slot_load, spec.members)
-            return measured / max(1.0, achievable_imbalance(spec.slot_load, spec.members))
+            return balancing_imbalance(Assignment(dict(target)), spec.slot_load, spec.members)
 
         return StrategyTraits(imbalance=measure)
     return StrategyTraits()

@@ -22,7 +22,7 @@ import random
 from collections.abc import Mapping
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from coordinator.assignor import (
@@ -33,6 +33,7 @@ from coordinator.assignor import (
     quotas,
     slots_moved,
 )
+from coordinator.group import GroupConfig
 from coordinator.hashing import LOAD_BUCKET_COUNT, MAX_SLOT, SLOT_COUNT, load_bucket
 from coordinator.ranges import EMPTY, RangeSet, SlotRange
 from coordinator.strategies import (
@@ -42,10 +43,13 @@ from coordinator.strategies import (
     LoadAwareAssignor,
     StickyAssignor,
     achievable_imbalance,
+    balancing_imbalance,
     imbalance,
     validate_fixed_ranges,
 )
+from coordinator.strategies._common import LoadPrefix
 from coordinator.strategies.consistent_hash import point_key
+from coordinator.strategies.traits import strategy_traits
 
 CONTIGUOUS = {"auto-split"}
 # Ranges of one member after a load-aware rebalance: at most `max_ranges` (16) are
@@ -258,13 +262,16 @@ def test_load_aware_join_and_leave_move_at_most_twice_the_minimum(n: int, seed: 
     ends up owning, a leaver's departure at most twice what it owned (in slots)."""
     rng = random.Random(seed)
     members = make_members(rng, n)
-    load = smooth_load(rng, members)
+    joiner = MemberSpec("zz-joiner", rng.randint(1, 8))
+    grown = (*members, joiner)
+    # Smooth for the grown group too: a key smooth for two members of capacity 7 can be
+    # half of a joiner's share, and then no cut near it is close to what the joiner lacks
+    # (n=2, seed=4184 did that, moving 1,853 slots for a joiner that took 748).
+    load = smooth_load(rng, grown)
     assignor = LoadAwareAssignor()
     first = assignor.assign(AssignmentSpec(members, {}, load))
     base = dict(assignor.assign(AssignmentSpec(members, dict(first.ranges), load)).ranges)
 
-    joiner = MemberSpec("zz-joiner", rng.randint(1, 8))
-    grown = (*members, joiner)
     target = assignor.assign(AssignmentSpec(grown, base, load))
     assert_valid(target, grown)
     assert slots_moved(base, target.ranges) <= 2 * target.ranges[joiner.member_id].size
@@ -314,14 +321,25 @@ def test_load_aware_without_load_balances_slot_counts(n: int, seed: int) -> None
         assert abs(owned.size - q[mid]) <= 0.10 * q[mid] + 2
 
 
+def load_moved(
+    current: Mapping[str, RangeSet], target: Mapping[str, RangeSet], load: list[float] | None
+) -> float:
+    """Share of the load whose owner changes (slots when nothing is measured): what a
+    handoff costs is the records of the moved keys, and an empty slot carries none."""
+    weights = LoadPrefix(load)
+    moved = sum(weights.of(owned - target.get(mid, EMPTY)) for mid, owned in current.items())
+    return moved / weights.total
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 32), seeds)
+@example(20, 1702663252)  # sparse skewed keys: 12% of the slots, 1.5% of the load moved
 def test_load_aware_is_stable(n: int, seed: int) -> None:
-    """Identical load moves nothing; 2% drift per bucket moves at most 2% of the slots.
+    """Identical load moves nothing; 2% drift per bucket moves at most 2% of the load.
 
-    Usually drift moves nothing (the keep band is twice the placement band); the worst
-    seen over 1,600 random cases was 1.3% of the slots, with sparse, skewed keys where a
-    boundary that must cross one key travels across the empty slots around it.
+    Usually drift moves nothing (the keep band is twice the placement band). Counted in
+    slots it can be much more with sparse, skewed keys: a boundary that must cross one
+    key travels across the empty slots around it, which costs a handoff nothing.
     """
     rng = random.Random(seed)
     members = make_members(rng, n)
@@ -337,10 +355,82 @@ def test_load_aware_is_stable(n: int, seed: int) -> None:
         return
     drift = [rng.uniform(0.98, 1.02) for _ in range(LOAD_BUCKET_COUNT)]
     drifted = [w * drift[load_bucket(s)] for s, w in enumerate(load)]
-    moved = slots_moved(
-        first.ranges, assignor.assign(AssignmentSpec(members, dict(first.ranges), drifted)).ranges
+    after = assignor.assign(AssignmentSpec(members, dict(first.ranges), drifted))
+    assert load_moved(first.ranges, after.ranges, drifted) <= 0.02
+
+
+def trips_the_hysteresis(
+    members: tuple[MemberSpec, ...], result: Assignment, load: list[float]
+) -> bool:
+    meter = strategy_traits("load-aware").imbalance
+    assert meter is not None
+    measured = meter(AssignmentSpec(members, dict(result.ranges), load), result.ranges)
+    return measured > GroupConfig().rebalance_threshold
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 32), seeds, st.booleans())
+def test_load_aware_result_does_not_trip_the_coordinators_hysteresis(
+    n: int, seed: int, from_history: bool
+) -> None:
+    """What the strategy places, the coordinator's periodic check accepts: otherwise the
+    group asks for a rebalance every hold period and each one moves boundaries for
+    nothing.
+
+    On smooth load. With a few hundred keys over dozens of members, each key a good part
+    of a small member's share, the pieces cannot always be packed below the threshold
+    (n=30, seed=45324 of `skewed_load`: 1.34); the repeated request then changes nothing
+    (`test_load_aware_is_stable`). That happened in 1 of 150 random skewed groups, against
+    75 of 150 with the raw measure."""
+    rng = random.Random(seed)
+    members = make_members(rng, n)
+    load = smooth_load(rng, members)
+    current = earlier_assignment(rng, "load-aware", members) if from_history else {}
+    result = LoadAwareAssignor().assign(AssignmentSpec(members, current, load))
+    assert not trips_the_hysteresis(members, result, load)
+
+
+def test_hot_slots_do_not_trip_the_coordinators_hysteresis() -> None:
+    """13 slots above the smallest fair share (the hottest 10% of the load) among 20
+    members: the raw measure, relative to the best place for the hottest slot, stayed at
+    2.2 whatever the strategy did, so the group asked for a rebalance forever."""
+    rng = random.Random(1702663252)
+    members = make_members(rng, 20)
+    load = random_load(rng, members)
+    assert load is not None and len(LoadAwareAssignor().assign(
+        AssignmentSpec(members, {}, load)
+    ).notes) == 6  # fmt: skip
+    result = LoadAwareAssignor().assign(
+        AssignmentSpec(members, earlier_assignment(rng, "load-aware", members), load)
     )
-    assert moved <= 0.02 * SLOT_COUNT
+    raw = imbalance(result, load, members) / achievable_imbalance(load, members)
+    assert raw > 2.0
+    assert not trips_the_hysteresis(members, result, load)
+
+
+def test_the_hysteresis_measure_is_the_profile_the_strategy_balances() -> None:
+    """One slot carries 60% of the load and sits with a small member. Raw, that is 2.4,
+    twice the 1.2 the biggest member could manage; the strategy counts a hot slot as one
+    full share of its holder (who then gets little else), so by its measure this is
+    balanced, and the coordinator must not ask it for rebalances it will not make."""
+    members = (MemberSpec("a", 1), MemberSpec("b", 1), MemberSpec("c", 2))
+    load = [0.0] * SLOT_COUNT
+    load[100] = 60.0
+    for s in range(40):
+        load[s] = 1.0
+    hot_with_a = Assignment(
+        {
+            "a": RangeSet.from_pairs([(41, MAX_SLOT)]),
+            "b": RangeSet.from_pairs([(0, 13)]),
+            "c": RangeSet.from_pairs([(14, 40)]),
+        }
+    )
+    raw = imbalance(hot_with_a, load, members)
+    assert raw == pytest.approx(2.4)
+    assert raw / achievable_imbalance(load, members) == pytest.approx(2.0)  # the old measure
+    # Capped at 40/3 (water-filled): b holds 14 of 53.3 with a quarter of the capacity.
+    assert balancing_imbalance(hot_with_a, load, members) == pytest.approx(14 / (160 / 3) * 4)
+    assert not trips_the_hysteresis(members, hot_with_a, load)
 
 
 def test_load_aware_reports_a_hot_slot_and_does_not_thrash() -> None:
