@@ -180,7 +180,9 @@ class CoordinatedConsumer:
         self._lanes: KeyLanes | None = None
         self._closing = False
         self._stopped = asyncio.Event()
-        self._acked = asyncio.Event()
+        # Set whenever a fetcher held back by `max_pending` should look again: an ack, a
+        # lost session, a replay queued (its records are owed, not new work).
+        self._unblocked = asyncio.Event()
         # Resolved by the fetch in flight completing or by a replay being queued.
         self._fetch_waker: asyncio.Future[None] | None = None
         # Fetched (or replayed) records not dispatched yet, shared by successive fetcher
@@ -306,7 +308,7 @@ class CoordinatedConsumer:
             self._kafka.pause(*self._kafka.assignment())
         if self._lanes is not None:
             await self._lanes.abort()
-        self._acked.set()
+        self._unblocked.set()
 
     def ping_reply(self) -> tuple[PositionUpdate, dict[int, int], list[HighWatermark]]:
         load, self.load = self.load, fastpath.new_load()
@@ -342,6 +344,7 @@ class CoordinatedConsumer:
             self.stats.replayed += len(records)
             ktp = TopicPartition(*tp)
             self._backlog.insert(0, _Chunk(ktp, tp, None, self._session, records, replay=grant))
+            self._unblocked.set()
             if self._fetch_waker is not None:
                 _wake(self._fetch_waker, None)
         if self._kafka is None:
@@ -421,8 +424,8 @@ class CoordinatedConsumer:
                 turn = clock()
                 continue
             if self.progress.pending_count() >= self.max_pending:
-                self._acked.clear()
-                await self._acked.wait()
+                self._unblocked.clear()
+                await self._unblocked.wait()
                 turn = clock()
                 continue
             fetch = self._inflight
@@ -579,7 +582,7 @@ class CoordinatedConsumer:
         self.progress.ack(item.tp, item.offset)
         self.stats.processed += 1
         self.load[item.slot >> LOAD_BUCKET_SHIFT] += 1
-        self._acked.set()
+        self._unblocked.set()
 
     async def _dead_letter(self, record: Any, error: BaseException) -> None:
         assert self._producer is not None and self.dead_letter_topic is not None

@@ -5,6 +5,9 @@ that finishes inline does not suspend either: without a yield of its own the loo
 batch after batch and the connector never answered a Ping (a 1 ms CPU handler got its
 member fenced; bench/throughput.py cpu processed nothing). No broker here: a fake client
 that always has a batch buffered.
+
+And a replay granted while the fetcher waits on `max_pending` runs at once, not at the
+next ack.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from aiokafka.structs import ConsumerRecord
 
 from consumer_client import CoordinatedConsumer
 from consumer_client.lanes import KeyLanes
+from coordinator.hashing import slot_for_key
 from coordinator.positions import Position
 from coordinator.ranges import RangeSet, SlotRange
+from tests.integration.harness import wait_for
 
 TP = ("t", 0)
 GIVE_UP_AFTER = 100_000  # batches: seconds of work, far past the first 20 ms
@@ -93,3 +98,81 @@ def test_batches_shrink_while_a_batch_outlasts_a_turn_and_grow_back() -> None:
     for _ in range(20):  # slow batches: halves down to the minimum
         consumer._fit_batch(10 * _MAX_TURN_S)
     assert consumer._batch == _MIN_BATCH
+
+
+class FiniteLog:
+    """An aiokafka consumer over a fixed list of records of one partition."""
+
+    def __init__(self, records: list[Any]) -> None:
+        self.records = records
+        self.position = 0
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition(*TP)}
+
+    def assign(self, tps: Any) -> None: ...
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.position = offset
+
+    def resume(self, *tps: Any) -> None: ...
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int = 0) -> dict[Any, list[Any]]:
+        batch = self.records[self.position : self.position + max(1, max_records)]
+        if not batch:
+            await asyncio.sleep(timeout_ms / 1000)
+            return {}
+        self.position += len(batch)
+        return {TopicPartition(*TP): batch}
+
+
+async def test_a_replay_is_dispatched_while_the_fetcher_waits_on_max_pending() -> None:
+    """The consumer owns the lower half of the slots and its handlers there hang, so it
+    reaches `max_pending` and stops fetching. Then it is granted the upper half from
+    offset 0: those records are in its replay window, and it must run them now, not after
+    the next ack (there would be none here)."""
+    records = [
+        ConsumerRecord("t", 0, o, 0, 0, f"k{o}".encode(), b"v", None, 2, 1, []) for o in range(5000)
+    ]
+    upper = {r.offset for r in records if slot_for_key(r.key) > 32767}
+    hang = asyncio.Event()
+    ran: list[int] = []
+
+    async def handler(record: Any) -> None:
+        if slot_for_key(record.key) <= 32767:
+            await hang.wait()
+        ran.append(record.offset)
+
+    consumer = CoordinatedConsumer(
+        group="g",
+        topics=["t"],
+        coordinator="127.0.0.1:1",
+        bootstrap_servers="127.0.0.1:1",
+        max_pending=20,
+    )
+    log = consumer._kafka = FiniteLog(records)  # type: ignore[assignment]
+    # Room to run every key at once: only the fetcher can hold the replay back.
+    consumer._lanes = KeyLanes(handler, max_concurrency=len(records), on_done=consumer._on_done)
+    lower, upper_half = SlotRange(0, 32767), SlotRange(32768, 65535)
+    consumer.start_fetcher(RangeSet([lower]), {TP: [(lower, Position(0))]})
+    consumer._fetch_failed = asyncio.get_running_loop().create_future()
+    consumer._start_fetcher()  # a handler that suspends inline moves the loop to a new task
+    try:
+        await wait_for(
+            lambda: consumer.progress.pending_count() >= 20 and not consumer._backlog,
+            5,
+            "the fetcher to stop at max_pending",
+        )
+        assert not ran
+        consumer.start_fetcher(RangeSet([upper_half]), {TP: [(upper_half, Position(0))]})
+
+        fetched = {o for o in upper if o < log.position}
+        assert 0 < len(fetched) < len(upper)  # it did stop early
+        await wait_for(lambda: set(ran) >= fetched, 5, "the replayed records to run")
+        assert consumer.stats.replayed > 0
+        assert not consumer._fetch_failed.done()
+    finally:
+        consumer._closing = True
+        hang.set()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), 5)
