@@ -182,7 +182,7 @@ async def _load_topic(
 
 @dataclass
 class RunSpec:
-    system: str  # plain | pyrallel | keyshard | bare
+    system: str  # plain | pyrallel | pyrallel-process | keyshard | bare
     topic: str
     records: int  # how many the topic holds (the run ends early when all are done)
     processes: int = 1
@@ -217,7 +217,7 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
     tag = f"{spec.system}-{spec.topic}-{spec.processes}-{_counter[spec.system]}"
     work = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=cluster.work))
     go = work / "go"
-    python = str(PYRALLEL_PYTHON) if spec.system == "pyrallel" else sys.executable
+    python = str(PYRALLEL_PYTHON) if spec.system.startswith("pyrallel") else sys.executable
     procs: list[subprocess.Popen[bytes]] = []
     statuses = [work / f"w{i}.json" for i in range(spec.processes)]
     if spec.fill_when_settled:

@@ -208,6 +208,65 @@ async def run_pyrallel(args: argparse.Namespace, handler: Any, stop: asyncio.Eve
     await consumer.stop()
 
 
+# Pyrallel's process engine runs the handler in forked worker processes: it must be a
+# picklable (top-level) synchronous function, and it counts completions in shared memory
+# created before the fork; the parent samples that count into the meter's buckets.
+_SHARED_DONE: Any = None
+_CPU_LOOPS = 0
+PROCESS_WORKERS = os.cpu_count() or 1
+
+
+def process_worker(_: Any) -> None:
+    burn(_CPU_LOOPS)
+    with _SHARED_DONE.get_lock():
+        _SHARED_DONE.value += 1
+
+
+def sample_shared(meter: Meter, shared: Any, stopping: threading.Event) -> None:
+    seen = 0
+    while not stopping.wait(BUCKET_S):
+        done = shared.value
+        if done > seen:
+            now = time.monotonic()
+            meter.first = meter.first if meter.first is not None else now
+            meter.buckets[int(now / BUCKET_S)] += done - seen
+            meter.count, seen = done, done
+
+
+async def run_pyrallel_process(args: argparse.Namespace, meter: Meter, stop: asyncio.Event) -> None:
+    """Pyrallel Consumer 1.0.0, key_hash ordering, process engine: what its users would pick
+    for CPU-bound handlers. `PROCESS_WORKERS` (one per core) worker processes per consumer."""
+    import multiprocessing
+
+    from pyrallel_consumer import (  # type: ignore[import-not-found, unused-ignore]
+        ExecutionMode,
+        KafkaConfig,
+        OrderingMode,
+        PyrallelConsumer,
+    )
+
+    global _SHARED_DONE, _CPU_LOOPS
+    if args.handler != "cpu":
+        raise SystemExit("the process engine is only measured with the cpu handler")
+    _SHARED_DONE, _CPU_LOOPS = multiprocessing.Value("q", 0), args.cpu_loops
+    config = KafkaConfig(
+        BOOTSTRAP_SERVERS=args.bootstrap, CONSUMER_GROUP=args.group, SESSION_TIMEOUT_MS=10_000
+    )
+    config.dlq_enabled = False
+    config.parallel_consumer.ordering_mode = OrderingMode.KEY_HASH
+    config.parallel_consumer.execution.mode = ExecutionMode.PROCESS
+    config.parallel_consumer.execution.process_config.process_count = PROCESS_WORKERS
+    consumer = PyrallelConsumer(config=config, worker=process_worker, topic=args.topic)
+    sampler = threading.Thread(
+        target=sample_shared, args=(meter, _SHARED_DONE, STOPPING), daemon=True
+    )
+    sampler.start()
+    await wait_go(args)
+    await consumer.start()
+    await stop.wait()
+    await consumer.stop()
+
+
 async def main(args: argparse.Namespace) -> None:
     meter = Meter(args.status)
     handler = make_handler(args.handler, args.cpu_loops, meter)
@@ -231,6 +290,8 @@ async def main(args: argparse.Namespace) -> None:
             await run_keyshard(args, handler, stop, meter)
         elif args.system == "pyrallel":
             await run_pyrallel(args, handler, stop)
+        elif args.system == "pyrallel-process":
+            await run_pyrallel_process(args, meter, stop)
         else:
             raise SystemExit(f"unknown system {args.system!r}")
     finally:
@@ -241,7 +302,8 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--system", required=True, choices=["plain", "bare", "keyshard", "pyrallel"])
+    systems = ["plain", "bare", "keyshard", "pyrallel", "pyrallel-process"]
+    p.add_argument("--system", required=True, choices=systems)
     p.add_argument("--handler", required=True, choices=["io", "cpu", "noop"])
     p.add_argument("--cpu-loops", type=int, default=0)
     p.add_argument("--bootstrap", required=True)
