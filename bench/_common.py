@@ -195,6 +195,10 @@ class RunSpec:
     # keyshard only: the topic (a fresh one per run) is filled only once all processes'
     # consumers share it, so the first to register does not read it all alone.
     fill_when_settled: bool = False
+    # keyshard churn: worker i starts consuming i x stagger_s after the first one, so the
+    # group changes while the topic is being read.
+    stagger_s: float = 0.0
+    replay_window: int = -1  # keyshard's replay window; -1: its default
 
 
 @dataclass
@@ -216,7 +220,8 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
     _counter[spec.system] += 1
     tag = f"{spec.system}-{spec.topic}-{spec.processes}-{_counter[spec.system]}"
     work = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=cluster.work))
-    go = work / "go"
+    # One start file per worker: all touched at once, or one after another (stagger_s).
+    gos = [work / f"go{i}" for i in range(spec.processes)]
     python = str(PYRALLEL_PYTHON) if spec.system.startswith("pyrallel") else sys.executable
     procs: list[subprocess.Popen[bytes]] = []
     statuses = [work / f"w{i}.json" for i in range(spec.processes)]
@@ -230,7 +235,8 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
                 "--cpu-loops", str(spec.cpu_loops), "--bootstrap", cluster.bootstrap,
                 "--topic", spec.topic, "--group", tag, "--coordinator", cluster.coordinator,
                 "--name", f"{tag}-w{i}", "--concurrency", str(spec.concurrency),
-                "--go", str(go), "--status", str(status),
+                "--replay-window", str(spec.replay_window),
+                "--go", str(gos[i]), "--status", str(status),
             ]  # fmt: skip
             log = open(work / f"w{i}.log", "wb")  # noqa: SIM115 - handed to the child
             procs.append(
@@ -240,14 +246,17 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
             )
             log.close()
         _wait(lambda: all(s.with_suffix(".ready").exists() for s in statuses), procs, 60, work)
-        go.touch()
+        started = time.monotonic()
+        due = [started + i * spec.stagger_s for i in range(len(gos))]
+        _touch_due(gos, due)
         if spec.fill_when_settled:
             _wait(lambda: settled(_group(cluster, tag), spec.processes), procs, 60, work)
             load_topic(cluster.bootstrap, spec.topic, 1, spec.records, KEYS, create=False)
         t_go = time.monotonic()
         first: float | None = None
         while True:
-            time.sleep(0.1)
+            time.sleep(min(0.1, spec.stagger_s / 4) if spec.stagger_s else 0.1)
+            _touch_due(gos, due)
             _check_alive(procs, work)
             live = [_read(s) for s in statuses]
             done = sum(d.get("count", 0) for d in live)
@@ -266,6 +275,13 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
             stop_process(proc)
     finals = [_read(s) for s in statuses]
     return _measure(spec, t_go, finals)
+
+
+def _touch_due(gos: list[Path], due: list[float]) -> None:
+    now = time.monotonic()
+    for go, at in zip(gos, due, strict=True):
+        if at <= now and not go.exists():
+            go.touch()
 
 
 def _group(cluster: Cluster, group: str) -> Any:

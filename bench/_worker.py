@@ -173,6 +173,7 @@ async def run_keyshard(
         bootstrap_servers=args.bootstrap,
         name=args.name,
         max_concurrency=args.concurrency,
+        **({"replay_window": args.replay_window} if args.replay_window >= 0 else {}),
     )
     await wait_go(args)
     task = asyncio.create_task(consumer.run(handler))
@@ -312,6 +313,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--coordinator", default="")
     p.add_argument("--name", default="bench")
     p.add_argument("--concurrency", type=int, default=0)
+    p.add_argument("--replay-window", type=int, default=-1, help="keyshard; -1: its default")
     p.add_argument("--go", type=Path, required=True)
     p.add_argument("--status", type=Path, required=True)
     return p.parse_args(argv)

@@ -11,6 +11,9 @@ Subcommands (each writes bench/throughput-<name>.md, .json and .png and prints i
              instead of the C fast path (KEYSHARD_PURE_PYTHON=1).
 - `amplification` — 1, 2, 4, 8 keyshard consumers on one partition: records decoded per
              record processed (each consumer reads the whole partition).
+- `churn`  — the same while 8 consumers join one after another on a full topic, with the
+             replay window at its default, off and 10x (table only, no plot).
+- `cpu` also runs Pyrallel's process engine (its pick for CPU-bound handlers).
 - `all`    — every one of the above.
 
 The embedded Tansu broker and a coordinator daemon are started here; topics are filled
@@ -283,6 +286,52 @@ def amplification(
     return specs, repeat(cluster, specs, size.runs, log)
 
 
+def churn(
+    cluster: Cluster, size: Size, log: Callable[[str], None]
+) -> tuple[list[RunSpec], dict[int, list[RunResult]]]:
+    """Part 6 while the group changes: 8 consumers join one after another (every 0.25 s)
+    while a 1-partition topic is read with the 5 ms handler, with keyshard's replay window
+    at its default, off (0: a grant behind the fetch position rewinds the partition), and
+    ten times larger."""
+    specs = [
+        RunSpec(
+            "keyshard",
+            "churn-p1",
+            size.records // 2,
+            processes=8,
+            handler="io",
+            concurrency=LANES,
+            warmup_s=0.0,
+            window_s=600.0,
+            stagger_s=0.25,
+            replay_window=window,
+        )
+        for window in (-1, 0, 100_000)
+    ]
+    return specs, repeat(cluster, specs, size.runs, log)
+
+
+def churn_table(specs: list[RunSpec], results: dict[int, list[RunResult]]) -> str:
+    rows = []
+    for i, spec in enumerate(specs):
+        runs = [r for r in results[i] if r.stats.get("processed")]
+        amps = [r.stats["fetched"] / r.stats["processed"] for r in runs]
+        rows.append(
+            [
+                "10,000 (default)" if spec.replay_window < 0 else f"{spec.replay_window:,}",
+                str(spec.processes), f"{spec.records:,}",
+                " / ".join(f"{a:.2f}" for a in amps), f"{median(amps):.2f}",
+                f"{median([r.stats.get('replayed', 0) for r in runs]):,.0f}",
+                f"{median([r.stats.get('rewinds', 0) for r in runs]):,.0f}",
+            ]
+        )  # fmt: skip
+    header = [
+        "replay window", "consumers (joining every 0.25 s)", "records in topic",
+        "decoded / processed, runs", "median", "replayed from memory", "partition rewinds",
+    ]  # fmt: skip
+    return markdown_table(header, rows)
+
+
 def amp_table(specs: list[RunSpec], results: dict[int, list[RunResult]]) -> str:
     rows = []
     for i, spec in enumerate(specs):
@@ -352,14 +401,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("part", choices=["slow", "cpu", "filter", "amplification", "all"])
+    parser.add_argument("part", choices=["slow", "cpu", "filter", "amplification", "churn", "all"])
     parser.add_argument("--quick", action="store_true", help="fewer records, one run each")
     parser.add_argument("--runs", type=int, help="runs per configuration (default 3, quick 1)")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
     if args.runs:
         size = replace(size, runs=args.runs)
-    parts = ["slow", "cpu", "filter", "amplification"] if args.part == "all" else [args.part]
+    every = ["slow", "cpu", "filter", "amplification", "churn"]
+    parts = every if args.part == "all" else [args.part]
     command = "PYTHONPATH=. python bench/throughput.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
@@ -369,11 +419,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Cluster(work) as cluster:
             t0 = time.monotonic()
-            topics = {"slow": ["io"], "cpu": ["cpu"], "filter": ["noop"], "amplification": []}
+            topics = {
+                "slow": ["io"], "cpu": ["cpu"], "filter": ["noop"], "amplification": [],
+                "churn": ["churn"],
+            }  # fmt: skip
             for part in parts:
                 for prefix in topics[part]:
                     for partitions in (1, 4) if part in ("slow", "cpu") else (1,):
-                        n = {"amp": size.records // 4, "noop": size.filter_records}.get(
+                        n = {"churn": size.records // 2, "noop": size.filter_records}.get(
                             prefix, size.records
                         )
                         took = load_topic(
@@ -406,6 +459,9 @@ def _run_part(part: str, cluster: Cluster, size: Size, header: str) -> str:
         specs, results = filter_overhead(cluster, size, print)
         table = filter_table(specs, results)
         filter_plot(specs, results, OUT / "throughput-filter.png")
+    elif part == "churn":
+        specs, results = churn(cluster, size, print)
+        table = churn_table(specs, results)
     else:
         specs, results = amplification(cluster, size, print)
         table = amp_table(specs, results)
