@@ -114,6 +114,10 @@ class GroupState:
     notes: tuple[str, ...] = ()  # what the strategy reported (e.g. a slot too hot to split)
     load: BucketLoad = field(default_factory=BucketLoad)
     imbalanced_since: float | None = None
+    # The imbalance that set off the last load rebalance, until the group is back under the
+    # threshold: while the measure is no worse than this (+5%), asking again would only
+    # recompute what the strategy already placed (a load it cannot pack any better).
+    rebalanced_at: float | None = None
     # Partition ends as the members' fetches last saw them: what lag is measured against.
     high_watermarks: dict[TopicPartition, int] = field(default_factory=dict)
     quarantined: list[Quarantine] = field(default_factory=list)
@@ -220,11 +224,12 @@ class RebalanceRequested:
 
     reason: str
     at: float
+    imbalance: float | None = None  # what set it off, when the load did (not an operator)
 
 
 @dataclass(frozen=True, slots=True)
 class ImbalanceObserved:
-    since: float | None  # None: balanced again
+    since: float | None  # None: balanced again (under the threshold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,8 +381,11 @@ def replay(state: GroupState, record: Record) -> None:
         case RebalanceRequested():
             state.inputs_version += 1
             state.imbalanced_since = None
+            state.rebalanced_at = record.imbalance
         case ImbalanceObserved():
             state.imbalanced_since = record.since
+            if record.since is None:
+                state.rebalanced_at = None
         case RangesRevoked():
             member = state.members[record.member_id]
             member.draining = member.draining | record.ranges

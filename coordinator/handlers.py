@@ -353,6 +353,9 @@ def target_computed(
     )
 
 
+_RENEWED_BY = 1.05
+
+
 def balance_check(
     state: GroupState,
     *,
@@ -367,6 +370,11 @@ def balance_check(
     3. Imbalance (busiest member's load share / capacity share) above the threshold starts
        a clock; below it stops the clock; above it for `rebalance_hold_ms` requests a
        rebalance, which recomputes the target with the measured load.
+    4. Until the group is back under the threshold, only an imbalance worse (by
+       `_RENEWED_BY`) than the one that set off the last load rebalance starts the clock:
+       when the strategy cannot pack the load any better (a few heavy keys over many
+       members), the same request every hold period would recompute the same target
+       forever, and move boundaries with every drift of the load.
     """
     config = state.config
     result = Result(effects=[SetTimer(BALANCE_KEY, now + config.balance_check_ms / 1000)])
@@ -377,15 +385,19 @@ def balance_check(
     if spec.slot_load is None:
         return result
     measured = imbalance(spec, state.target)
+    bar = config.rebalance_threshold
+    if state.rebalanced_at is not None:
+        bar = max(bar, state.rebalanced_at * _RENEWED_BY)
     if measured <= config.rebalance_threshold:
-        if state.imbalanced_since is not None:
+        if state.imbalanced_since is not None or state.rebalanced_at is not None:
             result.records.append(ImbalanceObserved(None))
+    elif measured <= bar:
+        pass  # no worse than what the last rebalance was asked to fix
     elif state.imbalanced_since is None:
         result.records.append(ImbalanceObserved(now))
     elif now - state.imbalanced_since >= config.rebalance_hold_ms / 1000:
-        result.records.append(
-            RebalanceRequested(f"load imbalance {measured:.2f} > {config.rebalance_threshold}", now)
-        )
+        reason = f"load imbalance {measured:.2f} > {bar:.2f}"
+        result.records.append(RebalanceRequested(reason, now, imbalance=measured))
     return result
 
 
