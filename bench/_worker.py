@@ -137,13 +137,17 @@ async def run_bare(args: argparse.Namespace, handler: Any, stop: asyncio.Event) 
     """The floor for filter overhead: manual assignment, getmany, records in order."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    from coordinator.kafka.metadata import partitions_of
+
     consumer = AIOKafkaConsumer(
         bootstrap_servers=args.bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
     )
     await wait_go(args)
     await consumer.start()
-    parts = consumer.partitions_for_topic(args.topic) or set()
-    consumer.assign([TopicPartition(args.topic, p) for p in sorted(parts)])
+    # A fresh metadata answer: a fresh consumer's cache knows no topic on Apache Kafka.
+    answer = await partitions_of(args.bootstrap, [args.topic], timeout=10)
+    parts = answer.require(args.bootstrap)[args.topic]
+    consumer.assign([TopicPartition(args.topic, p) for p in parts])
 
     async def loop() -> None:
         while True:

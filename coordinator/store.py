@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPa
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from coordinator.kafka.metadata import fetch_partitions
 from coordinator.positions import RangePositionMap
 
 log = logging.getLogger(__name__)
@@ -190,13 +191,8 @@ class StateStore:
         if self._metadata is None:
             raise StoreError("state store is not started")
         # A fresh metadata fetch each time: topics created after start-up must be seen.
-        cluster = await asyncio.wait_for(self._metadata.fetch_all_metadata(), self.timeout)
-        counts: dict[str, int] = {}
-        for topic in topics:
-            parts = cluster.partitions_for_topic(topic)
-            if parts:
-                counts[topic] = len(parts)
-        return counts
+        answer = await fetch_partitions(self._metadata, topics, self.timeout)
+        return {topic: len(parts) for topic, parts in answer.partitions.items()}
 
     async def probe(self) -> None:
         """One metadata round trip to the cluster: raises when Kafka is unreachable.

@@ -9,6 +9,9 @@ bash scripts/setup.sh dev
 if [ "$(id -u)" = 0 ]; then
   command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 fi
+# Apache Kafka for the tests that run on it too, from Maven Central (cached after the
+# first run). Without Java or Maven those tests skip, except under CI=true.
+.venv/bin/python -m tests.brokers.kafka
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

@@ -22,6 +22,7 @@ from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaError
 
 from coordinator.hashing import ORDERING_KEY_HEADER, slot_for_record
+from coordinator.kafka.metadata import TopicMetadataError, partitions_of
 from spark_jobs.planning import ReadSlice, SourceError, TopicPartition
 
 Watermarks = dict[TopicPartition, tuple[int, int]]
@@ -49,18 +50,18 @@ async def start_consumer(
 
 
 async def topic_partitions(
-    consumer: AIOKafkaConsumer, topics: Sequence[str], timeout: float
+    bootstrap_servers: str, topics: Sequence[str], timeout: float
 ) -> list[TopicPartition]:
-    """Every partition of `topics`; an unknown topic is an error (never auto-created)."""
-    existing = await asyncio.wait_for(consumer.topics(), timeout)
-    missing = [t for t in topics if t not in existing]
-    if missing:
-        raise SourceError(f"unknown topic(s) {missing}: not on the cluster")
-    tps: list[TopicPartition] = []
-    for topic in topics:
-        parts = consumer.partitions_for_topic(topic) or set()
-        tps.extend((topic, p) for p in sorted(parts))
-    return tps
+    """Every partition of `topics`, from a fresh metadata answer (coordinator.kafka.metadata);
+    an unknown topic is an error (never auto-created), and so is one showing no partitions."""
+    try:
+        answer = await partitions_of(bootstrap_servers, topics, timeout)
+        found = answer.require(repr(bootstrap_servers))
+    except (KafkaError, OSError, TimeoutError) as err:
+        raise SourceError(f"cannot reach Kafka at {bootstrap_servers!r}: {err!r}") from err
+    except TopicMetadataError as err:
+        raise SourceError(str(err)) from err
+    return [(topic, p) for topic in topics for p in found[topic]]
 
 
 async def probe_high_watermarks(
@@ -93,12 +94,10 @@ async def read_watermarks(
     bootstrap_servers: str, topics: Sequence[str], timeout: float = 15.0
 ) -> Watermarks:
     """(low, high) offsets of every partition of `topics`, high = the fetch high watermark."""
+    tps = await topic_partitions(bootstrap_servers, topics, timeout)
     consumer = make_consumer(bootstrap_servers)
     await start_consumer(consumer, bootstrap_servers, timeout)
     try:
-        tps = await topic_partitions(consumer, topics, timeout)
-        if not tps:
-            return {}
         ktps = [KafkaTP(*tp) for tp in tps]
         low = await asyncio.wait_for(consumer.beginning_offsets(ktps), timeout)
         end = await asyncio.wait_for(consumer.end_offsets(ktps), timeout)

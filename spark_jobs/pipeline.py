@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 WRITE_MODES = ("errorifexists", "overwrite")
+
+
+class NothingRead(RuntimeError):
+    """The topics hold records but the read returned none: never an empty success."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +78,20 @@ def run_pipeline(
     if gap_ms <= 0:
         raise ValueError(f"the session gap must be > 0, got {gap_ms} ms")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    promised = count_offsets(bootstrap_servers, topics)
     raw = read_records(spark, bootstrap_servers, topics, ranges)
     # One read of Kafka: everything after this works from the cached, classified records
     # (a second read would plan again, against a newer high watermark).
     checked = classify_clicks(raw).persist()
     try:
         records = checked.count()
+        if records == 0 and promised > 0:
+            # Fewer records than offsets is normal (transaction markers, compaction);
+            # none at all from partitions that hold some is a broken read, not a quiet day.
+            raise NothingRead(
+                f"read 0 records of {topics} from {bootstrap_servers}, whose partitions "
+                f"hold {promised} offsets between their low and high watermarks"
+            )
         partitions = checked.rdd.getNumPartitions()
         clicks = checked.where("ok").select(
             "user", "ts", "page", "action", "topic", "partition", "offset"
@@ -113,11 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _preflight(bootstrap_servers: str, topics: list[str]) -> int:
-    """Fail before starting a JVM when Kafka or a topic is not there; the record count."""
+def count_offsets(bootstrap_servers: str, topics: list[str]) -> int:
+    """Offsets between the low and high watermarks of every partition of `topics`; fails
+    (SourceError) when Kafka or a topic is not there, before any JVM starts."""
     from spark_jobs.kafka_io import read_watermarks
 
-    marks = asyncio.run(read_watermarks(bootstrap_servers, topics, timeout=10))
+    # In a thread of its own: the caller may be inside an event loop (a notebook, a test).
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(asyncio.run, read_watermarks(bootstrap_servers, topics, timeout=10))
+        marks = job.result()
     return sum(high - low for low, high in marks.values())
 
 
@@ -134,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     from spark_jobs.planning import SourceError
 
     try:
-        _preflight(args.bootstrap_servers, topics)
+        count_offsets(args.bootstrap_servers, topics)
     except SourceError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -150,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             gap_ms=round(args.gap_minutes * 60_000),
             mode=args.mode,
         )
+    except NothingRead as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except Exception as err:
         from pyspark.errors import AnalysisException
 

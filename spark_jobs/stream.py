@@ -138,7 +138,7 @@ class MemberRuntime:
         consumer = make_consumer(s.bootstrap_servers, max_partition_fetch_bytes=64 * 1024)
         await start_consumer(consumer, s.bootstrap_servers, s.connect_timeout)
         self.consumer = consumer
-        self.partitions = await topic_partitions(consumer, s.topics, s.connect_timeout)
+        self.partitions = await topic_partitions(s.bootstrap_servers, s.topics, s.connect_timeout)
         ktps = [KafkaTP(*tp) for tp in self.partitions]
         ends = await asyncio.wait_for(consumer.end_offsets(ktps), s.connect_timeout)
         self.high_watermarks = {(k.topic, k.partition): int(v) for k, v in ends.items()}

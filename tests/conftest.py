@@ -12,7 +12,12 @@ import pytest
 from hypothesis import settings
 
 from coordinator.broker import EmbeddedBroker
+from tests.brokers import Broker
+from tests.brokers.kafka import KafkaBroker, KafkaUnavailable, missing_tools
 from tests.integration.harness import CoordinatorProcess, Workers
+
+#: Brokers a test using the `broker` fixture runs on, unless marked `brokers(...)`.
+DEFAULT_BROKERS = ("tansu",)
 
 # CI explores a fixed sequence of examples (a red CI then means a change broke something,
 # not that chance found an old case); local runs keep exploring at random.
@@ -33,9 +38,54 @@ def _stop_broker(broker: EmbeddedBroker) -> None:
             broker.kill()  # reaps
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run every test that uses `broker` once per broker kind: `@pytest.mark.brokers(...)`
+    names them (default DEFAULT_BROKERS); test ids end in [tansu] / [kafka]."""
+    if "broker" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("brokers")
+        kinds = marker.args if marker else DEFAULT_BROKERS
+        metafunc.parametrize("broker", kinds, indirect=True)
+
+
+@pytest.fixture(scope="session")
+def kafka_server() -> Iterator[KafkaBroker]:
+    """One Apache Kafka node for the whole session (a JVM start costs ~5 s); every test
+    gets it emptied (`kafka` fixture). Skips with the reason when Java or Maven is missing,
+    except under CI=true, where the Kafka tests must run."""
+    reason = missing_tools()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"Apache Kafka tests must run in CI: {reason}")
+        pytest.skip(f"Apache Kafka tests skipped: {reason}")
+    server = KafkaBroker()
+    try:
+        server.start()
+    except KafkaUnavailable as err:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"Apache Kafka tests skipped: {err}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
-def broker() -> Iterator[EmbeddedBroker]:
-    """A fresh in-memory Tansu broker on a free port, stopped after the test."""
+def kafka(kafka_server: KafkaBroker) -> KafkaBroker:
+    """The session's Kafka node with no topics left from earlier tests."""
+    if not kafka_server.running:
+        kafka_server.start()  # a test stopped it: start it again rather than fail the rest
+    kafka_server.reset()
+    return kafka_server
+
+
+@pytest.fixture
+def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
+    """A broker with nothing on it: a fresh in-memory Tansu on a free port (stopped after
+    the test), or the session's Apache Kafka node, emptied."""
+    if request.param == "kafka":
+        yield request.getfixturevalue("kafka")
+        return
     b = EmbeddedBroker()
     try:
         b.start()

@@ -7,19 +7,19 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from coordinator.broker import EmbeddedBroker
 from coordinator.hashing import SLOT_COUNT, slot_for_key
 from spark_jobs.source import register
+from tests.brokers import Broker
 from tests.integration.harness import create_topic, produce
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.brokers("tansu", "kafka")]
 
 
 async def test_batch_read_returns_exactly_what_was_produced(
-    spark: SparkSession, broker: EmbeddedBroker
+    spark: SparkSession, broker: Broker
 ) -> None:
     bootstrap = broker.bootstrap_servers
     await create_topic(bootstrap, "orders", partitions=2)
@@ -45,7 +45,7 @@ async def test_batch_read_returns_exactly_what_was_produced(
 
 
 async def test_unkeyed_records_spread_by_offset_and_the_ordering_header_wins(
-    spark: SparkSession, broker: EmbeddedBroker
+    spark: SparkSession, broker: Broker
 ) -> None:
     """The slot column is the consumer client's: header `ordering-key` over the record key,
     and records with neither are spread by offset (they have no order to keep)."""

@@ -22,7 +22,7 @@ from coordinator.verify import Processed, check, read_processed
 from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for
 from tests.spark_jobs.handlers import OUT_ENV
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.brokers("tansu", "kafka")]
 REPO = Path(__file__).resolve().parents[2]
 GROUP = "spark-consumers"
 TOPIC = "spark.clicks"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,10 +10,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from coordinator.broker import EmbeddedBroker, free_port
+from coordinator.broker import free_port
 from spark_jobs import clickstream
 from spark_jobs.pipeline import run_pipeline
 from spark_jobs.sessionize import parse_click, reference_sessions
+from tests.brokers import Broker
 from tests.spark_jobs.test_sessionize import _as_rows, session_rows
 
 if TYPE_CHECKING:
@@ -20,11 +22,12 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[2]
 TOPIC = "clicks"
+pytestmark = pytest.mark.brokers("tansu", "kafka")
 
 
 @pytest.mark.integration
 async def test_pipeline_output_equals_the_reference(
-    spark: SparkSession, broker: EmbeddedBroker, tmp_path: Path
+    spark: SparkSession, broker: Broker, tmp_path: Path
 ) -> None:
     bootstrap = broker.bootstrap_servers
     records = clickstream.events(users=40, count=3000, seed=11, bad=15)
@@ -55,10 +58,10 @@ async def test_pipeline_output_equals_the_reference(
         run_pipeline(spark, bootstrap_servers=bootstrap, topics=[TOPIC], output=str(output))
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "spark_jobs.pipeline", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
 
@@ -91,9 +94,56 @@ def test_unreachable_broker_is_a_clear_error_before_spark_starts() -> None:
 
 
 @pytest.mark.integration
-def test_unknown_topic_is_a_clear_error(broker: EmbeddedBroker) -> None:
+def test_unknown_topic_is_a_clear_error(broker: Broker) -> None:
     result = _cli(
         "--bootstrap-servers", broker.bootstrap_servers, "--topic", "nope", "--output", "/tmp/x"
     )  # fmt: skip
     assert result.returncode == 2
     assert "unknown topic(s) ['nope']" in result.stderr
+
+
+@pytest.mark.integration
+def test_the_readme_steps_give_the_documented_figures(broker: Broker, tmp_path: Path) -> None:
+    """README "Spark": the clickstream generator, then the pipeline, as a user runs them;
+    the same figures on every broker (on Apache Kafka the source once read nothing)."""
+    bootstrap = broker.bootstrap_servers
+    generate = subprocess.run(
+        [
+            sys.executable, "-m", "spark_jobs.clickstream", "--bootstrap-servers", bootstrap,
+            "--topic", "clicks", "--users", "200", "--events", "20000", "--seed", "7",
+            "--bad", "10", "--partitions", "2",
+        ],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert generate.returncode == 0, generate.stderr
+    result = _cli(
+        "--bootstrap-servers", bootstrap, "--topic", "clicks", "--ranges", "8",
+        "--output", str(tmp_path / "sessions"), "--rejects", str(tmp_path / "rejects"),
+        timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (figures["records"], figures["clicks"], figures["rejected"]) == (20010, 20000, 10)
+    assert figures["sessions"] == 1233
+    assert figures["read_partitions"] == 2 * 8
+
+
+@pytest.mark.integration
+@pytest.mark.brokers("tansu")
+async def test_a_read_that_returns_nothing_from_a_full_topic_is_an_error(
+    spark: SparkSession, broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard behind the Apache Kafka bug: whatever makes the read come back empty
+    (here a read replaced by an empty one), records on the broker mean it must fail."""
+    from spark_jobs import pipeline
+    from spark_jobs.reading import spark_schema
+
+    bootstrap = broker.bootstrap_servers
+    await clickstream.ensure_topic(bootstrap, TOPIC, partitions=2)
+    await clickstream.produce(bootstrap, TOPIC, clickstream.events(users=5, count=50, seed=1))
+    empty = spark.createDataFrame([], schema=spark_schema())
+    monkeypatch.setattr(pipeline, "read_records", lambda *_: empty)
+
+    with pytest.raises(pipeline.NothingRead, match=r"read 0 records of \['clicks'\].*50 offsets"):
+        run_pipeline(spark, bootstrap_servers=bootstrap, topics=[TOPIC], output=str(tmp_path / "o"))
+    assert not (tmp_path / "o").exists()

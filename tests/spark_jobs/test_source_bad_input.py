@@ -8,18 +8,19 @@ from typing import TYPE_CHECKING
 import pytest
 from pyspark.errors import AnalysisException, StreamingQueryException
 
-from coordinator.broker import EmbeddedBroker, free_port
+from coordinator.broker import free_port
 from spark_jobs.source import register
+from tests.brokers import Broker
 from tests.integration.harness import CoordinatorProcess, create_topic
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.brokers("tansu", "kafka")]
 
 
 @pytest.fixture
-async def topic(spark: SparkSession, broker: EmbeddedBroker) -> str:
+async def topic(spark: SparkSession, broker: Broker) -> str:
     register(spark)
     await create_topic(broker.bootstrap_servers, "present", partitions=1)
     return "present"
@@ -43,7 +44,7 @@ async def topic(spark: SparkSession, broker: EmbeddedBroker) -> str:
 )
 def test_bad_batch_reads_are_refused(
     spark: SparkSession,
-    broker: EmbeddedBroker,
+    broker: Broker,
     topic: str,
     options: dict[str, str],
     message: str,
@@ -67,7 +68,7 @@ def _run_stream(spark: SparkSession, options: dict[str, str]) -> None:
 
 
 def test_a_stream_without_a_reachable_coordinator_fails_clearly(
-    spark: SparkSession, broker: EmbeddedBroker, topic: str
+    spark: SparkSession, broker: Broker, topic: str
 ) -> None:
     nobody = f"127.0.0.1:{free_port()}"
     options = {
@@ -93,7 +94,7 @@ def test_a_stream_without_a_reachable_coordinator_fails_clearly(
 )
 def test_bad_stream_options_are_refused(
     spark: SparkSession,
-    broker: EmbeddedBroker,
+    broker: Broker,
     topic: str,
     drop: str | None,
     extra: dict[str, str],
@@ -113,7 +114,7 @@ def test_bad_stream_options_are_refused(
 
 @pytest.mark.coordinator_args("--auth-token", "right-token")
 async def test_a_stream_with_a_wrong_token_is_refused_by_the_coordinator(
-    spark: SparkSession, broker: EmbeddedBroker, coordinator: CoordinatorProcess, topic: str
+    spark: SparkSession, broker: Broker, coordinator: CoordinatorProcess, topic: str
 ) -> None:
     options = {
         "group": "g",

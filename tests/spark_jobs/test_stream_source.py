@@ -12,16 +12,16 @@ import pyarrow.dataset as ds
 import pytest
 
 from consumer_client import CoordinatedConsumer
-from coordinator.broker import EmbeddedBroker
 from coordinator.verify import Produced
 from spark_jobs.source import register
+from tests.brokers import Broker
 from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.brokers("tansu", "kafka")]
 
 GROUP = "spark-stream"
 TOPIC = "stream.events"
@@ -29,7 +29,7 @@ TOPIC = "stream.events"
 
 def start_query(
     spark: SparkSession,
-    broker: EmbeddedBroker,
+    broker: Broker,
     coord: CoordinatorProcess,
     out: Path,
     ckpt: Path,
@@ -130,7 +130,7 @@ async def committed_low_watermarks(coord: CoordinatorProcess) -> dict[int, int]:
 
 
 async def test_stream_is_exactly_once_across_batches_and_a_restart(
-    spark: SparkSession, broker: EmbeddedBroker, coordinator: CoordinatorProcess, tmp_path: Path
+    spark: SparkSession, broker: Broker, coordinator: CoordinatorProcess, tmp_path: Path
 ) -> None:
     bootstrap = broker.bootstrap_servers
     out, ckpt = tmp_path / "sink", tmp_path / "checkpoint"
@@ -172,7 +172,7 @@ async def test_stream_is_exactly_once_across_batches_and_a_restart(
 
 
 async def test_a_joining_consumer_takes_ranges_from_the_query_without_loss_or_duplicates(
-    spark: SparkSession, broker: EmbeddedBroker, coordinator: CoordinatorProcess, tmp_path: Path
+    spark: SparkSession, broker: Broker, coordinator: CoordinatorProcess, tmp_path: Path
 ) -> None:
     """A plain consumer joins the query's group mid-stream: the coordinator moves ranges
     from the query (StopFetcher, answered after the covering batch commits) to it.

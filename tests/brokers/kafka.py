@@ -1,0 +1,365 @@
+"""Apache Kafka 4.x for tests and benchmarks, assembled from Maven Central.
+
+No tarball and no Docker: `pom.xml` beside this file names Kafka's broker and tools jars;
+`mvn dependency:copy-dependencies` collects them (and everything they pull in) once into
+a cache directory keyed by the pom's content, and every broker runs from there with the
+machine's Java 17. A broker is a single KRaft node (broker and controller in one process)
+on free loopback ports, formatted fresh in its own directory, stopped by pid.
+
+Readiness is a metadata answer listing the broker, not an open port: Kafka binds its
+listeners before it can serve, and a client that arrives then sees no brokers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from coordinator.broker import free_port
+
+POM = Path(__file__).with_name("pom.xml")
+KAFKA_INTERNAL_TOPICS = frozenset(
+    {"__consumer_offsets", "__transaction_state", "__share_group_state", "__cluster_metadata"}
+)
+#: Single node: every internal topic has one replica and needs one in sync.
+_SINGLE_NODE = {
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "share.coordinator.state.topic.num.partitions": "4",
+    # A test's first consumer group would otherwise wait 3 s for more members.
+    "group.initial.rebalance.delay.ms": "0",
+    "auto.create.topics.enable": "false",
+    "num.partitions": "1",
+}
+_LOG4J = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.file.ref = file
+"""
+
+
+class KafkaUnavailable(RuntimeError):
+    """Java or Maven is missing, or the jars could not be collected."""
+
+
+class KafkaBrokerError(RuntimeError):
+    """The broker could not be formatted, started or made ready."""
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("KEYSHARD_CACHE", Path(base) / "keyshard"))
+
+
+def missing_tools() -> str | None:
+    """Why a Kafka broker cannot run here (None: it can). Maven is needed only until the
+    jars are cached."""
+    if shutil.which("java") is None:
+        return "no `java` on the PATH (Apache Kafka needs Java 17)"
+    if not (_jar_dir() / ".complete").exists() and shutil.which("mvn") is None:
+        return "no `mvn` on the PATH to collect Apache Kafka's jars from Maven Central"
+    return None
+
+
+def _jar_dir() -> Path:
+    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
+    return cache_root() / f"kafka-jars-{digest}"
+
+
+def ensure_jars(timeout: float = 600.0) -> Path:
+    """The directory holding Kafka's jars, collected on first use (a file lock keeps two
+    test runs from collecting into one directory at once)."""
+    target = _jar_dir()
+    if (target / ".complete").exists():
+        return target
+    reason = missing_tools()
+    if reason is not None:
+        raise KafkaUnavailable(reason)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".kafka-jars.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").exists():
+            return target
+        staging = Path(tempfile.mkdtemp(prefix="kafka-jars-", dir=target.parent))
+        cmd = ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies"]
+        cmd.append(f"-DoutputDirectory={staging}")
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as err:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise KafkaUnavailable(f"mvn did not collect Kafka's jars in {timeout:g} s") from err
+        if done.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
+            shutil.rmtree(staging, ignore_errors=True)
+            tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+            raise KafkaUnavailable(f"mvn could not collect Kafka's jars:\n{tail}")
+        (staging / ".complete").touch()
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    return target
+
+
+def java_command(jars: Path, main: str, *args: str, heap: str = "256m") -> list[str]:
+    return ["java", f"-Xmx{heap}", "-cp", f"{jars}/*", main, *args]
+
+
+def run_tool(main: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run one of Kafka's command-line classes (e.g. ConsumerGroupCommand) to completion."""
+    jars = ensure_jars()
+    return subprocess.run(
+        java_command(jars, main, *args), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _properties(values: Mapping[str, str]) -> str:
+    return "".join(f"{k}={v}\n" for k, v in values.items())
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "<no log>"
+
+
+class KafkaBroker:
+    """One KRaft node (`process.roles=broker,controller`) in its own directory.
+
+    `extra_config` adds or overrides `server.properties` entries; `extra_listeners` adds
+    named listeners (name -> security protocol) on free ports, e.g. a SASL_SSL one, whose
+    addresses `listener(name)` gives. The process runs in its own session and is stopped
+    by pid (SIGTERM, then SIGKILL); a directory we created is removed on stop.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        workdir: Path | None = None,
+        heap: str = "768m",
+        log_level: str = "WARN",
+        extra_config: Mapping[str, str] | None = None,
+        extra_listeners: Mapping[str, str] | None = None,
+        jvm_options: Sequence[str] = (),
+    ) -> None:
+        self.host = host
+        self.heap = heap
+        self.log_level = log_level
+        self.extra_config = dict(extra_config or {})
+        self.extra_listeners = dict(extra_listeners or {})
+        self.jvm_options = list(jvm_options)
+        self._workdir = workdir
+        self._owns_workdir = workdir is None
+        self._ports: dict[str, int] = {}
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def workdir(self) -> Path:
+        if self._workdir is None:
+            raise KafkaBrokerError("the broker's directory is made on start(); start it first")
+        return self._workdir
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.listener("PLAINTEXT")
+
+    def listener(self, name: str) -> str:
+        if name not in self._ports:
+            raise KafkaBrokerError(f"no listener {name!r} (started? one of {sorted(self._ports)})")
+        return f"{self.host}:{self._ports[name]}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "broker.log"
+
+    def config(self) -> dict[str, str]:
+        names = ["PLAINTEXT", "CONTROLLER", *self.extra_listeners]
+        for name in names:
+            self._ports.setdefault(name, free_port(self.host))
+        protocols = {"PLAINTEXT": "PLAINTEXT", "CONTROLLER": "PLAINTEXT", **self.extra_listeners}
+        served = [n for n in names if n != "CONTROLLER"]
+        return {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "listeners": ",".join(f"{n}://{self.host}:{self._ports[n]}" for n in names),
+            "advertised.listeners": ",".join(f"{n}://{self.host}:{self._ports[n]}" for n in served),
+            "listener.security.protocol.map": ",".join(f"{n}:{p}" for n, p in protocols.items()),
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "controller.quorum.bootstrap.servers": f"{self.host}:{self._ports['CONTROLLER']}",
+            "log.dirs": str(self.workdir / "data"),
+            **_SINGLE_NODE,
+            **self.extra_config,
+        }
+
+    def start(self, timeout: float = 90.0) -> None:
+        if self.running:
+            raise KafkaBrokerError(f"broker already running (pid {self.pid})")
+        jars = ensure_jars()
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix="keyshard-kafka-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        props = self.workdir / "server.properties"
+        props.write_text(_properties(self.config()))
+        log4j = self.workdir / "log4j2.properties"
+        log4j.write_text(_LOG4J.format(log=self.log_path, level=self.log_level))
+        jvm = [f"-Dlog4j2.configurationFile={log4j}", *self.jvm_options]
+        fmt = java_command(jars, "kafka.tools.StorageTool", heap="256m")
+        fmt[1:1] = jvm
+        fmt += ["format", "--standalone", "-t", _cluster_id(), "-c", str(props)]
+        done = subprocess.run(fmt, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise KafkaBrokerError(f"formatting failed: {(done.stdout + done.stderr)[-2000:]}")
+        cmd = java_command(jars, "kafka.Kafka", str(props), heap=self.heap)
+        cmd[1:1] = [*jvm, "-XX:+UseSerialGC", "-Djava.awt.headless=true"]
+        with open(self.workdir / "stdout.log", "ab") as out:
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+            )
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout
+        last: BaseException | None = None
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            while time.monotonic() < deadline:
+                code = self._proc.poll()
+                if code is not None:
+                    raise KafkaBrokerError(
+                        f"Kafka exited with code {code} while starting; log:\n"
+                        f"{_tail(self.log_path)}\n{_tail(self.workdir / 'stdout.log')}"
+                    )
+                try:
+                    # A bare connect first: aiokafka logs every refused connection.
+                    with socket.create_connection((self.host, self._ports["PLAINTEXT"]), 1):
+                        pass
+                    if pool.submit(asyncio.run, _serves_metadata(self.bootstrap_servers)).result():
+                        return
+                except Exception as err:  # not up yet: refused, timed out, no brokers
+                    last = err
+                time.sleep(0.1)
+        raise KafkaBrokerError(
+            f"Kafka not serving metadata on {self.bootstrap_servers} within {timeout:g} s "
+            f"(last error: {last!r}); log:\n{_tail(self.log_path)}"
+        )
+
+    def reset(self, timeout: float = 30.0) -> None:
+        """Delete every topic a test made, so the next test sees an empty cluster without
+        paying for a new JVM (~5 s). Internal topics stay; so do consumer groups (aiokafka
+        cannot delete them), but Kafka drops their committed offsets with the topics."""
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, _empty_cluster(self.bootstrap_servers, timeout)).result()
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM (a controlled shutdown), SIGKILL after `timeout`; reap; remove our dir."""
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGTERM)
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        if self._owns_workdir and self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+
+    def __enter__(self) -> KafkaBroker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+async def _serves_metadata(bootstrap: str) -> bool:
+    from aiokafka import AIOKafkaClient
+
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+    try:
+        await asyncio.wait_for(client.bootstrap(), 5)
+        cluster = await asyncio.wait_for(client.fetch_all_metadata(), 5)
+        return bool(cluster.brokers())
+    finally:
+        await client.close()
+
+
+async def _empty_cluster(bootstrap: str, timeout: float) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import KafkaError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    await asyncio.wait_for(admin.start(), timeout)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            topics = [t for t in await admin.list_topics() if t not in KAFKA_INTERNAL_TOPICS]
+            if not topics:
+                return
+            if time.monotonic() > deadline:
+                raise KafkaBrokerError(f"topics {topics} still there {timeout:g} s after delete")
+            with contextlib.suppress(KafkaError):
+                await asyncio.wait_for(admin.delete_topics(topics), timeout)
+            await asyncio.sleep(0.05)
+    finally:
+        await admin.close()
+
+
+def main() -> int:
+    """`python -m tests.brokers.kafka`: collect the jars now (scripts/test.sh does, so a
+    first test run does not pay for it inside a test), or say in one line why not."""
+    try:
+        print(f"Apache Kafka jars: {ensure_jars()}")
+    except KafkaUnavailable as err:
+        print(f"Apache Kafka tests will be skipped: {err}")
+        return 0 if not os.environ.get("CI") else 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
