@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,15 @@ from hypothesis import settings
 
 from coordinator.broker import EmbeddedBroker
 from tests.brokers import Broker
-from tests.brokers.kafka import KafkaBroker, KafkaUnavailable, missing_tools
+from tests.brokers.kafka import (
+    SASL_SSL,
+    KafkaBroker,
+    KafkaUnavailable,
+    missing_tools,
+    secured_broker,
+)
 from tests.integration.harness import CoordinatorProcess, Workers
+from tests.tls_files import TlsFiles, make_tls_files
 
 #: Brokers a test using the `broker` fixture runs on, unless marked `brokers(...)`.
 DEFAULT_BROKERS = ("tansu",)
@@ -47,16 +55,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("broker", kinds, indirect=True)
 
 
-@pytest.fixture(scope="session")
-def kafka_server() -> Iterator[KafkaBroker]:
-    """One Apache Kafka node for the whole session (a JVM start costs ~5 s); every test
-    gets it emptied (`kafka` fixture). Skips with the reason when Java or Maven is missing,
-    except under CI=true, where the Kafka tests must run."""
+def _require_kafka_tools() -> None:
     reason = missing_tools()
     if reason is not None:
         if os.environ.get("CI"):
             pytest.fail(f"Apache Kafka tests must run in CI: {reason}")
         pytest.skip(f"Apache Kafka tests skipped: {reason}")
+
+
+@pytest.fixture(scope="session")
+def kafka_server() -> Iterator[KafkaBroker]:
+    """One Apache Kafka node for the whole session (a JVM start costs ~5 s); every test
+    gets it emptied (`kafka` fixture). Skips with the reason when Java or Maven is missing,
+    except under CI=true, where the Kafka tests must run."""
+    _require_kafka_tools()
     server = KafkaBroker()
     try:
         server.start()
@@ -68,6 +80,44 @@ def kafka_server() -> Iterator[KafkaBroker]:
         yield server
     finally:
         server.stop()
+
+
+@dataclass(frozen=True)
+class SecuredKafka:
+    """A Kafka node with a SASL_SSL listener (SCRAM-SHA-512 users, a test CA) and the
+    settings a client needs to use it as `app`."""
+
+    broker: KafkaBroker
+    tls: TlsFiles
+    users: dict[str, str]
+
+    @property
+    def address(self) -> str:
+        return self.broker.listener(SASL_SSL)
+
+    def client_config(self, user: str = "app", **overrides: str) -> dict[str, str]:
+        return {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": user,
+            "sasl.password": self.users[user],
+            "ssl.ca.location": str(self.tls.ca),
+            **overrides,
+        }
+
+
+@pytest.fixture(scope="session")
+def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredKafka]:
+    """One SASL_SSL Kafka node for the session (its own JVM: the plain node stays plain)."""
+    _require_kafka_tools()
+    tls = make_tls_files(tmp_path_factory.mktemp("kafka-tls"))
+    users = {"app": "app-secret-1", "admin": "admin-secret-2"}
+    broker = secured_broker(ca=tls.ca, cert=tls.server.cert, key=tls.server.key, users=users)
+    broker.start()
+    try:
+        yield SecuredKafka(broker, tls, users)
+    finally:
+        broker.stop()
 
 
 @pytest.fixture

@@ -154,8 +154,10 @@ class KafkaBroker:
 
     `extra_config` adds or overrides `server.properties` entries; `extra_listeners` adds
     named listeners (name -> security protocol) on free ports, e.g. a SASL_SSL one, whose
-    addresses `listener(name)` gives. The process runs in its own session and is stopped
-    by pid (SIGTERM, then SIGKILL); a directory we created is removed on stop.
+    addresses `listener(name)` gives; `scram_users` (name -> password) are SCRAM-SHA-512
+    credentials written at format time; `secured_broker` puts these together. The process
+    runs in its own session and is stopped by pid (SIGTERM, then SIGKILL); a directory we
+    created is removed on stop.
     """
 
     def __init__(
@@ -167,6 +169,7 @@ class KafkaBroker:
         log_level: str = "WARN",
         extra_config: Mapping[str, str] | None = None,
         extra_listeners: Mapping[str, str] | None = None,
+        scram_users: Mapping[str, str] | None = None,
         jvm_options: Sequence[str] = (),
     ) -> None:
         self.host = host
@@ -174,6 +177,7 @@ class KafkaBroker:
         self.log_level = log_level
         self.extra_config = dict(extra_config or {})
         self.extra_listeners = dict(extra_listeners or {})
+        self.scram_users = dict(scram_users or {})
         self.jvm_options = list(jvm_options)
         self._workdir = workdir
         self._owns_workdir = workdir is None
@@ -242,6 +246,8 @@ class KafkaBroker:
         fmt = java_command(jars, "kafka.tools.StorageTool", heap="256m")
         fmt[1:1] = jvm
         fmt += ["format", "--standalone", "-t", _cluster_id(), "-c", str(props)]
+        for user, password in self.scram_users.items():  # SCRAM users live in the metadata log
+            fmt += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]"]
         done = subprocess.run(fmt, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             raise KafkaBrokerError(f"formatting failed: {(done.stdout + done.stderr)[-2000:]}")
@@ -315,6 +321,61 @@ class KafkaBroker:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+SASL_SSL = "SASL_SSL"
+
+
+def secured_broker(
+    *,
+    ca: Path,
+    cert: Path,
+    key: Path,
+    users: Mapping[str, str],
+    authorizer: bool = False,
+    workdir: Path | None = None,
+) -> KafkaBroker:
+    """A broker with a SASL_SSL listener (SCRAM-SHA-512 over TLS, certificate `cert`/`key`
+    signed by `ca`) beside the PLAINTEXT one the tests set topics up through.
+
+    With `authorizer`, Kafka's StandardAuthorizer is on: the PLAINTEXT principal (ANONYMOUS)
+    and `admin` are super users, everyone else needs ACLs (`run_tool` + AclCommand).
+    """
+    keystore = (workdir or Path(tempfile.mkdtemp(prefix="keyshard-kafka-tls-"))) / "broker.pem"
+    keystore.parent.mkdir(parents=True, exist_ok=True)
+    keystore.write_bytes(_pkcs8(key.read_bytes()) + cert.read_bytes())
+    prefix = "listener.name.sasl_ssl."
+    config = {
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+        f"{prefix}scram-sha-512.sasl.jaas.config": (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        ),
+        f"{prefix}ssl.keystore.type": "PEM",
+        f"{prefix}ssl.keystore.location": str(keystore),
+        f"{prefix}ssl.truststore.type": "PEM",
+        f"{prefix}ssl.truststore.location": str(ca),
+    }
+    if authorizer:
+        config["authorizer.class.name"] = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+        config["super.users"] = "User:ANONYMOUS;User:admin"
+    return KafkaBroker(
+        workdir=workdir,
+        extra_config=config,
+        extra_listeners={SASL_SSL: SASL_SSL},
+        scram_users=users,
+    )
+
+
+def _pkcs8(key_pem: bytes) -> bytes:
+    """Kafka's PEM key stores take PKCS#8 keys only (`BEGIN PRIVATE KEY`)."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(key_pem, None)
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
 
 
 async def _serves_metadata(bootstrap: str) -> bool:
