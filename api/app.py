@@ -36,8 +36,8 @@ from api.models import (
     summary_view,
 )
 from api.rates import ProcessedRates
-from coordinator import operations
-from coordinator.runtime import CoordinatorRuntime
+from coordinator.runtime import operations
+from coordinator.runtime.runtime import CoordinatorRuntime
 
 ERROR_NAMES = {
     400: "bad_request",

@@ -12,10 +12,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
-from coordinator.assignor import known_assignors
-from coordinator.group import GroupConfig, GroupState, Handoff
-from coordinator.positions import RangePositionMap
-from coordinator.ranges import RangeSet
+from coordinator.group.state import GroupConfig, GroupState, Handoff
+from coordinator.model.positions import RangePositionMap
+from coordinator.model.ranges import RangeSet
+from coordinator.strategies.registry import known_assignors
 
 
 class PositionSegment(BaseModel):

@@ -45,10 +45,12 @@ from bench._coord_common import (
     median,
     rss_mib,
 )
-from coordinator.broker import EmbeddedBroker
-from coordinator.hashing import SLOT_COUNT
-from coordinator.positions import Position, RangePositionMap
-from coordinator.protocol import (
+from coordinator.local.broker import EmbeddedBroker
+from coordinator.model.hashing import SLOT_COUNT
+from coordinator.model.positions import Position, RangePositionMap
+from coordinator.model.ranges import EMPTY, RangeSet
+from coordinator.protocol.channel import Channel
+from coordinator.protocol.messages import (
     ErrorCode,
     Message,
     PingRequest,
@@ -60,9 +62,7 @@ from coordinator.protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from coordinator.ranges import EMPTY, RangeSet
-from coordinator.transport import Channel
-from coordinator.wire import positions_from_wire, positions_to_wire, ranges_from_wire
+from coordinator.protocol.wire import positions_from_wire, positions_to_wire, ranges_from_wire
 
 TOPIC = "scale.events"
 SCRIPT = str(Path(__file__).resolve())

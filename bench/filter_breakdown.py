@@ -24,9 +24,9 @@ from consumer_client import CoordinatedConsumer
 from consumer_client.consumer import _Chunk
 from consumer_client.lanes import KeyLanes
 from consumer_client.progress import ConsumerProgress
-from coordinator.hashing import slot_for_key
-from coordinator.positions import Position
-from coordinator.ranges import RangeSet, SlotRange
+from coordinator.model.hashing import slot_for_key
+from coordinator.model.positions import Position
+from coordinator.model.ranges import RangeSet, SlotRange
 
 TP = ("t", 0)
 

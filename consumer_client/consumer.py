@@ -25,16 +25,16 @@ from consumer_client.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy, Suspende
 from consumer_client.membership import ConsumerError, Membership, parse_addresses
 from consumer_client.progress import ConsumerProgress, Grant, PartitionProgress
 from consumer_client.replay import ReplayWindow
-from coordinator.group import PositionUpdate
-from coordinator.hashing import (
+from coordinator.model.hashing import (
     LOAD_BUCKET_SHIFT,
     ORDERING_KEY_HEADER,
     SLOT_COUNT,
     ordering_key,
     slot_for_key,
 )
-from coordinator.protocol import HighWatermark
-from coordinator.ranges import RangeSet
+from coordinator.model.positions import PositionUpdate
+from coordinator.model.ranges import RangeSet
+from coordinator.protocol.messages import HighWatermark
 
 log = logging.getLogger(__name__)
 

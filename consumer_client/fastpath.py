@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from consumer_client.lanes import KeyLanes, Suspended, _reraise, _Resume
 from consumer_client.progress import Grant, PartitionProgress
-from coordinator.hashing import LOAD_BUCKET_COUNT
+from coordinator.model.hashing import LOAD_BUCKET_COUNT
 
 if TYPE_CHECKING:
     from consumer_client.consumer import ConsumerStats, _Chunk

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from types import CoroutineType
 from typing import Any, Literal
 
-from coordinator.group import TopicPartition
-from coordinator.ranges import RangeSet
+from coordinator.model.positions import TopicPartition
+from coordinator.model.ranges import RangeSet
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,10 @@ import time
 from collections.abc import Awaitable
 from typing import Protocol
 
-from coordinator.group import PositionUpdate
-from coordinator.protocol import (
+from coordinator.model.positions import PositionUpdate
+from coordinator.model.ranges import RangeSet
+from coordinator.protocol.channel import Channel, ChannelClosed, RemoteError
+from coordinator.protocol.messages import (
     ErrorCode,
     HighWatermark,
     LeaveRequest,
@@ -38,9 +40,7 @@ from coordinator.protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from coordinator.ranges import RangeSet
-from coordinator.transport import Channel, ChannelClosed, RemoteError
-from coordinator.wire import positions_from_wire, positions_to_wire, ranges_from_wire
+from coordinator.protocol.wire import positions_from_wire, positions_to_wire, ranges_from_wire
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from coordinator.group import PositionUpdate, TopicPartition
-from coordinator.positions import Position, RangePositionMap
-from coordinator.ranges import EMPTY, RangeSet, SlotRange
+from coordinator.model.positions import Position, PositionUpdate, RangePositionMap, TopicPartition
+from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
 
 FULL = RangeSet.full()
 

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from coordinator.ranges import RangeSet
+from coordinator.model.ranges import RangeSet
 from spark_jobs.launch import job_session
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaError
 
-from coordinator.hashing import ORDERING_KEY_HEADER, slot_for_record
+from coordinator.model.hashing import ORDERING_KEY_HEADER, slot_for_record
 from spark_jobs.planning import ReadSlice, SourceError, TopicPartition
 
 Watermarks = dict[TopicPartition, tuple[int, int]]

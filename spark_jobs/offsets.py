@@ -24,10 +24,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.group import PositionUpdate
-from coordinator.hashing import MAX_SLOT
-from coordinator.positions import Position, RangePositionMap
-from coordinator.ranges import RangeSet, SlotRange
+from coordinator.model.hashing import MAX_SLOT
+from coordinator.model.positions import Position, PositionUpdate, RangePositionMap
+from coordinator.model.ranges import RangeSet, SlotRange
 from spark_jobs.planning import ReadSlice, SourceError, TopicPartition
 
 OFFSET_VERSION = 1

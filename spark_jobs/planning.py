@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.hashing import SLOT_COUNT
-from coordinator.positions import Position
-from coordinator.ranges import SlotRange
+from coordinator.model.hashing import SLOT_COUNT
+from coordinator.model.positions import Position
+from coordinator.model.ranges import SlotRange
 
 TopicPartition = tuple[str, int]
 

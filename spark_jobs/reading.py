@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 
-from coordinator.hashing import ORDERING_KEY_HEADER
+from coordinator.model.hashing import ORDERING_KEY_HEADER
 from spark_jobs.kafka_io import read_slice
 from spark_jobs.planning import ReadSlice, parse_int, require
 

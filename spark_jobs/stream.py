@@ -63,9 +63,9 @@ from aiokafka import TopicPartition as KafkaTP
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from consumer_client.membership import Membership, parse_addresses
-from coordinator.group import PositionUpdate
-from coordinator.protocol import HighWatermark
-from coordinator.ranges import RangeSet
+from coordinator.model.positions import PositionUpdate
+from coordinator.model.ranges import RangeSet
+from coordinator.protocol.messages import HighWatermark
 from spark_jobs.kafka_io import (
     make_consumer,
     probe_high_watermarks,

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coordinator.group import PositionUpdate, TopicPartition
-from coordinator.positions import RangePositionMap
-from coordinator.ranges import RangeSet
+from coordinator.model.positions import PositionUpdate, RangePositionMap, TopicPartition
+from coordinator.model.ranges import RangeSet
 from spark_jobs.offsets import GrantView, StreamOffset, grant_positions, positions_within
 
 

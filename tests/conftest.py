@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from coordinator.broker import EmbeddedBroker
+from coordinator.local.broker import EmbeddedBroker
 from tests.integration.harness import CoordinatorProcess, Workers
 
 # CI explores a fixed sequence of examples (a red CI then means a change broke something,

@@ -24,10 +24,10 @@ time in a fixed order so the result does not depend on how the caller ordered an
 
 from __future__ import annotations
 
-from coordinator.assignor import Assignment, AssignmentSpec
-from coordinator.hashing import MAX_SLOT
-from coordinator.ranges import EMPTY, RangeSet
+from coordinator.model.hashing import MAX_SLOT
+from coordinator.model.ranges import EMPTY, RangeSet
 from coordinator.strategies._common import LoadPrefix, Tile, single, tiles_from_current
+from coordinator.strategies.base import Assignment, AssignmentSpec
 
 
 class AutoSplitAssignor:

@@ -44,10 +44,10 @@ import heapq
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping
 
-from coordinator.assignor import Assignment, AssignmentSpec, MemberSpec
-from coordinator.hashing import MAX_SLOT, SLOT_COUNT
-from coordinator.ranges import EMPTY, RangeSet, SlotRange
+from coordinator.model.hashing import MAX_SLOT, SLOT_COUNT
+from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
 from coordinator.strategies._common import LoadPrefix, capacity
+from coordinator.strategies.base import Assignment, AssignmentSpec, MemberSpec
 from coordinator.strategies.measures import achievable_imbalance, capped
 
 Run = tuple[int, int]  # inclusive

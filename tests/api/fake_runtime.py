@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.group import (
+from coordinator.group.records import (
     GrantAcknowledged,
     MemberHeard,
     MemberJoined,
@@ -16,12 +16,13 @@ from coordinator.group import (
     RangesGranted,
     RangesRevoked,
     TargetComputed,
-    replay,
 )
-from coordinator.positions import Position, RangePositionMap
-from coordinator.ranges import RangeSet, SlotRange
-from coordinator.runtime import CoordinatorRuntime, RuntimeSettings
-from coordinator.timers import FakeClock, ManualTimers
+from coordinator.group.replay import replay
+from coordinator.model.positions import Position, RangePositionMap
+from coordinator.model.ranges import RangeSet, SlotRange
+from coordinator.runtime.runtime import CoordinatorRuntime
+from coordinator.runtime.settings import RuntimeSettings
+from coordinator.runtime.timers import FakeClock, ManualTimers
 
 GROUP = "orders"
 TOPIC = "orders.events"
@@ -52,9 +53,11 @@ class MemoryStore:
 
 def fake_runtime() -> CoordinatorRuntime:
     clock = FakeClock()
+    store = MemoryStore()
     runtime = CoordinatorRuntime(
         RuntimeSettings(bootstrap_servers="127.0.0.1:9"),
-        MemoryStore(),  # type: ignore[arg-type]
+        store,
+        metadata=store,
         clock=clock,
         timers=ManualTimers(clock),
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from coordinator.hashing import slot_for_key
+from coordinator.model.hashing import slot_for_key
 from tests.api.fake_runtime import GROUP, TOPIC, fake_runtime
 
 TOKEN = "s3cret"

@@ -29,9 +29,9 @@ from consumer_client import fastpath
 from consumer_client.consumer import CoordinatedConsumer, _Chunk
 from consumer_client.lanes import KeyLanes, Suspended, WorkItem, _Lane
 from consumer_client.progress import Grant, PartitionProgress
-from coordinator.hashing import ORDERING_KEY_HEADER, slot_for_key
-from coordinator.positions import Position, RangePositionMap
-from coordinator.ranges import RangeSet, SlotRange
+from coordinator.model.hashing import ORDERING_KEY_HEADER, slot_for_key
+from coordinator.model.positions import Position, RangePositionMap
+from coordinator.model.ranges import RangeSet, SlotRange
 
 TP = ("t", 0)
 NATIVE = fastpath.NATIVE

@@ -20,9 +20,9 @@ from aiokafka.structs import ConsumerRecord
 
 from consumer_client import CoordinatedConsumer
 from consumer_client.lanes import KeyLanes
-from coordinator.hashing import slot_for_key
-from coordinator.positions import Position
-from coordinator.ranges import RangeSet, SlotRange
+from coordinator.model.hashing import slot_for_key
+from coordinator.model.positions import Position
+from coordinator.model.ranges import RangeSet, SlotRange
 from tests.integration.harness import wait_for
 
 TP = ("t", 0)

@@ -13,9 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumer_client.progress import ConsumerProgress
-from coordinator.group import PositionUpdate
-from coordinator.positions import Position
-from coordinator.ranges import RangeSet, SlotRange
+from coordinator.model.positions import Position, PositionUpdate
+from coordinator.model.ranges import RangeSet, SlotRange
 
 TP = ("t", 0)
 N_SLOTS = 8

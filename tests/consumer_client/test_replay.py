@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from consumer_client.progress import ConsumerProgress, Grant
 from consumer_client.replay import ReplayWindow
-from coordinator.positions import Position
-from coordinator.ranges import RangeSet, SlotRange
+from coordinator.model.positions import Position
+from coordinator.model.ranges import RangeSet, SlotRange
 from tests.consumer_client.test_progress import (
     TP,
     expected_admitted,

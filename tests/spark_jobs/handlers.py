@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from coordinator.hashing import slot_for_record
+from coordinator.model.hashing import slot_for_record
 from spark_jobs.executors import current_member
 
 OUT_ENV = "KEYSHARD_TEST_OUT"

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from coordinator.broker import EmbeddedBroker
-from coordinator.hashing import SLOT_COUNT, slot_for_key
+from coordinator.local.broker import EmbeddedBroker
+from coordinator.model.hashing import SLOT_COUNT, slot_for_key
 from spark_jobs.source import register
 from tests.integration.harness import create_topic, produce
 

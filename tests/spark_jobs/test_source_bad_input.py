@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 import pytest
 from pyspark.errors import AnalysisException, StreamingQueryException
 
-from coordinator.broker import EmbeddedBroker, free_port
+from coordinator.local.broker import EmbeddedBroker
+from coordinator.local.processes import free_port
 from spark_jobs.source import register
 from tests.integration.harness import CoordinatorProcess, create_topic
 

@@ -12,8 +12,8 @@ import pyarrow.dataset as ds
 import pytest
 
 from consumer_client import CoordinatedConsumer
-from coordinator.broker import EmbeddedBroker
-from coordinator.verify import Produced
+from coordinator.local.broker import EmbeddedBroker
+from coordinator.local.verify import Produced
 from spark_jobs.source import register
 from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for
 
