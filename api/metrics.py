@@ -57,7 +57,7 @@ class RuntimeCollector(Collector):
             "Slots nobody owns, drains or quarantines (records for them wait).",
             labels=["group"],
         )
-        for name, state in sorted(self.runtime.groups.items()):
+        for name, state in sorted(self.runtime.group_states().items()):
             members.add_metric([name], len(state.members))
             unowned.add_metric([name], state.busy().complement().size)
             for member_id, member in sorted(state.members.items()):

@@ -38,15 +38,54 @@ class CloseMember:
     message: str
 
 
+# ---- timer keys: which timer, as a value the runtime dispatches on with `match` -------
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTimer:
+    """The member's session may have run out: re-armed by every reply it sends."""
+
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DrainTimer:
+    """The member's earliest StopFetcher drain deadline."""
+
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineTimer:
+    """The ranges of a lost member may move: it must have stopped by now."""
+
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GraceTimer:
+    """The start-up grace is over: grants may leave."""
+
+
+@dataclass(frozen=True, slots=True)
+class BalanceTimer:
+    """The periodic load check of a strategy that places by load."""
+
+
+TimerKey = SessionTimer | DrainTimer | QuarantineTimer | GraceTimer | BalanceTimer
+
+
 @dataclass(frozen=True, slots=True)
 class SetTimer:
-    key: str
+    """Arm `key` at `at`; arming a key again replaces its deadline (how sessions renew)."""
+
+    key: TimerKey
     at: float
 
 
 @dataclass(frozen=True, slots=True)
 class CancelTimer:
-    key: str
+    key: TimerKey
 
 
 Effect = SendStop | SendStart | CloseMember | SetTimer | CancelTimer
@@ -57,19 +96,3 @@ class Result:
     records: list[Record] = field(default_factory=list)
     effects: list[Effect] = field(default_factory=list)
     error: tuple[ErrorCode, str] | None = None
-
-
-def session_key(member_id: str) -> str:
-    return f"session:{member_id}"
-
-
-def drain_key(member_id: str) -> str:
-    return f"drain:{member_id}"
-
-
-def quarantine_key(member_id: str) -> str:
-    return f"quarantine:{member_id}"
-
-
-GRACE_KEY = "grace"
-BALANCE_KEY = "balance"

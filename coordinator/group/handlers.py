@@ -10,16 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from coordinator.group.effects import (
-    BALANCE_KEY,
+    BalanceTimer,
     CancelTimer,
     CloseMember,
+    DrainTimer,
+    GraceTimer,
+    QuarantineTimer,
     Result,
     SendStart,
     SendStop,
+    SessionTimer,
     SetTimer,
-    drain_key,
-    quarantine_key,
-    session_key,
+    TimerKey,
 )
 from coordinator.group.records import (
     DrainStarted,
@@ -37,7 +39,7 @@ from coordinator.group.records import (
     RebalanceRequested,
     TargetComputed,
 )
-from coordinator.group.state import GroupState
+from coordinator.group.state import GroupState, HandoffKind, MemberPhase
 from coordinator.model.positions import Position, PositionUpdate, TopicPartition
 from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
 from coordinator.protocol.messages import ErrorCode
@@ -87,7 +89,7 @@ def register(
                 member_id, name, capacity, session_timeout_ms, topics, partitions, now, fixed_ranges
             )
         ],
-        effects=[SetTimer(session_key(member_id), now + session_timeout_ms / 1000)],
+        effects=[SetTimer(SessionTimer(member_id), now + session_timeout_ms / 1000)],
     )
 
 
@@ -114,7 +116,7 @@ def ping_answered(
         return Result(error=(ErrorCode.UNKNOWN_MEMBER, f"member {member_id!r} is not in the group"))
     result = Result(
         records=[MemberHeard(member_id, now, tuple(load), tuple(high_watermarks))],
-        effects=[SetTimer(session_key(member_id), now + member.session_timeout_ms / 1000)],
+        effects=[SetTimer(SessionTimer(member_id), now + member.session_timeout_ms / 1000)],
     )
     if epoch != member.epoch:
         result.error = (
@@ -153,9 +155,9 @@ def stop_completed(
         result.records.append(RangesReleased(member_id, released, now))
     left = [d for r, d in member.drains if r - released]
     if left:
-        result.effects.append(SetTimer(drain_key(member_id), min(left)))
+        result.effects.append(SetTimer(DrainTimer(member_id), min(left)))
     else:
-        result.effects.append(CancelTimer(drain_key(member_id)))
+        result.effects.append(CancelTimer(DrainTimer(member_id)))
     return result
 
 
@@ -174,7 +176,7 @@ def stop_written(state: GroupState, *, member_id: str, ranges: RangeSet, now: fl
     moved = [d if r - ranges else max(d, deadline) for r, d in member.drains]
     return Result(
         records=[DrainStarted(member_id, ranges, deadline)],
-        effects=[SetTimer(drain_key(member_id), min(moved))],
+        effects=[SetTimer(DrainTimer(member_id), min(moved))],
     )
 
 
@@ -202,8 +204,8 @@ def leave(state: GroupState, *, member_id: str, positions: PositionUpdate, now: 
     advanced = _clip_positions(positions, member.owned)
     if advanced:
         result.records.append(PositionsAdvanced(advanced))
-    result.records.append(MemberRemoved(member_id, "leave", None, now))
-    result.effects += [CancelTimer(session_key(member_id)), CancelTimer(drain_key(member_id))]
+    result.records.append(MemberRemoved(member_id, HandoffKind.LEAVE, None, now))
+    result.effects += [CancelTimer(SessionTimer(member_id)), CancelTimer(DrainTimer(member_id))]
     return result
 
 
@@ -213,48 +215,66 @@ def connection_lost(state: GroupState, *, member_id: str, now: float) -> Result:
     member = state.members.get(member_id)
     if member is None:
         return Result()
-    return _remove(state, member_id, "lost", max(member.must_have_stopped_by(), now), now, None)
+    stopped_by = max(member.must_have_stopped_by(), now)
+    return _remove(state, member_id, HandoffKind.LOST, stopped_by, now, None)
 
 
-def timer_fired(state: GroupState, *, key: str, now: float) -> Result:
-    kind, _, member_id = key.partition(":")
-    member = state.members.get(member_id)
-    if kind == "session" and member is not None:
-        if now >= member.last_heard + member.session_timeout_ms / 1000:
+def timer_fired(state: GroupState, *, key: TimerKey, now: float) -> Result:
+    """A session, drain, quarantine or grace timer fired (`balance_check` has its own).
+
+    Timers may fire late or for a deadline that has moved since they were armed, so each
+    one judges again with what is known now:
+    - session: the member is lost only if nothing was heard for its session timeout;
+    - drain: the member is fenced only if a StopFetcher deadline really passed (else the
+      timer is re-armed for the earliest one left);
+    - quarantine: lost members' ranges whose wait is over become free;
+    - grace: nothing to record; the reconcile that follows may now grant.
+    """
+    match key:
+        case SessionTimer(member_id):
+            member = state.members.get(member_id)
+            if member is None or now < member.last_heard + member.session_timeout_ms / 1000:
+                return Result()
             return _remove(
                 state,
                 member_id,
-                "lost",
+                HandoffKind.LOST,
                 max(member.must_have_stopped_by(), now),
                 now,
                 (ErrorCode.FENCED_MEMBER, "session expired: no reply within the session timeout"),
             )
-    elif kind == "drain" and member is not None and member.drains:
-        overdue = [ranges for ranges, deadline in member.drains if deadline <= now]
-        if not overdue:
-            return Result(effects=[SetTimer(key, min(d for _, d in member.drains))])
-        late = RangeSet(r for ranges in overdue for r in ranges)
-        return _remove(
-            state,
-            member_id,
-            "fenced",
-            now + member.session_timeout_ms / 1000,
-            now,
-            (
-                ErrorCode.FENCED_MEMBER,
-                f"did not drain {late} within the drain deadline "
-                f"of {state.config.drain_timeout_ms} ms",
-            ),
-        )
-    elif kind == "quarantine" and any(q.until <= now for q in state.quarantined):
-        return Result(records=[QuarantineLifted(now)])
-    return Result()
+        case DrainTimer(member_id):
+            member = state.members.get(member_id)
+            if member is None or not member.drains:
+                return Result()
+            overdue = [ranges for ranges, deadline in member.drains if deadline <= now]
+            if not overdue:
+                return Result(effects=[SetTimer(key, min(d for _, d in member.drains))])
+            late = RangeSet(r for ranges in overdue for r in ranges)
+            return _remove(
+                state,
+                member_id,
+                HandoffKind.FENCED,
+                now + member.session_timeout_ms / 1000,
+                now,
+                (
+                    ErrorCode.FENCED_MEMBER,
+                    f"did not drain {late} within the drain deadline "
+                    f"of {state.config.drain_timeout_ms} ms",
+                ),
+            )
+        case QuarantineTimer():
+            if any(q.until <= now for q in state.quarantined):
+                return Result(records=[QuarantineLifted(now)])
+            return Result()
+        case GraceTimer() | BalanceTimer():
+            return Result()
 
 
 def _remove(
     state: GroupState,
     member_id: str,
-    reason: str,
+    reason: HandoffKind,
     stopped_by: float,
     now: float,
     close: tuple[ErrorCode, str] | None,
@@ -263,10 +283,10 @@ def _remove(
     until = stopped_by + state.config.lost_member_margin_ms / 1000 if member.owned else None
     result = Result(
         records=[MemberRemoved(member_id, reason, until, now)],
-        effects=[CancelTimer(session_key(member_id)), CancelTimer(drain_key(member_id))],
+        effects=[CancelTimer(SessionTimer(member_id)), CancelTimer(DrainTimer(member_id))],
     )
     if until is not None:
-        result.effects.append(SetTimer(quarantine_key(member_id), until))
+        result.effects.append(SetTimer(QuarantineTimer(member_id), until))
     if close is not None:
         result.effects.append(CloseMember(member_id, *close))
     return result
@@ -299,6 +319,7 @@ def target_computed(
 
 
 _RENEWED_BY = 1.05
+_IN_FLIGHT = (MemberPhase.DRAINING, MemberPhase.STARTING)
 
 
 def balance_check(
@@ -322,8 +343,8 @@ def balance_check(
        forever, and move boundaries with every drift of the load.
     """
     config = state.config
-    result = Result(effects=[SetTimer(BALANCE_KEY, now + config.balance_check_ms / 1000)])
-    busy = any(m.draining or m.starting for m in state.members.values())
+    result = Result(effects=[SetTimer(BalanceTimer(), now + config.balance_check_ms / 1000)])
+    busy = any(m.phase in _IN_FLIGHT for m in state.members.values())
     if imbalance is None or not state.members or busy or state.quarantined:
         return result
     spec = assignment_spec(state, now)
@@ -331,10 +352,10 @@ def balance_check(
         return result
     measured = imbalance(spec, state.target)
     bar = config.rebalance_threshold
-    if state.rebalanced_at is not None:
-        bar = max(bar, state.rebalanced_at * _RENEWED_BY)
+    if state.last_rebalance_imbalance is not None:
+        bar = max(bar, state.last_rebalance_imbalance * _RENEWED_BY)
     if measured <= config.rebalance_threshold:
-        if state.imbalanced_since is not None or state.rebalanced_at is not None:
+        if state.imbalanced_since is not None or state.last_rebalance_imbalance is not None:
             result.records.append(ImbalanceObserved(None))
     elif measured <= bar:
         pass  # no worse than what the last rebalance was asked to fix
@@ -390,7 +411,7 @@ def reconcile(
             result.records.append(RangesRevoked(mid, revoke, epochs[mid], now + drain_timeout, now))
             result.effects.append(SendStop(mid, revoke, epochs[mid]))
             if not member.draining:
-                result.effects.append(SetTimer(drain_key(mid), now + drain_timeout))
+                result.effects.append(SetTimer(DrainTimer(mid), now + drain_timeout))
     if now < state.grants_allowed_at or not free:
         return result
     if target is state.target:

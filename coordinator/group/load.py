@@ -24,6 +24,15 @@ class BucketLoad:
         self._origin: float | None = None
         self._scaled: dict[int, float] = {}
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BucketLoad) and (
+            self._lambda,
+            self._origin,
+            self._scaled,
+        ) == (other._lambda, other._origin, other._scaled)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: equal by value, not hashable
+
     def add(self, counts: Iterable[tuple[int, int]], at: float) -> None:
         if self._origin is None:
             self._origin = at

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coordinator.group.state import GroupConfig
+from coordinator.group.state import GroupConfig, HandoffKind
 from coordinator.model.positions import Position, RangePositionMap, TopicPartition
 from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
 
@@ -114,7 +114,7 @@ class GrantAcknowledged:
 @dataclass(frozen=True, slots=True)
 class MemberRemoved:
     member_id: str
-    reason: str  # "leave" | "lost" | "fenced"
+    reason: HandoffKind  # LEAVE, LOST or FENCED: the kind of the handoff it opens
     quarantine_until: float | None
     at: float
 
@@ -163,6 +163,5 @@ Record = (
     | QuarantineLifted
     | GrantsDeferred
     | PositionsLoaded
-    | RebalanceRequested
     | GroupConfigChanged
 )

@@ -29,7 +29,8 @@ from coordinator.group.records import (
     Record,
     TargetComputed,
 )
-from coordinator.group.state import GroupState, Handoff, Member, Quarantine
+from coordinator.group.state import GroupState, Handoff, HandoffKind, Member, Quarantine
+from coordinator.model.positions import RangePositionMap
 from coordinator.model.ranges import EMPTY, RangeSet
 
 
@@ -42,7 +43,6 @@ def replay(state: GroupState, record: Record) -> None:
                 name=record.name,
                 capacity=record.capacity,
                 session_timeout_ms=record.session_timeout_ms,
-                joined_at=record.at,
                 last_heard=record.at,
                 fixed_ranges=record.fixed_ranges,
             )
@@ -65,7 +65,9 @@ def replay(state: GroupState, record: Record) -> None:
                 member.last_contacted = max(member.last_contacted, record.at)
         case PositionsAdvanced():
             for tp, segments in record.updates:
-                pmap = state.position_map(tp)
+                pmap = state.positions.get(tp)
+                if pmap is None:
+                    pmap = state.positions[tp] = RangePositionMap()
                 for seg, pos in segments:
                     merged = [
                         (part, old.union(pos)) for part, old in pmap.segments(RangeSet((seg,)))
@@ -84,11 +86,11 @@ def replay(state: GroupState, record: Record) -> None:
         case RebalanceRequested():
             state.inputs_version += 1
             state.imbalanced_since = None
-            state.rebalanced_at = record.imbalance
+            state.last_rebalance_imbalance = record.imbalance
         case ImbalanceObserved():
             state.imbalanced_since = record.since
             if record.since is None:
-                state.rebalanced_at = None
+                state.last_rebalance_imbalance = None
         case RangesRevoked():
             member = state.members[record.member_id]
             member.draining = member.draining | record.ranges
@@ -96,7 +98,7 @@ def replay(state: GroupState, record: Record) -> None:
             member.last_contacted = max(member.last_contacted, record.at)
             member.drains.append((record.ranges, record.deadline))
             _refresh_excess(state, record.member_id)
-            _open_handoff(state, "revoke", record.member_id, record.ranges, record.at)
+            _open_handoff(state, HandoffKind.REVOKE, record.member_id, record.ranges, record.at)
         case DrainStarted():
             member = state.members.get(record.member_id)
             if member is not None:
@@ -172,7 +174,7 @@ def replay(state: GroupState, record: Record) -> None:
 
 
 def _open_handoff(
-    state: GroupState, kind: str, member_id: str, ranges: RangeSet, at: float
+    state: GroupState, kind: HandoffKind, member_id: str, ranges: RangeSet, at: float
 ) -> None:
     if len(state.handoffs) == state.handoffs.maxlen and state.handoffs[0] in state.open:
         state.open.remove(state.handoffs[0])  # forgotten: history is bounded

@@ -10,6 +10,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from coordinator.group.load import BucketLoad
 from coordinator.model.hashing import MAX_SLOT
@@ -40,13 +41,35 @@ class GroupConfig:
     ping_interval_ms: int | None = None  # None: a third of each member's session timeout
 
 
+class MemberPhase(StrEnum):
+    """Where a member stands in the handoff, as the logs and the admin API show it.
+
+    Derived from its range sets (`Member.phase`), in this order of precedence: a member
+    that is draining some ranges while others start is shown draining, because that is
+    what a handoff waits for.
+    """
+
+    DRAINING = "draining"  # a StopFetcher is out: ranges wait for its final positions
+    STARTING = "starting"  # a StartFetcher is out and not yet acknowledged
+    RUNNING = "running"  # owns ranges, nothing in flight
+    IDLE = "idle"  # owns nothing: just joined, or everything it had moved away
+
+
+class HandoffKind(StrEnum):
+    """Why ranges left a member: a revoke it drains, or how the member itself left."""
+
+    REVOKE = "revoke"  # the target moved them: StopFetcher, drain, final positions
+    LEAVE = "leave"  # a graceful Leave with final positions
+    LOST = "lost"  # its channel closed, its session expired, or an operator fenced it
+    FENCED = "fenced"  # it missed a drain deadline
+
+
 @dataclass(slots=True)
 class Member:
     member_id: str
     name: str
     capacity: int
     session_timeout_ms: int
-    joined_at: float
     last_heard: float
     epoch: int = 1
     owned: RangeSet = EMPTY  # granted (start sent) and not yet released, includes draining
@@ -59,6 +82,14 @@ class Member:
     fixed_ranges: RangeSet | None = None  # declared at Register (sticky strategy)
     load: dict[int, int] = field(default_factory=dict)
     processed: int = 0
+
+    @property
+    def phase(self) -> MemberPhase:
+        if self.draining:
+            return MemberPhase.DRAINING
+        if self.starting:
+            return MemberPhase.STARTING
+        return MemberPhase.RUNNING if self.owned else MemberPhase.IDLE
 
     @property
     def drain_deadline(self) -> float | None:
@@ -84,7 +115,7 @@ class Handoff:
     """One movement of ranges away from a member, until they run again elsewhere."""
 
     handoff_id: int
-    kind: str  # "revoke" | "leave" | "lost" | "fenced"
+    kind: HandoffKind
     from_member: str
     ranges: RangeSet
     started_at: float
@@ -113,7 +144,7 @@ class GroupState:
     # The imbalance that set off the last load rebalance, until the group is back under the
     # threshold: while the measure is no worse than this (+5%), asking again would only
     # recompute what the strategy already placed (a load it cannot pack any better).
-    rebalanced_at: float | None = None
+    last_rebalance_imbalance: float | None = None
     # Partition ends as the members' fetches last saw them: what lag is measured against.
     high_watermarks: dict[TopicPartition, int] = field(default_factory=dict)
     quarantined: list[Quarantine] = field(default_factory=list)
@@ -140,10 +171,10 @@ class GroupState:
     open: list[Handoff] = field(default_factory=list)
 
     def position_map(self, tp: TopicPartition) -> RangePositionMap:
+        """The positions of `tp`, for reading: a partition nobody reported on yet is
+        everywhere at offset 0 (a fresh map, not stored: only `replay` adds maps)."""
         pmap = self.positions.get(tp)
-        if pmap is None:
-            pmap = self.positions[tp] = RangePositionMap()
-        return pmap
+        return RangePositionMap() if pmap is None else pmap
 
     def busy(self) -> RangeSet:
         """Slots that someone owns or that are waiting out a lost member's quarantine."""

@@ -95,7 +95,7 @@ async def _demo(args: argparse.Namespace) -> int:
             args, console, broker.bootstrap_servers, spawn, workers, out_dir
         )
         report = check(produced, read_processed(out_dir.glob("*.jsonl")))
-        _print_report(console, report, daemon.runtime.groups.get(GROUP))
+        _print_report(console, report, daemon.runtime.group_states().get(GROUP))
         for proc in workers.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

@@ -1,10 +1,11 @@
-"""Operator actions on a running coordinator, used by the admin API.
+"""Operator actions on a running coordinator and the reads they need: the admin API's
+one way into the runtime.
 
-Kept apart from `coordinator.runtime` on purpose: each action is a record (or a handler
-result) fed through the runtime's one apply path, `_run`, so an operator change goes
-through the same replay -> reconcile -> effects sequence as a consumer's request and can
-never bypass the handoff rules. Reads (where a key lives, readiness) are pure functions
-of the runtime's state.
+Each action is a list of records fed through the runtime's one apply path
+(`CoordinatorRuntime.apply_records`), so an operator change goes through the same
+replay -> reconcile -> effects sequence as a consumer's request and can never bypass
+the handoff rules. Reads (where a key lives, readiness) are pure functions of the
+runtime's state (`CoordinatorRuntime.group_states`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.group.effects import Result
 from coordinator.group.records import GroupConfigChanged, RebalanceRequested
 from coordinator.group.state import GroupConfig, GroupState
 from coordinator.model.hashing import slot_for_key
@@ -38,7 +38,7 @@ class InvalidConfigError(ValueError):
 
 
 def group_state(runtime: CoordinatorRuntime, group: str) -> GroupState:
-    state = runtime.groups.get(group)
+    state = runtime.group_states().get(group)
     if state is None:
         raise UnknownGroupError(f"unknown group {group!r}")
     return state
@@ -62,7 +62,7 @@ def rebalance(runtime: CoordinatorRuntime, group: str) -> RebalanceOutcome:
     """Recompute the group's target now and start whatever handoffs it implies."""
     state = group_state(runtime, group)
     before = dict(state.target)
-    runtime._run(group, Result(records=[RebalanceRequested("operator request", runtime.clock())]))
+    runtime.apply_records(group, [RebalanceRequested("operator request", runtime.clock())])
     return RebalanceOutcome(before, dict(state.target))
 
 
@@ -90,10 +90,7 @@ def update_config(runtime: CoordinatorRuntime, group: str, **knobs: Any) -> Grou
     if config.assignor != state.config.assignor:
         records.append(RebalanceRequested(f"assignor changed to {config.assignor}", now))
     # Config alone moves nothing, so apply without a reconcile unless asked to rebalance.
-    if len(records) == 1:
-        runtime._apply(group, state, Result(records=list(records)))
-    else:
-        runtime._run(group, Result(records=list(records)))
+    runtime.apply_records(group, records, reconcile=len(records) > 1)
     return state.config
 
 

@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from coordinator.group import handlers
 from coordinator.group.records import TargetComputed
@@ -91,10 +92,9 @@ class TargetRecomputer:
         if running is None or running.done():
             task = asyncio.create_task(self._run(group, state), name=f"recompute-{group}")
             self._tasks[group] = task
-            task.add_done_callback(self._finished)
+            task.add_done_callback(partial(self._finished, group))
 
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        group = task.get_name().removeprefix("recompute-")
+    def _finished(self, group: str, task: asyncio.Task[None]) -> None:
         if self._tasks.get(group) is task:
             del self._tasks[group]
         if not task.cancelled() and task.exception() is not None:

@@ -3,9 +3,13 @@
 Every event (a Register, a reply, a closed channel, a timer) becomes one handler call; the
 returned records are replayed into the group state, then `reconcile` runs and its records
 and effects are applied the same way. Effects are the only place this module talks to the
-outside: requests to members, closing channels, timers and the state store. Positions are
-made durable before any StartFetcher leaves, so a range always starts from a stored
-position even if this process dies right after.
+outside: requests to members (`coordinator.runtime.sender`), closing channels, timers and
+the state store. Positions are made durable before any StartFetcher leaves, so a range
+always starts from a stored position even if this process dies right after.
+
+The admin side gets two public doors and nothing else: `group_states()` to read, and
+`apply_records()` (used by `coordinator.runtime.operations`) to act, through the same
+replay -> reconcile -> effects path as a consumer's request.
 """
 
 from __future__ import annotations
@@ -18,19 +22,24 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Coroutine
+from collections import Counter
+from collections.abc import Coroutine, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from coordinator.group import handlers
 from coordinator.group.effects import (
-    BALANCE_KEY,
-    GRACE_KEY,
+    BalanceTimer,
     CancelTimer,
     CloseMember,
+    DrainTimer,
+    GraceTimer,
     Result,
     SendStart,
     SendStop,
+    SessionTimer,
     SetTimer,
+    TimerKey,
 )
 from coordinator.group.load import BucketLoad
 from coordinator.group.records import (
@@ -42,34 +51,27 @@ from coordinator.group.records import (
     PositionsAdvanced,
     PositionsLoaded,
     RebalanceRequested,
+    Record,
     TargetComputed,
 )
 from coordinator.group.replay import replay
-from coordinator.group.state import GroupState
-from coordinator.model.ranges import RangeSet
+from coordinator.group.state import GroupState, MemberPhase
 from coordinator.protocol.channel import Channel, ChannelClosed, RemoteError
 from coordinator.protocol.messages import (
     ErrorCode,
     Message,
+    PartitionPositions,
     PingRequest,
     PingResponse,
     RegisterRequest,
     RegisterResponse,
-    StartFetcherRequest,
-    StartFetcherResponse,
-    StopFetcherRequest,
-    StopFetcherResponse,
 )
-from coordinator.protocol.wire import (
-    positions_from_wire,
-    positions_to_wire,
-    ranges_from_wire,
-    ranges_to_wire,
-)
+from coordinator.protocol.wire import positions_from_wire, ranges_from_wire
 from coordinator.runtime.activity import Activity, report_loop, watch_loop
 from coordinator.runtime.durability import PositionWriter
 from coordinator.runtime.metadata import CoalescedPartitionCounts
 from coordinator.runtime.recompute import TargetRecomputer
+from coordinator.runtime.sender import OrderedSender, reply_timeout
 from coordinator.runtime.settings import RuntimeSettings
 from coordinator.runtime.timers import AsyncioTimers, Clock, Timers
 from coordinator.runtime.verdicts import PendingReplies, settled
@@ -79,6 +81,9 @@ from coordinator.strategies.registry import strategy_named
 log = logging.getLogger(__name__)
 PING_TICK_S = 0.1
 PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced, DrainStarted)
+# How long stopping waits for the last offset commits (tooling only) before closing.
+COMMIT_ON_STOP_S = 5.0
+TimerId = tuple[str, TimerKey]  # (group, key)
 
 
 class CoordinatorError(Exception):
@@ -96,25 +101,21 @@ class CoordinatorRuntime:
         *,
         metadata: ClusterMetadata,
         clock: Clock = time.monotonic,
-        timers: Timers | None = None,
+        timers: Timers[TimerId] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
+        self.metadata = metadata
         self.clock = clock
-        self.timers: Timers = timers or AsyncioTimers(clock)
-        self.groups: dict[str, GroupState] = {}
+        self.timers: Timers[TimerId] = timers or AsyncioTimers(clock)
         self.channels: dict[tuple[str, str], Channel] = {}
         self.ready = False
-        self.started_at = clock()
+        self._groups: dict[str, GroupState] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        # Requests to one member must leave in the order they were decided: a StopFetcher
-        # overtaking an earlier StartFetcher would start slots already handed on.
-        self._send_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._grants_allowed_at = 0.0
-        self.metadata = metadata
         self._partition_counts = CoalescedPartitionCounts(metadata)
         self.activity = Activity()
-        self.writer = PositionWriter(store, self.groups, self.activity, self._spawn)
+        self.writer = PositionWriter(store, self._groups, self.activity, self._spawn)
         self._recomputer = TargetRecomputer(
             self._adopt_target,
             self.activity,
@@ -123,6 +124,16 @@ class CoordinatorRuntime:
             max_defer_s=settings.recompute_max_defer_ms / 1000,
         )
         self._replies = PendingReplies()
+        self._sender = OrderedSender(
+            groups=self._groups,
+            channels=self.channels,
+            writer=self.writer,
+            replies=self._replies,
+            activity=self.activity,
+            clock=clock,
+            run=self._run,
+            contacted=self._contacted,
+        )
 
     # ---- lifecycle ----------------------------------------------------------------
 
@@ -142,17 +153,46 @@ class CoordinatorRuntime:
         self._spawn(report_loop(self.activity, self._gauges), "activity-report")
 
     async def stop(self) -> None:
+        """Stop deciding, close the members' channels, store the last positions, let the
+        offset commits that write set off land, then stop the store: in that order, so
+        nothing is still using the store's clients when they close."""
         self.ready = False
         self._recomputer.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._cancel_tasks()
         for channel in list(self.channels.values()):
             channel.close("coordinator shutting down")
         self.timers.cancel_all()
         with contextlib.suppress(Exception):
             await self.writer.flush_all()
+        if self._tasks:  # the low-watermark commits of that last write
+            await asyncio.wait(list(self._tasks), timeout=COMMIT_ON_STOP_S)
+        await self._cancel_tasks()
         await self.store.stop()
+
+    async def _cancel_tasks(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- the admin side's doors -----------------------------------------------------
+
+    def group_states(self) -> Mapping[str, GroupState]:
+        """Every group's live state, read-only: views read it in place (same loop, no
+        copies); changing it goes through `apply_records`."""
+        return MappingProxyType(self._groups)
+
+    def apply_records(
+        self, group: str, records: Sequence[Record], *, reconcile: bool = True
+    ) -> None:
+        """An operator's action, as records, through the one apply path: replayed, then
+        (unless `reconcile` is False: nothing that moves ownership) reconciled, and the
+        effects carried out. So no operator action can bypass the handoff rules."""
+        result = Result(records=list(records))
+        if reconcile:
+            self._run(group, result)
+        else:
+            self._apply(group, self._groups[group], result)
 
     # ---- events from channels -----------------------------------------------------
 
@@ -210,8 +250,10 @@ class CoordinatorRuntime:
             session_timeout_ms=member.session_timeout_ms,
         )
 
-    def leave(self, group: str, member_id: str, positions: list[Any]) -> ErrorCode | None:
-        state = self.groups.get(group)
+    def leave(
+        self, group: str, member_id: str, positions: list[PartitionPositions]
+    ) -> ErrorCode | None:
+        state = self._groups.get(group)
         if state is None:
             return ErrorCode.UNKNOWN_GROUP
         result = handlers.leave(
@@ -224,17 +266,18 @@ class CoordinatorRuntime:
 
     def channel_closed(self, group: str, member_id: str, reason: str) -> None:
         self.channels.pop((group, member_id), None)
-        self._send_locks.pop((group, member_id), None)
-        state = self.groups.get(group)
+        self._sender.forget(group, member_id)
+        state = self._groups.get(group)
         if state is None or member_id not in state.members:
             return
-        log.warning("member %s of group %s lost: %s", member_id, group, reason)
+        phase = state.members[member_id].phase
+        log.warning("member %s of group %s lost (%s): %s", member_id, group, phase, reason)
         self._run(group, handlers.connection_lost(state, member_id=member_id, now=self.clock()))
 
     def fence(self, group: str, member_id: str, reason: str) -> bool:
         """Operator fence: like a drain timeout, the member is removed and its ranges move
         once it must have stopped."""
-        state = self.groups.get(group)
+        state = self._groups.get(group)
         if state is None or member_id not in state.members:
             return False
         result = handlers.connection_lost(state, member_id=member_id, now=self.clock())
@@ -245,26 +288,22 @@ class CoordinatorRuntime:
     # ---- the apply loop -----------------------------------------------------------
 
     def _group(self, group: str) -> GroupState:
-        state = self.groups.get(group)
+        state = self._groups.get(group)
         if state is None:
             config = self.settings.config_for(group)
-            state = self.groups[group] = GroupState(
+            state = self._groups[group] = GroupState(
                 group, config, load=BucketLoad(config.load_half_life_ms / 1000)
             )
             # A new group has no positions: nothing to write before its first grants.
             self.writer.durable(group, state.positions_version)
-            self.timers.set(
-                f"{group}/{BALANCE_KEY}",
-                self.clock() + config.balance_check_ms / 1000,
-                self._on_timer,
-            )
+            self._arm(group, BalanceTimer(), self.clock() + config.balance_check_ms / 1000)
             if self._grants_allowed_at > self.clock():
                 replay(state, GrantsDeferred(self._grants_allowed_at))
-                self.timers.set(f"{group}/{GRACE_KEY}", self._grants_allowed_at, self._on_timer)
+                self._arm(group, GraceTimer(), self._grants_allowed_at)
         return state
 
     def _run(self, group: str, result: Result) -> None:
-        state = self.groups[group]
+        state = self._groups[group]
         self._apply(group, state, result)
         # Progress reports change no ownership; skipping reconcile for them keeps a ping
         # O(1) instead of O(members). (An empty result, e.g. the grace timer, reconciles.)
@@ -274,7 +313,7 @@ class CoordinatorRuntime:
 
     def _reconcile(self, group: str, state: GroupState) -> None:
         """Reconcile now against the current target (cheap: it costs what changed); a
-        stale target is recomputed later, off the loop (coordinator/recompute.py)."""
+        stale target is recomputed later, off the loop (coordinator.runtime.recompute)."""
         assignor = strategy_named(state.config.assignor).assignor
         self._apply(
             group,
@@ -304,13 +343,13 @@ class CoordinatorRuntime:
                 case SendStop():
                     self.activity.count("stop decided")
                     self._spawn(
-                        self._send_stop(group, effect, time.perf_counter()),
+                        self._sender.send_stop(group, effect, time.perf_counter()),
                         f"stop-{effect.member_id}",
                     )
                 case SendStart():
                     self.activity.count("start decided")
                     self._spawn(
-                        self._send_start(group, effect, time.perf_counter()),
+                        self._sender.send_start(group, effect, time.perf_counter()),
                         f"start-{effect.member_id}",
                     )
                 case CloseMember():
@@ -318,31 +357,49 @@ class CoordinatorRuntime:
                     if channel is not None:
                         log.warning("closing member %s: %s", effect.member_id, effect.message)
                         channel.fail(effect.code, effect.message)
-                case SetTimer():
-                    self.timers.set(f"{group}/{effect.key}", effect.at, self._on_timer)
-                case CancelTimer():
-                    self.timers.cancel(f"{group}/{effect.key}")
+                case SetTimer(key, at):
+                    self._arm(group, key, at)
+                case CancelTimer(key):
+                    self.timers.cancel((group, key))
 
-    def _on_timer(self, full_key: str) -> None:
-        group, _, key = full_key.partition("/")
-        state = self.groups.get(group)
+    def _contacted(self, group: str, member_id: str) -> None:
+        state = self._groups[group]
+        self._apply(group, state, handlers.contacted(state, member_id=member_id, now=self.clock()))
+
+    # ---- timers -------------------------------------------------------------------
+
+    def _arm(self, group: str, key: TimerKey, at: float) -> None:
+        self.timers.set((group, key), at, self._on_timer)
+
+    def _on_timer(self, timer: TimerId) -> None:
+        group, key = timer
+        state = self._groups.get(group)
         if state is None:
             return
-        if key == BALANCE_KEY:
-            imbalance = strategy_named(state.config.assignor).imbalance
-            self._run(group, handlers.balance_check(state, now=self.clock(), imbalance=imbalance))
-        else:
-            result = handlers.timer_fired(state, key=key, now=self.clock())
-            member_id = key.partition(":")[2]
-            channel = self.channels.get((group, member_id))
-            if not any(isinstance(r, MemberRemoved) for r in result.records):
-                self._run(group, result)
-            elif channel is None or channel.is_closed:
-                self._expired(group, key, result)
-            else:
-                self._spawn(self._judge_after_input(group, key, channel), f"judge-{key}")
+        match key:
+            case BalanceTimer():
+                imbalance = strategy_named(state.config.assignor).imbalance
+                self._run(
+                    group, handlers.balance_check(state, now=self.clock(), imbalance=imbalance)
+                )
+            case SessionTimer(member_id) | DrainTimer(member_id):
+                result = handlers.timer_fired(state, key=key, now=self.clock())
+                channel = self.channels.get((group, member_id))
+                if not _removes_a_member(result):
+                    self._run(group, result)
+                elif channel is None or channel.is_closed:
+                    self._expired(group, key, result)
+                else:
+                    self._spawn(
+                        self._judge_after_input(group, key, channel),
+                        f"judge-{group}-{member_id}",
+                    )
+            case _:
+                self._run(group, handlers.timer_fired(state, key=key, now=self.clock()))
 
-    async def _judge_after_input(self, group: str, key: str, channel: Channel) -> None:
+    async def _judge_after_input(
+        self, group: str, key: SessionTimer | DrainTimer, channel: Channel
+    ) -> None:
         """Decide an expired session or drain deadline only after reading what the member
         already sent.
 
@@ -353,129 +410,26 @@ class CoordinatorRuntime:
         received so far, then judge again with what is known. Bounded by the session
         timeout, so a member that keeps talking without answering is still judged.
         """
-        member_id = key.partition(":")[2]
-        state = self.groups.get(group)
-        member = state.members.get(member_id) if state else None
+        state = self._groups.get(group)
+        member = state.members.get(key.member_id) if state else None
         if state is None or member is None:
             return
-        await settled(channel, self._replies, group, member_id, member.session_timeout_ms / 1000)
-        if self.groups.get(group) is not state:
+        limit = member.session_timeout_ms / 1000
+        await settled(channel, self._replies, group, key.member_id, limit)
+        if self._groups.get(group) is not state:
             return
         result = handlers.timer_fired(state, key=key, now=self.clock())
-        if any(isinstance(r, MemberRemoved) for r in result.records):
+        if _removes_a_member(result):
             self._expired(group, key, result)
         else:
             self.activity.count("verdict spared")
             self._run(group, result)
 
-    def _expired(self, group: str, key: str, result: Result) -> None:
-        self.activity.count(f"{key.partition(':')[0]} expired")
+    def _expired(self, group: str, key: SessionTimer | DrainTimer, result: Result) -> None:
+        self.activity.count("session expired" if isinstance(key, SessionTimer) else "drain expired")
         self._run(group, result)
 
-    # ---- effects ------------------------------------------------------------------
-
-    async def _send_stop(self, group: str, effect: SendStop, decided: float) -> None:
-        request = StopFetcherRequest(
-            correlation_id=0, member_epoch=effect.epoch, ranges=ranges_to_wire(effect.ranges)
-        )
-        # No timeout on the reply: the drain deadline timer fences a member that never answers.
-        reply = await self._send_in_order(
-            group, effect.member_id, request, decided=decided, bounded=False, stops=effect.ranges
-        )
-        if reply is None:
-            return
-        if not isinstance(reply, StopFetcherResponse):
-            self._fail_member(group, effect.member_id, reply)
-            return
-        state = self.groups[group]
-        self._run(
-            group,
-            handlers.stop_completed(
-                state,
-                member_id=effect.member_id,
-                ranges=effect.ranges,
-                positions=positions_from_wire(reply.positions),
-                now=self.clock(),
-            ),
-        )
-
-    async def _send_start(self, group: str, effect: SendStart, decided: float) -> None:
-        request = StartFetcherRequest(
-            correlation_id=0,
-            member_epoch=effect.epoch,
-            ranges=ranges_to_wire(effect.ranges),
-            positions=positions_to_wire(effect.positions),
-        )
-        reply = await self._send_in_order(
-            group, effect.member_id, request, decided=decided, durable=effect.durable_version
-        )
-        if reply is None:
-            return
-        if not isinstance(reply, StartFetcherResponse):
-            self._fail_member(group, effect.member_id, reply)
-            return
-        state = self.groups[group]
-        self._run(
-            group,
-            handlers.start_completed(
-                state, member_id=effect.member_id, ranges=effect.ranges, now=self.clock()
-            ),
-        )
-
-    async def _send_in_order(
-        self,
-        group: str,
-        member_id: str,
-        request: StopFetcherRequest | StartFetcherRequest,
-        *,
-        decided: float,
-        durable: int | None = None,
-        bounded: bool = True,
-        stops: RangeSet | None = None,
-    ) -> Message | None:
-        """Write `request` after every request decided before it, then await the reply.
-
-        A StartFetcher first waits until positions up to `durable` (where the previous
-        owners stopped) are stored, so a range always starts from a stored position even
-        if this process dies right after. A bounded request waits for its reply at most
-        a session timeout. None: the member is gone.
-        """
-        lock = self._send_locks.setdefault((group, member_id), asyncio.Lock())
-        async with lock:
-            if durable is not None:
-                await self.writer.flush(group, durable)
-            channel = self.channels.get((group, member_id))
-            member = self.groups[group].members.get(member_id)
-            if channel is None or member is None or channel.is_closed:
-                return None
-            self._contacted(group, member_id)
-            future = channel.submit(request)
-            written = time.perf_counter()
-            self.activity.timed(f"{request.type[:-8]} queued", written - decided)
-            if stops is not None:
-                state = self.groups[group]
-                self._run(
-                    group,
-                    handlers.stop_written(
-                        state, member_id=member_id, ranges=stops, now=self.clock()
-                    ),
-                )
-        timeout = _reply_timeout(member.session_timeout_ms) if bounded else None
-        # Until the caller has handled the reply (synchronously after this returns), a
-        # timer verdict on this member waits for it (see `_judge_after_input`).
-        with self._replies.awaiting(group, member_id, future):
-            try:
-                reply = await channel.response(future, timeout=timeout)
-            except (ChannelClosed, RemoteError, TimeoutError) as err:
-                log.info("%s to %s failed: %s", request.type, member_id, err)
-                return None
-            self.activity.timed(f"{request.type[:-8]} round trip", time.perf_counter() - written)
-            return reply
-
-    def _fail_member(self, group: str, member_id: str, reply: Message) -> None:
-        channel = self.channels.get((group, member_id))
-        if channel is not None:
-            channel.fail(ErrorCode.UNEXPECTED_MESSAGE, f"unexpected reply {reply.type}")
+    # ---- pings --------------------------------------------------------------------
 
     async def _ping_loop(
         self, group: str, member_id: str, channel: Channel, interval: float
@@ -493,7 +447,7 @@ class CoordinatorRuntime:
             now = loop.time()
             await asyncio.sleep(math.ceil((now + delay) / tick) * tick - now)
             delay = interval
-            state = self.groups.get(group)
+            state = self._groups.get(group)
             member = state.members.get(member_id) if state else None
             if state is None or member is None:
                 return
@@ -503,7 +457,7 @@ class CoordinatorRuntime:
                 future = channel.submit(PingRequest(correlation_id=0, member_epoch=member.epoch))
                 with self._replies.awaiting(group, member_id, future):
                     reply = await channel.response(
-                        future, timeout=_reply_timeout(member.session_timeout_ms)
+                        future, timeout=reply_timeout(member.session_timeout_ms)
                     )
                     self._ping_answered(group, state, member_id, channel, reply, sent)
             except (TimeoutError, RemoteError) as err:
@@ -540,20 +494,18 @@ class CoordinatorRuntime:
             log.info("ping reply of %s rejected: %s", member_id, result.error[1])
         self._run(group, result)
 
-    def _contacted(self, group: str, member_id: str) -> None:
-        state = self.groups[group]
-        self._apply(group, state, handlers.contacted(state, member_id=member_id, now=self.clock()))
-
     def _ping_interval_ms(self, state: GroupState, session_timeout_ms: int) -> int:
         return state.config.ping_interval_ms or max(100, session_timeout_ms // 3)
 
+    # ---- housekeeping -------------------------------------------------------------
+
     def _gauges(self) -> dict[str, int]:
-        members = [m for s in self.groups.values() for m in s.members.values()]
+        phases = Counter(m.phase for s in self._groups.values() for m in s.members.values())
         return {
-            "members": len(members),
+            "members": sum(phases.values()),
             "waiting for flush": self.writer.waiting,
-            "draining": sum(1 for m in members if m.draining),
-            "starting": sum(1 for m in members if m.starting),
+            "draining": phases[MemberPhase.DRAINING],
+            "starting": phases[MemberPhase.STARTING],
         }
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
@@ -567,9 +519,5 @@ class CoordinatorRuntime:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
 
 
-def _reply_timeout(session_timeout_ms: int) -> float:
-    """How long to wait for a reply before dropping it: a safety net only. The session
-    timer judges silence, after reading what already arrived; a reply timeout as short
-    as the session would drop a reply that sat unread on a busy coordinator, and the
-    member would then be judged silent."""
-    return 2 * session_timeout_ms / 1000
+def _removes_a_member(result: Result) -> bool:
+    return any(isinstance(r, MemberRemoved) for r in result.records)

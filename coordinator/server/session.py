@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from enum import StrEnum
 from typing import Any
 
 from coordinator.protocol.channel import Channel
@@ -26,13 +27,23 @@ from coordinator.runtime.runtime import CoordinatorError, CoordinatorRuntime
 log = logging.getLogger(__name__)
 
 
+class ConnectionState(StrEnum):
+    """Where one consumer connection stands; each request is checked against it."""
+
+    OPEN = "open"  # may ask Metadata; must Register before anything else
+    REGISTERING = "registering"  # a Register is being validated
+    REGISTERED = "registered"  # a member of `group`: pinged, may Leave
+    LEFT = "left"  # it sent Leave: its member is gone
+    CLOSED = "closed"
+
+
 class MemberSession:
     def __init__(self, runtime: CoordinatorRuntime, channel: Channel) -> None:
         self.runtime = runtime
         self.channel = channel
+        self.state = ConnectionState.OPEN
         self.group: str | None = None
         self.member_id: str | None = None
-        self.registering = False
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def on_request(self, channel: Channel, message: Message) -> None:
@@ -48,20 +59,20 @@ class MemberSession:
                     ),
                 )
             case RegisterRequest():
-                if self.registering or self.member_id is not None:
+                if self.state is not ConnectionState.OPEN:
                     channel.fail(
                         ErrorCode.UNEXPECTED_MESSAGE,
                         "this connection is already registered; open a new one to register again",
                         message.correlation_id,
                     )
                     return
-                self.registering = True
+                self.state = ConnectionState.REGISTERING
                 task = asyncio.create_task(self._register(message))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             case LeaveRequest():
                 if (
-                    self.member_id is None
+                    self.state is not ConnectionState.REGISTERED
                     or self.group is None
                     or message.member_id != self.member_id
                 ):
@@ -71,12 +82,14 @@ class MemberSession:
                         message.correlation_id,
                     )
                     return
-                member_id, self.member_id = self.member_id, None
-                error = self.runtime.leave(self.group, member_id, message.positions)
+                self.state = ConnectionState.LEFT
+                error = self.runtime.leave(self.group, message.member_id, message.positions)
                 if error is None:
                     channel.reply(message, LeaveResponse(correlation_id=0))
                 else:
-                    channel.fail(error, f"leave of {member_id!r} failed", message.correlation_id)
+                    channel.fail(
+                        error, f"leave of {message.member_id!r} failed", message.correlation_id
+                    )
             case _:
                 channel.fail(
                     ErrorCode.UNEXPECTED_MESSAGE,
@@ -97,14 +110,19 @@ class MemberSession:
             return
         self.group, self.member_id = request.group, response.member_id
         if self.channel.is_closed:  # closed while we were validating
+            self.state = ConnectionState.CLOSED
             self.runtime.channel_closed(self.group, self.member_id, "closed during register")
             return
+        self.state = ConnectionState.REGISTERED
         self.channel.reply(request, response)
 
     def closed(self) -> None:
+        """The channel is gone: a registered member is lost (not left)."""
         for task in self._tasks:
             task.cancel()
-        if self.group is not None and self.member_id is not None:
-            self.runtime.channel_closed(
-                self.group, self.member_id, self.channel.close_reason or "closed"
-            )
+        if self.state is ConnectionState.REGISTERED:
+            assert self.group is not None and self.member_id is not None
+            reason = self.channel.close_reason or "closed"
+            self.runtime.channel_closed(self.group, self.member_id, reason)
+        log.debug("connection from %s closed (%s)", self.channel.peer, self.state)
+        self.state = ConnectionState.CLOSED

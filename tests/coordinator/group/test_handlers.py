@@ -11,7 +11,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.group import handlers as h
-from coordinator.group.effects import CancelTimer, Effect, Result, SendStart, SendStop, SetTimer
+from coordinator.group.effects import (
+    CancelTimer,
+    CloseMember,
+    DrainTimer,
+    Effect,
+    GraceTimer,
+    QuarantineTimer,
+    Result,
+    SendStart,
+    SendStop,
+    SessionTimer,
+    SetTimer,
+    TimerKey,
+)
 from coordinator.group.records import (
     GrantsDeferred,
     ImbalanceObserved,
@@ -127,7 +140,7 @@ def group3() -> GroupState:
 def test_three_members_cover_the_space() -> None:
     state = GroupState("g")
     for mid in ("m1", "m2", "m3"):
-        assert apply(state, join(state, mid, 0.0)) == [SetTimer(f"session:{mid}", SESSION)]
+        assert apply(state, join(state, mid, 0.0)) == [SetTimer(SessionTimer(mid), SESSION)]
     effects = run(state, Result(), 0.0)
     starts = of(effects, SendStart)
     assert not of(effects, SendStop)
@@ -150,7 +163,7 @@ def test_fourth_join_hands_over_exactly_the_moved_slots(group3: GroupState) -> N
     assert union([s.ranges for s in stops]) == target["m4"]
     for s in stops:
         assert s.ranges == before[s.member_id] - target[s.member_id]
-        assert SetTimer(f"drain:{s.member_id}", 2.0 + DRAIN) in effects
+        assert SetTimer(DrainTimer(s.member_id), 2.0 + DRAIN) in effects
         assert state.members[s.member_id].epoch == s.epoch
     assert state.members["m4"].owned == EMPTY
     # tp0 is ahead of what the coordinator knew; tp1 is behind it: positions never go back
@@ -161,7 +174,7 @@ def test_fourth_join_hands_over_exactly_the_moved_slots(group3: GroupState) -> N
         now = 3.0 + i
         # the report also covers slots the member keeps: those must be ignored
         effects = run(state, stopped(state, stop, now, report(RangeSet.full(), p_new)), now)
-        assert CancelTimer(f"drain:{stop.member_id}") in effects
+        assert CancelTimer(DrainTimer(stop.member_id)) in effects
         (start,) = of(effects, SendStart)
         assert start.member_id == "m4" and start.ranges == stop.ranges
         assert_start_positions(start, p_got)
@@ -187,7 +200,7 @@ def test_leave_frees_slots_at_once(group3: GroupState) -> None:
     gone = state.members["m2"].owned
     pos = report(RangeSet.full(), {TPS[0]: Position(77)})
     effects = run(state, h.leave(state, member_id="m2", positions=pos, now=5.0), 5.0)
-    assert CancelTimer("session:m2") in effects and not of(effects, SendStop)
+    assert CancelTimer(SessionTimer("m2")) in effects and not of(effects, SendStop)
     starts = of(effects, SendStart)
     assert union([s.ranges for s in starts]) == gone
     for s in starts:
@@ -209,13 +222,15 @@ def test_connection_lost_quarantines_until_the_member_must_have_stopped(group3: 
     run(state, ping(state, "m2", 3.0), 3.0)
     until = 3.0 + SESSION + MARGIN
     effects = run(state, h.connection_lost(state, member_id="m2", now=4.0), 4.0)
-    assert SetTimer("quarantine:m2", until) in effects
+    assert SetTimer(QuarantineTimer("m2"), until) in effects
     assert not of(effects, SendStart) and not of(effects, SendStop)
     assert [(q.ranges, q.until) for q in state.quarantined] == [(gone, until)]
     owned_disjoint(state)
-    early = h.timer_fired(state, key="quarantine:m2", now=until - 0.01)
+    early = h.timer_fired(state, key=QuarantineTimer("m2"), now=until - 0.01)
     assert not early.records and not of(run(state, early, until - 0.01), SendStart)
-    starts = of(run(state, h.timer_fired(state, key="quarantine:m2", now=until), until), SendStart)
+    starts = of(
+        run(state, h.timer_fired(state, key=QuarantineTimer("m2"), now=until), until), SendStart
+    )
     assert union([s.ranges for s in starts]) == gone
     for s in starts:
         assert_start_positions(s, P_OLD)  # the lost member's last report
@@ -224,7 +239,7 @@ def test_connection_lost_quarantines_until_the_member_must_have_stopped(group3: 
     assert (ho.kind, ho.started_at, ho.released_at) == ("lost", 4.0, until)
     # m1 was last heard at t=1: lost long after that, its slots wait for the margin only
     effects = run(state, h.connection_lost(state, member_id="m1", now=50.0), 50.0)
-    assert SetTimer("quarantine:m1", 50.0 + MARGIN) in effects
+    assert SetTimer(QuarantineTimer("m1"), 50.0 + MARGIN) in effects
     assert h.connection_lost(state, member_id="m1", now=51.0).records == []
 
 
@@ -235,7 +250,7 @@ def test_drain_deadline_fences_and_quarantines(group3: GroupState) -> None:
     x_owned = state.members[laggard.member_id].owned
     for s in others:
         run(state, stopped(state, s, 3.0), 3.0)
-    key = f"drain:{laggard.member_id}"
+    key = DrainTimer(laggard.member_id)
     early = h.timer_fired(state, key=key, now=2.0 + DRAIN - 0.01)
     # Fired early: nothing happens except re-arming the same deadline.
     assert early.records == [] and early.effects == [SetTimer(key, 2.0 + DRAIN)]
@@ -244,14 +259,14 @@ def test_drain_deadline_fences_and_quarantines(group3: GroupState) -> None:
     until = now + SESSION + MARGIN
     assert res.records == [MemberRemoved(laggard.member_id, "fenced", until, now)]
     effects = run(state, res, now)
-    (close,) = of(effects, h.CloseMember)
+    (close,) = of(effects, CloseMember)
     assert (close.member_id, close.code) == (laggard.member_id, ErrorCode.FENCED_MEMBER)
-    assert SetTimer(f"quarantine:{laggard.member_id}", until) in effects
+    assert SetTimer(QuarantineTimer(laggard.member_id), until) in effects
     assert not any(s.ranges.overlaps(x_owned) for s in of(effects, SendStart))
     owned_disjoint(state)
     assert stopped(state, laggard, now + 1).records == []  # a late answer changes nothing
     starts = of(
-        run(state, h.timer_fired(state, key=f"quarantine:{laggard.member_id}", now=until), until),
+        run(state, h.timer_fired(state, key=QuarantineTimer(laggard.member_id), now=until), until),
         SendStart,
     )
     assert union([s.ranges for s in starts]) == x_owned
@@ -271,10 +286,10 @@ def test_second_revoke_gets_its_own_drain_deadline(group3: GroupState) -> None:
     (stop1,) = [s for s in first if s.member_id == "m1"]
     effects += run(state, stopped(state, stop1, 9.0), 9.0)
     now = 2.0 + DRAIN
-    res = h.timer_fired(state, key="drain:m1", now=now)  # the first stop's deadline
+    res = h.timer_fired(state, key=DrainTimer("m1"), now=now)  # the first stop's deadline
     assert not res.records, "m1 fenced 4 s after its second StopFetcher (drain timeout: 10 s)"
     for e in effects + run(state, res, now):  # the timer m1 is left with
-        if isinstance(e, (SetTimer, CancelTimer)) and e.key == "drain:m1":
+        if isinstance(e, (SetTimer, CancelTimer)) and e.key == DrainTimer("m1"):
             armed = e.at if isinstance(e, SetTimer) else None
     assert armed == 8.0 + DRAIN, "the second stop's deadline must be armed"
 
@@ -289,10 +304,12 @@ def test_session_expiry_waits_for_requests_sent_after_the_last_reply(group3: Gro
         if s.member_id != "m1":
             run(state, stopped(state, s, 5.5), 5.5)
     now = 1.0 + SESSION
-    run(state, h.timer_fired(state, key="session:m1", now=now), now)
+    run(state, h.timer_fired(state, key=SessionTimer("m1"), now=now), now)
     assert "m1" not in state.members
     for t in (now + MARGIN, 5.0 + SESSION):
-        starts = of(run(state, h.timer_fired(state, key="quarantine:m1", now=t), t), SendStart)
+        starts = of(
+            run(state, h.timer_fired(state, key=QuarantineTimer("m1"), now=t), t), SendStart
+        )
         assert not any(s.ranges.overlaps(m1_owned) for s in starts), f"m1's slots moved at t={t}"
 
 
@@ -300,19 +317,19 @@ def test_session_expiry(group3: GroupState) -> None:
     state = group3
     run(state, ping(state, "m1", 4.0), 4.0)
     for now in (SESSION, 4.0 + SESSION - 0.01):  # the originally armed time, and just before
-        res = h.timer_fired(state, key="session:m1", now=now)
+        res = h.timer_fired(state, key=SessionTimer("m1"), now=now)
         assert res.records == [] and res.effects == []
     now = 4.0 + SESSION
-    res = h.timer_fired(state, key="session:m1", now=now)
+    res = h.timer_fired(state, key=SessionTimer("m1"), now=now)
     (removed,) = res.records  # quarantine length: see the test above
     assert isinstance(removed, MemberRemoved) and removed.reason == "lost"
     assert removed.quarantine_until is not None and removed.quarantine_until >= now + MARGIN
     effects = run(state, res, now)
-    (close,) = of(effects, h.CloseMember)
+    (close,) = of(effects, CloseMember)
     assert (close.member_id, close.code) == ("m1", ErrorCode.FENCED_MEMBER)
-    assert SetTimer("quarantine:m1", removed.quarantine_until) in effects
-    assert h.timer_fired(state, key="session:m1", now=now + 100).records == []
-    assert h.timer_fired(state, key="session:nobody", now=now).records == []
+    assert SetTimer(QuarantineTimer("m1"), removed.quarantine_until) in effects
+    assert h.timer_fired(state, key=SessionTimer("m1"), now=now + 100).records == []
+    assert h.timer_fired(state, key=SessionTimer("nobody"), now=now).records == []
 
 
 def test_ping_epochs_and_ownership(group3: GroupState) -> None:
@@ -327,7 +344,7 @@ def test_ping_epochs_and_ownership(group3: GroupState) -> None:
     assert state.position_map(TPS[0]).get(mine.start) == Position(10)
     load = ((3, 7),)
     ok = h.ping_answered(state, member_id="m1", epoch=m1.epoch, positions=high, load=load, now=2.5)
-    assert ok.error is None and SetTimer("session:m1", 2.5 + SESSION) in ok.effects
+    assert ok.error is None and SetTimer(SessionTimer("m1"), 2.5 + SESSION) in ok.effects
     run(state, ok, 2.5)
     pmap = state.position_map(TPS[0])
     assert {p for _, p in pmap.segments(RangeSet((mine,)))} == {Position(90)}
@@ -350,8 +367,8 @@ def test_grants_deferred_until_grace_time() -> None:
     state = GroupState("g")
     replay(state, GrantsDeferred(20.0))
     assert not of(run(state, join(state, "m1", 1.0), 1.0), SendStart)
-    assert not of(run(state, h.timer_fired(state, key="grace", now=19.9), 19.9), SendStart)
-    starts = of(run(state, h.timer_fired(state, key="grace", now=20.0), 20.0), SendStart)
+    assert not of(run(state, h.timer_fired(state, key=GraceTimer(), now=19.9), 19.9), SendStart)
+    starts = of(run(state, h.timer_fired(state, key=GraceTimer(), now=20.0), 20.0), SendStart)
     assert union([s.ranges for s in starts]) == RangeSet.full()
     owned_disjoint(state)
 
@@ -362,7 +379,7 @@ def test_random_membership_churn_keeps_one_owner_per_slot(seed: int) -> None:
     """Random churn: never two holders of a slot; once settled, all slots run on target."""
     rng = random.Random(seed)
     state, now, n = GroupState("g"), 0.0, 0
-    timers: dict[str, float] = {}
+    timers: dict[TimerKey, float] = {}
     stops: list[SendStop] = []
     starts: list[SendStart] = []
 
@@ -412,7 +429,7 @@ def test_random_membership_churn_keeps_one_owner_per_slot(seed: int) -> None:
         for mid in list(state.members):
             do(ping(state, mid, now))
         now += SESSION + 1
-        for key in [k for k, at in timers.items() if at <= now and k.startswith("quarantine")]:
+        for key in [k for k, at in timers.items() if at <= now and isinstance(k, QuarantineTimer)]:
             timers.pop(key)
             do(h.timer_fired(state, key=key, now=now))
     settle()
@@ -476,13 +493,11 @@ def test_drain_time_counts_from_when_the_stop_fetcher_was_written(group3: GroupS
     effects = run(
         state, h.stop_written(state, member_id=late.member_id, ranges=late.ranges, now=7.0), 7.0
     )
-    assert effects == [SetTimer(f"drain:{late.member_id}", 7.0 + DRAIN)]
-    key = f"drain:{late.member_id}"
+    assert effects == [SetTimer(DrainTimer(late.member_id), 7.0 + DRAIN)]
+    key = DrainTimer(late.member_id)
     res = h.timer_fired(state, key=key, now=2.0 + DRAIN)
     assert res.records == [] and res.effects == [SetTimer(key, 7.0 + DRAIN)], "fenced too early"
-    assert of(
-        run(state, h.timer_fired(state, key=key, now=7.0 + DRAIN), 7.0 + DRAIN), h.CloseMember
-    )
+    assert of(run(state, h.timer_fired(state, key=key, now=7.0 + DRAIN), 7.0 + DRAIN), CloseMember)
     # A write never moves a deadline earlier, nor one of ranges it did not carry.
     other = others[0]
     m = state.members[other.member_id]
@@ -525,6 +540,6 @@ def test_a_rebalance_that_could_not_help_is_not_asked_for_again(group3: GroupSta
     assert requests(check(t + hold, 1.6)) == [1.6]
     t += 2 * hold
     assert check(t, 1.1) == [ImbalanceObserved(None)]  # balanced: the bar is gone
-    assert state.rebalanced_at is None
+    assert state.last_rebalance_imbalance is None
     assert check(t + 1, 1.3) == [ImbalanceObserved(t + 1)]
     assert requests(check(t + 1 + hold, 1.3)) == [1.3]

@@ -131,7 +131,7 @@ async def test_the_admin_view_says_a_recompute_is_pending() -> None:
     try:
         a = RecordingChannel()
         await runtime.register(a, register("a"))  # type: ignore[arg-type]
-        state = runtime.groups["g"]
+        state = runtime.group_states()["g"]
         assert group_view(state, runtime.clock()).target_pending
         await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a granted")
         assert not group_view(state, runtime.clock()).target_pending

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from coordinator.group.effects import Result
 from coordinator.group.state import GroupConfig
 from coordinator.model.positions import RangePositionMap
 from coordinator.protocol.messages import (
@@ -145,7 +144,7 @@ async def test_stop_never_overtakes_an_earlier_start_held_by_a_slow_store() -> N
         # c's arrival takes slots back from b, whose StartFetcher is still unsent.
         await eventually(
             lambda: any(
-                st.members[m].draining for st in runtime.groups.values() for m in st.members
+                st.members[m].draining for st in runtime.group_states().values() for m in st.members
             ),
             "a revoke from b",
         )
@@ -204,7 +203,7 @@ async def test_a_group_replayed_without_members_schedules_no_recompute() -> None
         a = RecordingChannel()
         await runtime.register(a, register("a"))  # type: ignore[arg-type]
         await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
-        runtime._run("old", Result())  # e.g. its balance timer
+        runtime.apply_records("old", [])  # e.g. its balance timer: a reconcile
         for _ in range(10):
             await asyncio.sleep(0)
         assert runtime._recomputer.scheduled == set()
@@ -238,7 +237,7 @@ async def test_flushes_waiting_behind_a_write_share_the_next_one() -> None:
         a = RecordingChannel()
         await runtime.register(a, register("a"))  # type: ignore[arg-type]
         await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
-        state = runtime.groups["g"]
+        state = runtime.group_states()["g"]
 
         def moved() -> None:
             state.positions_version += 1
@@ -272,7 +271,7 @@ async def test_writers_waiting_for_a_flush_all_resume_in_the_same_loop_turn() ->
         a = RecordingChannel()
         await runtime.register(a, register("a"))  # type: ignore[arg-type]
         await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
-        state = runtime.groups["g"]
+        state = runtime.group_states()["g"]
         store.released.clear()
         state.positions_version += 1
         saves = store.saves

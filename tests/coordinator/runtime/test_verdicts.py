@@ -143,7 +143,7 @@ async def test_a_drain_answered_in_time_but_read_late_is_not_fenced(
         a.stall_on(StopFetcherRequest, 0.6)  # twice the drain timeout
         await b.join(port)
         await eventually(lambda: "start_fetcher_request" in b.received, "b got a's slots")
-        state = runtime.groups["g"]
+        state = runtime.group_states()["g"]
         assert a.member_id in state.members, "a drained in time and was fenced"
         assert a.channel is not None and not a.channel.is_closed
         assert runtime.activity.totals["drain expired"] == 0
@@ -164,7 +164,7 @@ async def test_a_ping_answered_in_time_but_read_late_does_not_expire_the_session
         a.stall_on(PingRequest, 1.5)  # longer than the session timeout
         pings = a.received.count("ping_request")
         await eventually(lambda: a.received.count("ping_request") >= pings + 3, "pinged on")
-        assert a.member_id in runtime.groups["g"].members, "a's session expired"
+        assert a.member_id in runtime.group_states()["g"].members, "a's session expired"
         assert runtime.activity.totals["session expired"] == 0
         assert runtime.activity.totals["verdict spared"] >= 1
     finally:
@@ -184,7 +184,7 @@ async def test_a_member_that_does_not_drain_is_still_fenced(
         a.channel.set_request_handler(lambda channel, message: a.received.append(message.type))
         await b.join(port)
         await eventually(lambda: a.channel is not None and a.channel.is_closed, "a fenced")
-        assert a.member_id not in runtime.groups["g"].members
+        assert a.member_id not in runtime.group_states()["g"].members
         assert runtime.activity.totals["drain expired"] == 1
     finally:
         await a.close()
