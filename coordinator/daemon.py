@@ -33,10 +33,10 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class DaemonConfig:
     bootstrap_servers: str
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 7171
-    admin_host: str = "127.0.0.1"
-    admin_port: int = 7172
+    listen_host: str  # the defaults are the CLI's (coordinator.cli.parser)
+    listen_port: int
+    admin_host: str
+    admin_port: int
     state_topic: str = DEFAULT_STATE_TOPIC
     auth_token: str | None = None
     admin_token: str | None = None  # bearer token for admin mutations (and reads if below)

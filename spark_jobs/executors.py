@@ -88,7 +88,7 @@ class StopWhen:
 
 
 @dataclass(frozen=True, slots=True)
-class ConsumerStats:
+class TaskReport:
     """What one consumer task did, returned to the driver when it ends."""
 
     task: int
@@ -167,7 +167,7 @@ def _exists(path: str) -> bool:
 
 async def consume_until(
     settings: ConsumerSettings, handler: Handler, task: int, attempt: int = 0
-) -> ConsumerStats:
+) -> TaskReport:
     """One consumer task: register, consume until the stop condition, leave gracefully."""
     from consumer_client import CoordinatedConsumer
 
@@ -217,7 +217,7 @@ async def consume_until(
                 await running
         pool.shutdown(wait=False, cancel_futures=True)
         _current = None
-    return ConsumerStats(
+    return TaskReport(
         task=task,
         attempt=attempt,
         member_id=member,
@@ -233,8 +233,8 @@ async def consume_until(
 
 def _task(
     settings: ConsumerSettings, handler: Handler
-) -> Callable[[Iterable[int]], list[ConsumerStats]]:
-    def run(indexes: Iterable[int]) -> list[ConsumerStats]:
+) -> Callable[[Iterable[int]], list[TaskReport]]:
+    def run(indexes: Iterable[int]) -> list[TaskReport]:
         from pyspark import TaskContext
 
         context = TaskContext.get()
@@ -274,11 +274,11 @@ def run_executor_consumers(
     session_timeout_ms: int = 10_000,
     capacity: int = 1,
     name: str = "spark",
-) -> list[ConsumerStats]:
+) -> list[TaskReport]:
     """Run `consumers` tasks (default: one per task slot), each a member of `group` calling
     `handler(record)` (an aiokafka ConsumerRecord; sync or async) per record, keys in order.
 
-    Blocks until every task met `until`, and returns one `ConsumerStats` per task (the last
+    Blocks until every task met `until`, and returns one `TaskReport` per task (the last
     attempt's, when Spark retried a task whose executor was lost). `handler` is pickled to
     the executors: a module-level function of an importable module is the safe choice.
     """

@@ -22,7 +22,8 @@ from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaError
 
 from coordinator.model.hashing import ORDERING_KEY_HEADER, slot_for_record
-from spark_jobs.planning import ReadSlice, SourceError, TopicPartition
+from coordinator.model.positions import TopicPartition
+from spark_jobs.planning import ReadSlice, SourceError
 
 Watermarks = dict[TopicPartition, tuple[int, int]]
 

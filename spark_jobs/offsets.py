@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.model.hashing import MAX_SLOT
-from coordinator.model.positions import Position, PositionUpdate, RangePositionMap
+from coordinator.model.positions import Position, PositionUpdate, RangePositionMap, TopicPartition
 from coordinator.model.ranges import RangeSet, SlotRange
-from spark_jobs.planning import ReadSlice, SourceError, TopicPartition
+from spark_jobs.planning import ReadSlice, SourceError
 
 OFFSET_VERSION = 1
 ZERO = Position()

@@ -21,10 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator.model.hashing import SLOT_COUNT
-from coordinator.model.positions import Position
+from coordinator.model.positions import Position, TopicPartition
 from coordinator.model.ranges import SlotRange
-
-TopicPartition = tuple[str, int]
 
 # Kafka's own source column names, so a query can swap `kafka` for `keyshard`.
 SCHEMA_DDL = (

@@ -63,7 +63,7 @@ from aiokafka import TopicPartition as KafkaTP
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from consumer_client.membership import Membership, parse_addresses
-from coordinator.model.positions import PositionUpdate
+from coordinator.model.positions import PositionUpdate, TopicPartition
 from coordinator.model.ranges import RangeSet
 from coordinator.protocol.messages import HighWatermark
 from spark_jobs.kafka_io import (
@@ -73,7 +73,7 @@ from spark_jobs.kafka_io import (
     topic_partitions,
 )
 from spark_jobs.offsets import StreamOffset, next_offset, plan_stream
-from spark_jobs.planning import SourceError, TopicPartition, parse_int, parse_topics, require
+from spark_jobs.planning import SourceError, parse_int, parse_topics, require
 from spark_jobs.reading import ReadSettings, SlicePartition, arrow_batches
 from spark_jobs.stream_state import SourceState
 

@@ -18,7 +18,6 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-DEFAULT_ADMIN = "http://127.0.0.1:7172"
 TIMEOUT_S = 10.0
 
 

@@ -12,10 +12,16 @@ import argparse
 import os
 from typing import Any
 
-from coordinator.model.addresses import parse_host_port
+from coordinator.group.state import GroupConfig
+from coordinator.model.addresses import LOOPBACK, parse_host_port
+from coordinator.runtime.settings import DEFAULT_STARTUP_GRACE_MS
+from coordinator.storage.base import DEFAULT_STATE_TOPIC
 from coordinator.strategies.registry import known_assignors
 
-DEFAULT_ADMIN = "http://127.0.0.1:7172"
+DEFAULT_LISTEN = (LOOPBACK, 7171)  # the consumer channel
+DEFAULT_ADMIN_LISTEN = (LOOPBACK, 7172)  # the admin API
+DEFAULT_ADMIN = "http://{}:{}".format(*DEFAULT_ADMIN_LISTEN)
+GROUP_DEFAULTS = GroupConfig()
 DESCRIPTION = """The `keyshard` command line.
 
 Every flag also reads an environment variable (`KEYSHARD_` + the flag name in upper case,
@@ -98,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     broker = sub.add_parser("broker", help="run an embedded Kafka-protocol broker (Tansu)")
-    _add(broker, "--listen", type=_host_port, default=("127.0.0.1", 9092), help="HOST:PORT")
+    _add(broker, "--listen", type=_host_port, default=(LOOPBACK, 9092), help="HOST:PORT")
     _add(
         broker,
         "--storage-engine",
@@ -118,17 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
         coord,
         "--listen",
         type=_host_port,
-        default=("127.0.0.1", 7171),
+        default=DEFAULT_LISTEN,
         help="consumer channel HOST:PORT",
     )
     _add(
         coord,
         "--admin-listen",
         type=_host_port,
-        default=("127.0.0.1", 7172),
+        default=DEFAULT_ADMIN_LISTEN,
         help="admin API HOST:PORT",
     )
-    _add(coord, "--state-topic", default="__keyshard_state", help="internal topic for positions")
+    _add(coord, "--state-topic", default=DEFAULT_STATE_TOPIC, help="internal topic for positions")
     _add(coord, "--auth-token", default=None, help="token consumers must present at Register")
     _add(
         coord,
@@ -147,28 +153,28 @@ def build_parser() -> argparse.ArgumentParser:
         coord,
         "--drain-timeout-ms",
         type=_positive_ms,
-        default=10_000,
+        default=GROUP_DEFAULTS.drain_timeout_ms,
         help="StopFetcher drain deadline",
     )
     _add(
         coord,
         "--startup-grace-ms",
         type=_positive_ms,
-        default=10_500,
+        default=DEFAULT_STARTUP_GRACE_MS,
         help="no grants this long after start (previous owners must have stopped)",
     )
     _add(
         coord,
         "--lost-member-margin-ms",
         type=_positive_ms,
-        default=500,
+        default=GROUP_DEFAULTS.lost_member_margin_ms,
         help="extra wait past a lost member's session before its ranges move",
     )
     _add(
         coord,
         "--assignor",
         type=_assignor,
-        default="load-aware",
+        default=GROUP_DEFAULTS.assignor,
         help="strategy of every group: load-aware, balanced, auto-split, consistent-hash, sticky",
     )
     _add(
@@ -183,24 +189,24 @@ def build_parser() -> argparse.ArgumentParser:
         coord,
         "--rebalance-threshold",
         type=_ratio,
-        default=1.25,
+        default=GROUP_DEFAULTS.rebalance_threshold,
         help="load-aware: rebalance when a member carries this many times its fair share",
     )
     _add(
         coord,
         "--rebalance-hold-ms",
         type=_positive_ms,
-        default=30_000,
+        default=GROUP_DEFAULTS.rebalance_hold_ms,
         help="load-aware: ...continuously for this long",
     )
     _add(
         coord,
         "--balance-check-ms",
         type=_positive_ms,
-        default=5_000,
+        default=GROUP_DEFAULTS.balance_check_ms,
         help="load-aware: how often the imbalance is measured",
     )
-    _add(coord, "--load-half-life-ms", type=_positive_ms, default=30_000,
+    _add(coord, "--load-half-life-ms", type=_positive_ms, default=GROUP_DEFAULTS.load_half_life_ms,
          help="half-life of the measured per-slot load")  # fmt: skip
 
     add_admin_commands(sub)

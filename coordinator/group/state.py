@@ -16,6 +16,7 @@ from coordinator.group.load import BucketLoad
 from coordinator.model.hashing import MAX_SLOT
 from coordinator.model.positions import RangePositionMap, TopicPartition
 from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
+from coordinator.strategies.registry import DEFAULT_STRATEGY
 
 MAX_HANDOFF_HISTORY = 200
 
@@ -24,7 +25,7 @@ MAX_HANDOFF_HISTORY = 200
 class GroupConfig:
     """Per-group knobs; defaults come from the daemon's flags."""
 
-    assignor: str = "load-aware"
+    assignor: str = DEFAULT_STRATEGY
     drain_timeout_ms: int = 10_000
     # Load-driven rebalancing (strategies that read load): move boundaries only when the
     # busiest member's load share / capacity share exceeds this factor, measured with every

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 
 from coordinator.local.processes import free_port
+from coordinator.model.addresses import LOOPBACK
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: Tansu prints this on stdout only after its listener is bound. A broker that loses
@@ -85,7 +86,7 @@ class EmbeddedBroker:
 
     def __init__(
         self,
-        host: str = "127.0.0.1",
+        host: str = LOOPBACK,
         port: int | None = None,
         storage_engine: str = "memory://tansu/",
         env: Mapping[str, str] | None = None,

@@ -29,6 +29,7 @@ from coordinator.group.state import GroupConfig, GroupState
 from coordinator.local.broker import EmbeddedBroker
 from coordinator.local.processes import free_port
 from coordinator.local.verify import Produced, Report, check, read_processed
+from coordinator.model.addresses import LOOPBACK
 
 GROUP = "demo"
 TOPIC = "demo.events"
@@ -67,16 +68,18 @@ async def _demo(args: argparse.Namespace) -> int:
         daemon = await start_daemon(
             DaemonConfig(
                 bootstrap_servers=broker.bootstrap_servers,
+                listen_host=LOOPBACK,
                 listen_port=listen,
+                admin_host=LOOPBACK,
                 admin_port=admin_port,
                 startup_grace_ms=300,  # a fresh broker: no earlier coordinator to wait for
                 group_defaults=GroupConfig(drain_timeout_ms=5000),
             )
         )
-        coordinator = f"127.0.0.1:{listen}"
+        coordinator = f"{LOOPBACK}:{listen}"
         console.print(
             f"broker [bold]{broker.bootstrap_servers}[/], coordinator [bold]{coordinator}[/], "
-            f"admin [bold]http://127.0.0.1:{admin_port}/v1/groups/{GROUP}[/]"
+            f"admin [bold]http://{LOOPBACK}:{admin_port}/v1/groups/{GROUP}[/]"
         )
 
         def spawn(name: str) -> None:

@@ -12,8 +12,10 @@ import signal
 import socket
 import subprocess
 
+from coordinator.model.addresses import LOOPBACK
 
-def free_port(host: str = "127.0.0.1") -> int:
+
+def free_port(host: str = LOOPBACK) -> int:
     """Return a port that was free a moment ago (bind to port 0, read it, close)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))

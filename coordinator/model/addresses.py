@@ -7,6 +7,8 @@ port is 1..65535 in ASCII digits.
 
 from __future__ import annotations
 
+LOOPBACK = "127.0.0.1"  # where every default listener binds: nothing is exposed by default
+
 
 def parse_host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")

@@ -9,19 +9,29 @@ sets is equality of ownership, and set algebra is how the coordinator computes h
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from coordinator.model.hashing import MAX_SLOT, SLOT_COUNT
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class SlotRange:
+class _Bounds(NamedTuple):
     start: int
     end: int  # inclusive
 
-    def __post_init__(self) -> None:
-        if not 0 <= self.start <= self.end <= MAX_SLOT:
-            raise ValueError(f"invalid slot range [{self.start}, {self.end}]")
+
+class SlotRange(_Bounds):
+    """An inclusive range of slots: the one shape every part of keyshard uses.
+
+    A validated tuple: ordered, hashed and unpacked like `(start, end)`, so the
+    strategies can keep sorted lists of ranges and bisect them at tuple speed.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, start: int, end: int) -> SlotRange:
+        if not 0 <= start <= end <= MAX_SLOT:
+            raise ValueError(f"invalid slot range [{start}, {end}]")
+        return super().__new__(cls, start, end)
 
     @property
     def size(self) -> int:

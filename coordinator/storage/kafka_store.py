@@ -15,7 +15,8 @@ import json
 import logging
 from typing import Any
 
-from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
@@ -116,7 +117,7 @@ class KafkaStateStore:
         await asyncio.wait_for(consumer.start(), self.timeout)
         groups: dict[str, Positions] = {}
         try:
-            tp = TopicPartition(self.topic, 0)
+            tp = KafkaTP(self.topic, 0)
             consumer.assign([tp])
             await consumer.seek_to_beginning(tp)
             loop = asyncio.get_running_loop()
@@ -160,7 +161,7 @@ class KafkaStateStore:
     async def commit_low_watermarks(self, group: str, positions: Positions) -> None:
         """Best effort: tooling visibility only, never the source of truth."""
         offsets = {
-            TopicPartition(topic, partition): pmap.minimum_offset()
+            KafkaTP(topic, partition): pmap.minimum_offset()
             for (topic, partition), pmap in positions.items()
         }
         if not offsets:

@@ -48,12 +48,6 @@ class Assignment:
     # Human-readable findings worth surfacing (e.g. a slot hotter than a fair share).
     notes: tuple[str, ...] = ()
 
-    def owner_of(self, slot: int) -> str | None:
-        for member_id, owned in self.ranges.items():
-            if slot in owned:
-                return member_id
-        return None
-
 
 class Assignor(Protocol):
     name: str
