@@ -1,9 +1,15 @@
-"""A thin asyncio adapter over the sans-IO codec, used by both ends of a channel.
+"""One connection of the protocol, both ends: a thin asyncio adapter over the sans-IO codec.
 
 Like aiokafka's `conn.py`: outgoing requests get a correlation id and a future; responses
 resolve them; `close()` fails every pending future so no caller waits forever on a dead
 peer. Incoming requests go to a synchronous callback in arrival order, which is what lets
 a consumer apply StartFetcher/StopFetcher in exactly the order the coordinator sent them.
+
+The channel is an `asyncio.Protocol` underneath, not a stream: bytes are decoded and
+dispatched in the loop callback that receives them, so nothing sits in a user-space
+buffer between the socket and the handlers. That is what makes "has the peer sent
+anything we have not handled?" answerable from public APIs (`has_unread_input`), which
+the coordinator asks before judging a member on its own clock.
 """
 
 from __future__ import annotations
@@ -41,43 +47,58 @@ class RemoteError(Exception):
 class Channel:
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
         *,
         on_request: RequestHandler | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         name: str = "channel",
     ) -> None:
-        self._reader = reader
-        self._writer = writer
+        loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder(max_frame_bytes)
         self._max_frame_bytes = max_frame_bytes
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._on_request = on_request
-        self._closed = asyncio.get_running_loop().create_future()
-        self._read_task: asyncio.Task[None] | None = None
+        self._reading = False  # `start` was called
+        self._closed = loop.create_future()  # resolved with the reason by `close`
+        self._lost = loop.create_future()  # resolved when the transport is gone
         self.name = name
         self.close_reason: str | None = None
 
     @classmethod
     async def connect(
-        cls, host: str, port: int, *, timeout: float = 5.0, **kwargs: object
+        cls,
+        host: str,
+        port: int,
+        *,
+        timeout: float = 5.0,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        name: str = "channel",
     ) -> Channel:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-        return cls(reader, writer, **kwargs)  # type: ignore[arg-type]
+        """A channel to `host:port`; it dispatches nothing until `start()`."""
+        channel = cls(max_frame_bytes=max_frame_bytes, name=name)
+        loop = asyncio.get_running_loop()
+        await asyncio.wait_for(loop.create_connection(channel.protocol, host, port), timeout)
+        return channel
+
+    def protocol(self) -> asyncio.Protocol:
+        """The asyncio protocol feeding this channel (a factory for create_connection)."""
+        return _ChannelProtocol(self)
 
     @property
     def peer(self) -> str:
-        peer = self._writer.get_extra_info("peername")
+        peer = self._transport.get_extra_info("peername") if self._transport else None
         return f"{peer[0]}:{peer[1]}" if peer else "?"
 
     def set_request_handler(self, handler: RequestHandler) -> None:
         self._on_request = handler
 
     def start(self) -> None:
-        if self._read_task is None:
-            self._read_task = asyncio.create_task(self._read_loop(), name=f"{self.name}-read")
+        """Begin reading (now, or once connected): requests that arrived meanwhile waited
+        in the socket, so none reaches a handler that was not set yet."""
+        self._reading = True
+        if self._transport is not None and not self.is_closed:
+            self._transport.resume_reading()
 
     @property
     def is_closed(self) -> bool:
@@ -133,30 +154,27 @@ class Channel:
                 log.warning("%s: could not send error to %s: %s", self.name, self.peer, err)
         self.close(f"{code}: {message}")
 
-    def unread_bytes(self) -> int:
-        """Bytes the peer sent that this side has not dispatched yet: in the kernel's
-        receive buffer, or in the stream's buffer waiting for the read loop.
+    def has_unread_input(self) -> bool:
+        """Did the peer send bytes this side has not dispatched yet?
 
-        The coordinator asks before fencing a member on its own clock (see
-        coordinator/verdicts.py). A partial frame already fed to the decoder is not
-        counted: the rest of it has not arrived.
+        Received bytes are decoded and dispatched in the callback that receives them, so
+        only the kernel's receive buffer can hold unread ones (asked with FIONREAD), or
+        it does while reading has not started. A partial frame already fed to the decoder
+        does not count: the rest of it has not arrived. A closed channel, or a socket
+        already closed under it, has nothing unread.
         """
-        buffered = len(getattr(self._reader, "_buffer", b""))  # StreamReader's, no public API
-        sock = self._writer.get_extra_info("socket")
-        if sock is None:
-            return buffered
+        transport = self._transport
+        if self.is_closed or transport is None or transport.is_closing():
+            return False
+        sock = transport.get_extra_info("socket")
+        fd = -1 if sock is None else sock.fileno()
+        if fd < 0:
+            return False
         try:
-            raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+            raw = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
         except OSError:
-            return buffered
-        return buffered + int.from_bytes(raw, sys.byteorder, signed=True)
-
-    def _write(self, message: Message) -> None:
-        self._writer.write(encode(message, max_frame_bytes=self._max_frame_bytes))
-
-    async def drain(self) -> None:
-        with contextlib.suppress(ConnectionError):
-            await self._writer.drain()
+            return False
+        return int.from_bytes(raw, sys.byteorder, signed=True) > 0
 
     def close(self, reason: str = "closed locally") -> None:
         if self.is_closed:
@@ -167,37 +185,51 @@ class Channel:
             if not future.done():
                 future.set_exception(ChannelClosed(reason))
         self._pending.clear()
-        with contextlib.suppress(Exception):
-            if self._writer.can_write_eof():
-                self._writer.write_eof()
-        self._writer.close()
-        if self._read_task is not None and self._read_task is not asyncio.current_task():
-            self._read_task.cancel()
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            with contextlib.suppress(Exception):
+                if transport.can_write_eof():
+                    transport.write_eof()
+            transport.close()  # after what was written is flushed
+        elif transport is None and not self._lost.done():
+            self._lost.set_result(None)  # never connected: nothing to wait for
 
     async def aclose(self, reason: str = "closed locally") -> None:
+        """Close, and wait until what was written is flushed and the socket is gone."""
         self.close(reason)
-        with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
+        await asyncio.shield(self._lost)
 
-    async def _read_loop(self) -> None:
+    def _write(self, message: Message) -> None:
+        frame = encode(message, max_frame_bytes=self._max_frame_bytes)
+        if self._transport is None:
+            raise ChannelClosed("not connected")
+        self._transport.write(frame)
+
+    # ---- from the protocol ------------------------------------------------------------
+
+    def _connected(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        if not self._reading:
+            transport.pause_reading()
+
+    def _received(self, data: bytes) -> None:
+        if self.is_closed:
+            return
         try:
-            while True:
-                data = await self._reader.read(65536)
-                if not data:
-                    self.close("peer closed the connection")
-                    return
-                try:
-                    messages = self._decoder.feed(data)
-                except ProtocolError as err:
-                    log.warning("%s: bad input from %s: %s", self.name, self.peer, err.message)
-                    self.fail(err.code, err.message, getattr(err, "correlation_id", 0))
-                    return
-                for message in messages:
-                    self._dispatch(message)
-        except asyncio.CancelledError:
-            raise
-        except (ConnectionError, OSError) as err:
-            self.close(f"connection error: {err}")
+            messages = self._decoder.feed(data)
+        except ProtocolError as err:
+            log.warning("%s: bad input from %s: %s", self.name, self.peer, err.message)
+            self.fail(err.code, err.message, err.correlation_id)
+            return
+        for message in messages:
+            if self.is_closed:
+                return
+            self._dispatch(message)
+
+    def _lost_connection(self, reason: str) -> None:
+        self.close(reason)
+        if not self._lost.done():
+            self._lost.set_result(None)
 
     def _dispatch(self, message: Message) -> None:
         if is_response(message):
@@ -217,6 +249,28 @@ class Channel:
             return
         try:
             self._on_request(self, message)
-        except Exception as err:  # a handler bug must not kill the read loop silently
+        except Exception as err:  # a handler bug must not go unanswered
             log.exception("%s: request handler failed", self.name)
             self.fail(ErrorCode.INTERNAL, f"internal error: {err}", message.correlation_id)
+
+
+class _ChannelProtocol(asyncio.Protocol):
+    """asyncio's side of a channel: hands the transport and every byte to it at once."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._channel._connected(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._channel._received(data)
+
+    def eof_received(self) -> bool:
+        self._channel.close("peer closed the connection")
+        return False  # let the transport close itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = "peer closed the connection" if exc is None else f"connection error: {exc}"
+        self._channel._lost_connection(reason)

@@ -55,7 +55,7 @@ async def settled(
     give_up = time.monotonic() + limit_s
     turns = 0
     while not channel.is_closed:
-        if not channel.unread_bytes() and not replies.unhandled(group, member_id):
+        if not channel.has_unread_input() and not replies.unhandled(group, member_id):
             return True
         if time.monotonic() >= give_up:
             return False

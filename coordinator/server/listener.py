@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from coordinator.protocol.channel import Channel
@@ -11,7 +10,6 @@ from coordinator.protocol.codec import DEFAULT_MAX_FRAME_BYTES
 from coordinator.runtime.runtime import CoordinatorRuntime
 from coordinator.server.session import MemberSession
 
-log = logging.getLogger(__name__)
 LISTEN_BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
 
 
@@ -34,37 +32,35 @@ class CoordinatorServer:
     async def start(self) -> None:
         # A deep accept queue: after a coordinator restart every consumer reconnects at
         # once, and a full queue drops SYNs that clients retry only after 1, 3, 7 s.
-        self._server = await asyncio.start_server(
-            self._on_connection, self.host, self.port, backlog=LISTEN_BACKLOG
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._accept, self.host, self.port, backlog=LISTEN_BACKLOG
         )
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-        # Closing the channels ends their connection tasks; cancelling those tasks instead
-        # makes Python 3.11's stream callback log a spurious CancelledError.
         for channel in list(self._channels):
             channel.close("coordinator shutting down")
         await asyncio.gather(*self._connections, return_exceptions=True)
 
-    async def _on_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._connections.add(task)
-        channel = Channel(reader, writer, max_frame_bytes=self.max_frame_bytes, name="member")
-        self._channels.add(channel)
+    def _accept(self) -> asyncio.Protocol:
+        """A new connection: its channel and session, and a task that ends with it."""
+        channel = Channel(max_frame_bytes=self.max_frame_bytes, name="member")
         session = MemberSession(self.runtime, channel)
         channel.set_request_handler(session.on_request)
         channel.start()
+        self._channels.add(channel)
+        task = asyncio.create_task(self._serve(channel, session), name="member-connection")
+        self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
+        return channel.protocol()
+
+    async def _serve(self, channel: Channel, session: MemberSession) -> None:
         try:
             await channel.wait_closed()
-            await channel.drain()
         finally:
             session.closed()
             await channel.aclose()
             self._channels.discard(channel)
-            if task is not None:
-                self._connections.discard(task)

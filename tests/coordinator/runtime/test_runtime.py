@@ -79,8 +79,8 @@ class RecordingChannel:
     def fail(self, *args: Any) -> None:
         self.is_closed = True
 
-    def unread_bytes(self) -> int:
-        return 0
+    def has_unread_input(self) -> bool:
+        return False
 
     def close(self, reason: str = "") -> None:
         self.is_closed = True
