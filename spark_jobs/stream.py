@@ -62,7 +62,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from consumer_client.membership import Membership, parse_addresses
+from consumer_client.membership import Membership
+from coordinator.model.addresses import parse_host_ports
 from coordinator.model.positions import PositionUpdate, TopicPartition
 from coordinator.model.ranges import RangeSet
 from coordinator.protocol.messages import HighWatermark
@@ -90,9 +91,9 @@ class StreamSettings:
         self.topics = parse_topics(options)
         self.coordinator = require(options, "coordinator")
         try:
-            self.coordinators = parse_addresses(self.coordinator)
+            self.coordinators = parse_host_ports(self.coordinator)
         except ValueError as err:
-            raise SourceError(f"option 'coordinator': {err}") from None
+            raise SourceError(f"option 'coordinator': coordinator address {err}") from None
         self.bootstrap_servers = require(options, "bootstrap_servers")
         self.auth_token = options.get("auth_token")
         self.capacity = parse_int(options, "capacity", default_parallelism, 1, 100_000)

@@ -246,20 +246,24 @@ def test_a_replay_is_dispatched_before_records_already_queued() -> None:
     """Fetched records waiting in the backlog all lie at or above the cursor: the replay
     (below it) must go first, or a key of the granted range would run out of order."""
     from consumer_client import CoordinatedConsumer
-    from consumer_client.consumer import _Chunk
+    from consumer_client.chunk import Chunk
 
     consumer = CoordinatedConsumer(
         group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
     )
-    consumer.start_fetcher(RangeSet.from_pairs([(0, 3)]), {TP: [(SlotRange(0, 3), Position(0))]})
-    window = consumer._windows[TP] = ReplayWindow(0, 100)
+    consumer._callbacks.start_fetcher(
+        RangeSet.from_pairs([(0, 3)]), {TP: [(SlotRange(0, 3), Position(0))]}
+    )
+    window = consumer._fetcher.windows[TP] = ReplayWindow(0, 100)
     window.append(chunk(*range(0, 40)))
     for o in range(30):
         consumer.progress.admit(TP, o, o % 8)
-    queued = _Chunk(None, TP, 0, consumer._session, chunk(*range(30, 40)))  # type: ignore[arg-type]
-    consumer._backlog.append(queued)
-    consumer.start_fetcher(RangeSet.from_pairs([(4, 7)]), {TP: [(SlotRange(4, 7), Position(5))]})
-    first, second = consumer._backlog
+    queued = Chunk(TP, 0, consumer._session(), chunk(*range(30, 40)))
+    consumer._fetcher.backlog.append(queued)
+    consumer._callbacks.start_fetcher(
+        RangeSet.from_pairs([(4, 7)]), {TP: [(SlotRange(4, 7), Position(5))]}
+    )
+    first, second = consumer._fetcher.backlog
     assert first.replay is not None and offsets(first.records) == list(range(5, 30))
     assert second is queued
     assert consumer.stats.replayed == 25 and consumer.stats.rewinds == 0
@@ -278,13 +282,13 @@ def test_a_partition_owned_whole_holds_no_records() -> None:
 
     def fetched(*offsets: int) -> None:
         batch: dict[TopicPartition, list[Any]] = {TopicPartition(*TP): chunk(*offsets)}
-        consumer._queue_fetched(batch, {TP: 0}, consumer._session)
+        consumer._fetcher.queue_fetched(batch, {TP: 0}, consumer._session())
 
-    consumer.start_fetcher(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(0))]})
-    window = consumer._windows[TP] = ReplayWindow(0, 100)
+    consumer._callbacks.start_fetcher(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(0))]})
+    window = consumer._fetcher.windows[TP] = ReplayWindow(0, 100)
     fetched(*range(10))
     assert window.count == 0 and window.start == 10
-    asyncio.run(consumer.stop_fetcher(RangeSet.from_pairs([(0, 99)])))  # type: ignore[arg-type]
+    asyncio.run(consumer._callbacks.stop_fetcher(RangeSet.from_pairs([(0, 99)])))  # type: ignore[arg-type]
     assert not consumer.progress.partitions[TP].owns_everything
     fetched(*range(10, 20))
     assert window.count == 10 and offsets(window.between(0, 100)) == list(range(10, 20))
