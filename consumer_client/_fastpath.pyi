@@ -12,10 +12,11 @@ AWAITABLE: int
 CHANGED: int
 LOAD_BUCKET_COUNT: int
 
-class _Progress(Protocol):
-    # Read and written by name (see fastpath.NativeProgress).
-    cursor: int
-    grants: Any
+class NativeProgress(Protocol):
+    """What `run` reads and writes by name on the partition (PartitionProgress)."""
+
+    cursor: int  # written before every handler call: a handler may look at it
+    grants: Any  # compared by identity after a handler: replaced -> CHANGED
 
 class Outcome(tuple[Any, ...]):
     """One field per meaning; fields that do not apply to `status` are None."""
@@ -44,7 +45,7 @@ class Outcome(tuple[Any, ...]):
 def run(
     records: list[Any],
     start: int,
-    progress: _Progress,
+    progress: NativeProgress,
     grants: object,
     cursor: int,
     table: ReadableBuffer,

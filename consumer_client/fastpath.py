@@ -10,9 +10,10 @@ install time) or with `KEYSHARD_PURE_PYTHON=1` in the environment, `NATIVE` is N
 the consumer uses only the Python loop.
 
 What C reads and writes, and nothing else: each record's `offset`, `key` and `headers`
-(aiokafka's `ConsumerRecord`), and the partition's `NativeProgress` (`cursor` written
-before every handler call, `grants` compared by identity after it); the lanes' busy keys
-(membership only) and the load buffer (incremented in place).
+(aiokafka's `ConsumerRecord`), and the partition progress's `cursor` (written before
+every handler call) and `grants` (compared by identity after it), typed as
+`NativeProgress` in _fastpath.pyi; the lanes' busy keys (membership only) and the load
+buffer (incremented in place).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import os
 from array import array
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
 from consumer_client.chunk import Chunk
 from consumer_client.lanes import KeyLanes, Resume, Suspended, replay_failure
@@ -34,13 +35,6 @@ from coordinator.model.hashing import LOAD_BUCKET_COUNT
 log = logging.getLogger(__name__)
 
 PURE_PYTHON_ENV = "KEYSHARD_PURE_PYTHON"
-
-
-class NativeProgress(Protocol):
-    """The attributes of `PartitionProgress` the C loop reads and writes by name."""
-
-    cursor: int  # written before every handler call: a handler may look at it
-    grants: list[Grant]  # compared by identity after a handler: replaced -> CHANGED
 
 
 def _load_native() -> ModuleType | None:

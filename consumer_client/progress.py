@@ -234,14 +234,6 @@ class ConsumerProgress:
 
     # ---- the fetch filter -----------------------------------------------------------
 
-    def admit(self, tp: TopicPartition, offset: int, slot: int) -> bool:
-        """Should this record go to the handler? Also advances the partition cursor."""
-        progress = self.partitions.get(tp)
-        if progress is None or not progress.accept(offset, slot):
-            return False
-        progress.pending[offset] = slot
-        return True
-
     def ack(self, tp: TopicPartition, offset: int) -> None:
         progress = self.partitions.get(tp)
         if progress is not None:

@@ -30,7 +30,6 @@ from coordinator.model.ranges import RangeSet, SlotRange
 from spark_jobs.planning import ReadSlice, SourceError
 
 OFFSET_VERSION = 1
-ZERO = Position()
 
 Frontier = dict[TopicPartition, RangePositionMap]
 

@@ -62,7 +62,8 @@ def arrow_batches(piece: ReadSlice, settings: ReadSettings) -> Iterator[pa.Recor
 
 
 def spark_schema() -> StructType:
-    """`SCHEMA_DDL` as a StructType, built without a session (executors have none)."""
+    """The source's columns: Kafka's own source's (so a query can swap `kafka` for
+    `keyshard`) plus `slot`; built without a session (executors have none)."""
     from pyspark.sql.types import (
         BinaryType,
         IntegerType,

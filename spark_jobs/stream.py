@@ -257,7 +257,7 @@ def leave_on_sigterm() -> None:
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return
 
-    def on_term(signum: int, frame: object) -> None:
+    def on_term(*_: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second TERM must not cut the Leave
         raise SystemExit(0)
 

@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import FrameType
 
 from coordinator.local.processes import free_port
 from coordinator.model.addresses import LOOPBACK
@@ -206,7 +205,7 @@ class EmbeddedBroker:
         self.start()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, *_: object) -> None:
         self.stop()
 
 
@@ -218,7 +217,7 @@ def run_foreground(host: str, port: int, storage_engine: str) -> int:
     """
     stop_requested = threading.Event()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
+    def on_signal(*_: object) -> None:
         stop_requested.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -49,7 +49,3 @@ def slot_for_record(
     if okey is None:
         return offset % SLOT_COUNT, None
     return slot_for_key(okey), okey
-
-
-def load_bucket(slot: int) -> int:
-    return slot >> LOAD_BUCKET_SHIFT

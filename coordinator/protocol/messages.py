@@ -63,8 +63,6 @@ WireRange: TypeAlias = Annotated[tuple[int, int], AfterValidator(_check_slot_ran
 """Inclusive ``[start, end]`` slot range. A tuple (not a model) so it is a bare
 2-element JSON list on the wire, which keeps position-heavy frames compact."""
 
-SlotRangeModel: TypeAlias = WireRange
-
 _Name: TypeAlias = Annotated[
     str, StringConstraints(min_length=1, max_length=249, pattern=_NAME_PATTERN)
 ]

@@ -33,7 +33,6 @@ BUILT_IN: tuple[Strategy, ...] = (
     Strategy(StickyAssignor(), validate_ranges=validate_fixed_ranges),
 )
 DEFAULT_STRATEGY = LoadAwareAssignor.name
-STRATEGY_NAMES: tuple[str, ...] = tuple(s.name for s in BUILT_IN)  # the default first
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in BUILT_IN}
 
 
