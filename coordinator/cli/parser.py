@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--consumers", type=int, default=3)
     demo.add_argument("--partitions", type=int, default=1)
     demo.add_argument("--rate", type=float, default=2000.0, help="records per second produced")
-    demo.add_argument("--output", default="demo-output", help="folder for worker logs")
+    demo.add_argument("--output", default="demo-output", help="folder for every component's logs")
 
     worker = sub.add_parser("demo-worker", help=argparse.SUPPRESS)
     worker.add_argument("--group", required=True)

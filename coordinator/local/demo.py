@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import statistics
@@ -50,12 +51,17 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 async def _demo(args: argparse.Namespace) -> int:
+    """Run everything, print the report, then stop in dependency order: the consumers
+    (they leave through the coordinator), the coordinator (its last writes go to the
+    broker), the broker. The terminal gets the progress and the report; every
+    component's log goes to a file in the output folder."""
     console = Console()
     out_dir = Path(args.output)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob("*.jsonl"):
+    for old in [*out_dir.glob("*.jsonl"), *out_dir.glob("*.log")]:
         old.unlink()
-    broker = EmbeddedBroker()
+    _log_to(out_dir / "coordinator.log")
+    broker = EmbeddedBroker(log_path=out_dir / "broker.log")
     broker.start()
     workers: dict[str, subprocess.Popen[bytes]] = {}
     daemon = None
@@ -79,18 +85,22 @@ async def _demo(args: argparse.Namespace) -> int:
         coordinator = f"{LOOPBACK}:{listen}"
         console.print(
             f"broker [bold]{broker.bootstrap_servers}[/], coordinator [bold]{coordinator}[/], "
-            f"admin [bold]http://{LOOPBACK}:{admin_port}/v1/groups/{GROUP}[/]"
+            f"admin [bold]http://{LOOPBACK}:{admin_port}/v1/groups/{GROUP}[/], "
+            f"logs [bold]{out_dir}/[/]"
         )
 
         def spawn(name: str) -> None:
-            workers[name] = subprocess.Popen(
-                worker_command(
-                    name=name,
-                    coordinator=coordinator,
-                    bootstrap=broker.bootstrap_servers,
-                    out=out_dir / f"{name}.jsonl",
+            with (out_dir / f"{name}.log").open("ab") as log:
+                workers[name] = subprocess.Popen(
+                    worker_command(
+                        name=name,
+                        coordinator=coordinator,
+                        bootstrap=broker.bootstrap_servers,
+                        out=out_dir / f"{name}.jsonl",
+                    ),
+                    stdout=log,
+                    stderr=log,
                 )
-            )
 
         for i in range(args.consumers):
             spawn(f"consumer-{i}")
@@ -99,20 +109,39 @@ async def _demo(args: argparse.Namespace) -> int:
         )
         report = check(produced, read_processed(out_dir.glob("*.jsonl")))
         _print_report(console, report, daemon.runtime.group_states().get(GROUP))
-        for proc in workers.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        # The coordinator runs in this loop: wait off-loop so it can serve their Leaves.
-        await asyncio.gather(*(asyncio.to_thread(p.wait, 30) for p in workers.values()))
+        await _stop_workers(workers)
         return 0 if report.ok and report.produced == args.records else 1
     finally:
-        for proc in workers.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        await _stop_workers(workers, graceful=False)
         if daemon is not None:
             await daemon.stop()
         broker.stop()
+
+
+def _log_to(path: Path) -> None:
+    """Send this process's logs (the coordinator's) to `path` instead of the terminal,
+    in the format the command line set up."""
+    root = logging.getLogger()
+    formatter = next((h.formatter for h in root.handlers if h.formatter), None)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    to_file = logging.FileHandler(path, encoding="utf-8")
+    to_file.setFormatter(formatter)
+    root.addHandler(to_file)
+
+
+async def _stop_workers(
+    workers: dict[str, subprocess.Popen[bytes]], *, graceful: bool = True
+) -> None:
+    """Gracefully (SIGTERM: drain, Leave) and wait, or kill what is still running."""
+    running = [p for p in workers.values() if p.poll() is None]
+    for proc in running:
+        if graceful:
+            proc.send_signal(signal.SIGTERM)
+        else:
+            proc.kill()
+    # The coordinator runs in this loop: wait off-loop so it can serve their Leaves.
+    await asyncio.gather(*(asyncio.to_thread(p.wait, 30) for p in running))
 
 
 async def _produce_with_events(
