@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from coordinator.model.addresses import parse_host_port
 from coordinator.model.ranges import RangeSet
 from spark_jobs.launch import job_session
 
@@ -246,11 +247,12 @@ def _task(
 
 def _probe(address: str, what: str, timeout: float = 5.0) -> None:
     """Fail on the driver, before Spark starts anything, if `address` does not answer."""
-    host, sep, port = address.split(",")[0].strip().rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"{what} address {address!r} is not host:port")
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        host, port = parse_host_port(address.split(",")[0].strip())
+    except ValueError as err:
+        raise ValueError(f"{what} address {err}") from None
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
     except OSError as err:
         raise ConnectionError(f"{what} at {host}:{port} is unreachable: {err}") from err
 

@@ -1,4 +1,4 @@
-"""Integration tests for the embedded Tansu broker (coordinator.broker)."""
+"""Integration tests for the embedded Tansu broker (coordinator.local.broker)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""When and where targets are recomputed (coordinator/recompute.py), through the runtime."""
+"""When and where targets are recomputed (coordinator/runtime/recompute.py), through the runtime."""
 
 from __future__ import annotations
 
