@@ -7,8 +7,8 @@ Ping/StopFetcher/StartFetcher, notice a silent or lost coordinator), the *fetche
 filtered by owned slots in `consumer_client.dispatch`), and the *lanes*
 (`consumer_client.lanes`: the user's handler, per key). What the connector's requests do
 to the fetcher and the lanes is `_MemberCallbacks`, kept off the user's class. The
-lost-connection procedure is docs/protocol.md's ('Lost connection'): stop every fetcher,
-drop every queue, find the coordinator again, register again.
+lost-connection procedure is docs/protocol.md's (§6.1 'Consumer', state LOST): stop every
+fetcher, drop every queue, find the coordinator again, register again.
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ class _MemberCallbacks:
         return final
 
     async def session_lost(self) -> None:
-        """docs/protocol.md, 'Lost connection': stop fetchers, drop queues, forget ownership."""
+        """docs/protocol.md, §6.1 LOST: stop fetchers, drop queues, forget ownership."""
         self._progress.clear()
         self._fetcher.forget()
         if self._dispatcher.lanes is not None:

@@ -70,8 +70,7 @@ class MemberHooks(Protocol):
     def stop_fetcher(self, slots: RangeSet) -> Awaitable[PositionUpdate]: ...
 
     async def session_lost(self) -> None:
-        """docs/protocol.md, 'Lost connection': stop fetchers, drop queues, forget
-        ownership."""
+        """docs/protocol.md, §6.1 LOST: stop fetchers, drop queues, forget ownership."""
         ...
 
 
@@ -150,9 +149,10 @@ class Membership:
             await self.channel.aclose()
 
     async def _register(self) -> Channel:
-        """docs/protocol.md, 'Start-up' (steps 2-5): ask each known address in turn who the
-        active coordinator is, connect to it and register; a refusal that re-registering
-        cannot fix raises `ConsumerError`, anything else is retried by `run`."""
+        """docs/protocol.md, §6.1 DISCOVER and REGISTER: ask each known address in turn who
+        the active coordinator is, connect to it and register; a refusal that
+        re-registering cannot fix raises `ConsumerError`, anything else is retried by
+        `run`."""
         last_error: Exception | None = None
         for host, port in self.coordinators:
             try:
@@ -208,7 +208,9 @@ class Membership:
         raise ChannelClosed(f"no coordinator reachable: {last_error}")
 
     async def _watch(self, channel: Channel) -> str:
-        """docs/protocol.md, 'Connector': nothing heard for a session timeout means lost."""
+        """docs/protocol.md, §7.1 (the lease rule, consumer side): no request from the
+        coordinator for a session timeout means lost; the clock restarts at every request
+        (`_on_request`), and before the first one runs from the Register."""
         timeout = self.session_timeout_ms / 1000
         while True:
             remaining = self._last_heard + timeout - time.monotonic()

@@ -1,8 +1,8 @@
 """A consumer process for the demo and the integration tests.
 
 It logs every handler run (key, offset, slot, member, start/end on the system-wide
-monotonic clock) to a JSON-lines file, which `coordinator.verify` checks against what was
-produced. SIGTERM closes gracefully (drain + Leave); SIGKILL is the crash case.
+monotonic clock) to a JSON-lines file, which `coordinator.local.verify` checks against
+what was produced. SIGTERM closes gracefully (drain + Leave); SIGKILL is the crash case.
 """
 
 from __future__ import annotations
