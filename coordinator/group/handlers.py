@@ -7,7 +7,7 @@ channel, arm or cancel a keyed timer). Tests drive these with a hand-moved clock
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 
 from coordinator.group.effects import (
     BalanceTimer,
@@ -43,7 +43,14 @@ from coordinator.group.state import GroupState, HandoffKind, MemberPhase
 from coordinator.model.positions import Position, PositionUpdate, TopicPartition
 from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
 from coordinator.protocol.messages import ErrorCode
-from coordinator.strategies.base import Assignment, AssignmentSpec, Assignor, MemberSpec
+from coordinator.strategies.base import (
+    Assignment,
+    AssignmentSpec,
+    Assignor,
+    ImbalanceMeter,
+    MemberSpec,
+    RangeValidator,
+)
 
 
 def register(
@@ -57,8 +64,7 @@ def register(
     partitions: tuple[TopicPartition, ...],
     now: float,
     fixed_ranges: RangeSet | None = None,
-    validate_ranges: Callable[[Mapping[str, RangeSet], str, RangeSet | None], str | None]
-    | None = None,
+    validate_ranges: RangeValidator | None = None,
 ) -> Result:
     """A consumer joins.
 
@@ -326,7 +332,7 @@ def balance_check(
     state: GroupState,
     *,
     now: float,
-    imbalance: Callable[[AssignmentSpec, Mapping[str, RangeSet]], float] | None,
+    imbalance: ImbalanceMeter | None,
 ) -> Result:
     """Periodic load check with hysteresis, for strategies that read load.
 

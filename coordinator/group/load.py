@@ -25,13 +25,13 @@ class BucketLoad:
         self._scaled: dict[int, float] = {}
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, BucketLoad) and (
-            self._lambda,
-            self._origin,
-            self._scaled,
-        ) == (other._lambda, other._origin, other._scaled)
+        """Equal measurements (tests compare whole group states)."""
+        return isinstance(other, BucketLoad) and self._values() == other._values()
 
     __hash__ = None  # type: ignore[assignment]  # mutable: equal by value, not hashable
+
+    def _values(self) -> tuple[float, float | None, dict[int, float]]:
+        return self._lambda, self._origin, self._scaled
 
     def add(self, counts: Iterable[tuple[int, int]], at: float) -> None:
         if self._origin is None:
