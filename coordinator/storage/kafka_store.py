@@ -63,6 +63,7 @@ class KafkaStateStore:
         self.timeout = timeout
         self._producer: AIOKafkaProducer | None = None
         self._committers: dict[str, AIOKafkaConsumer] = {}
+        self._commit_locks: dict[str, asyncio.Lock] = {}
         self._metadata: AIOKafkaClient | None = None
 
     async def start(self) -> None:
@@ -159,30 +160,43 @@ class KafkaStateStore:
         await asyncio.wait_for(asyncio.gather(*futures), self.timeout)
 
     async def commit_low_watermarks(self, group: str, positions: Positions) -> None:
-        """Best effort: tooling visibility only, never the source of truth."""
+        """Best effort: tooling visibility only, never the source of truth.
+
+        One commit per group at a time: every position write sets one off, and two that
+        overlapped both started a committer, and leaked one (asyncio then logged an
+        unclosed consumer)."""
         offsets = {
             KafkaTP(topic, partition): pmap.minimum_offset()
             for (topic, partition), pmap in positions.items()
         }
         if not offsets:
             return
+        async with self._commit_locks.setdefault(group, asyncio.Lock()):
+            try:
+                committer = await self._committer(group)
+                assigned = set(committer.assignment())
+                if not set(offsets) <= assigned:
+                    committer.assign(sorted(assigned | set(offsets)))
+                    committer.pause(*committer.assignment())  # commit only, never fetch
+                await asyncio.wait_for(committer.commit(offsets), self.timeout)
+            except (KafkaError, TimeoutError, OSError) as err:
+                log.warning("could not commit low watermarks of group %r: %s", group, err)
+
+    async def _committer(self, group: str) -> AIOKafkaConsumer:
+        """The group's committer, started on first use (and stopped if it cannot start)."""
         committer = self._committers.get(group)
-        try:
-            if committer is None:
-                committer = AIOKafkaConsumer(
-                    bootstrap_servers=self.bootstrap_servers,
-                    group_id=group,
-                    enable_auto_commit=False,
-                )
+        if committer is None:
+            committer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap_servers, group_id=group, enable_auto_commit=False
+            )
+            try:
                 await asyncio.wait_for(committer.start(), self.timeout)
-                self._committers[group] = committer
-            assigned = set(committer.assignment())
-            if not set(offsets) <= assigned:
-                committer.assign(sorted(assigned | set(offsets)))
-                committer.pause(*committer.assignment())  # commit only, never fetch
-            await asyncio.wait_for(committer.commit(offsets), self.timeout)
-        except (KafkaError, TimeoutError, OSError) as err:
-            log.warning("could not commit low watermarks of group %r: %s", group, err)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(committer.stop(), self.timeout)
+                raise
+            self._committers[group] = committer
+        return committer
 
     async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
         """Partition count of every topic that exists (missing topics are left out)."""
