@@ -1,9 +1,10 @@
 """The admin HTTP API: `create_app(runtime)`, served by uvicorn in the daemon's own loop,
 so every view reads the live group state without copies or locks.
 
-Reads are cheap views of `runtime.groups`; mutations go through `coordinator.operations`,
-which feeds them to the runtime's single apply path, so an operator cannot do anything a
-consumer's request could not (no ownership change bypasses the handoff rules).
+Reads are cheap views of `runtime.group_states()`; mutations go through
+`coordinator.runtime.operations`, which feeds them to the runtime's single apply path, so
+an operator cannot do anything a consumer's request could not (no ownership change
+bypasses the handoff rules).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from api.models import (
     summary_view,
 )
 from api.rates import ProcessedRates
-from coordinator import operations
-from coordinator.runtime import CoordinatorRuntime
+from coordinator.runtime import operations
+from coordinator.runtime.runtime import CoordinatorRuntime
 
 ERROR_NAMES = {
     400: "bad_request",
@@ -140,7 +141,8 @@ def create_app(
     )
     async def list_groups() -> GroupsView:
         """Every group this coordinator knows, with a one-line summary each."""
-        return GroupsView(groups=[summary_view(runtime.groups[g]) for g in sorted(runtime.groups)])
+        groups = runtime.group_states()
+        return GroupsView(groups=[summary_view(groups[g]) for g in sorted(groups)])
 
     @app.get(
         "/v1/groups/{group}",

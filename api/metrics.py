@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from coordinator.runtime import CoordinatorRuntime
+from coordinator.runtime.runtime import CoordinatorRuntime
 
 
 class RuntimeCollector(Collector):
@@ -57,7 +57,7 @@ class RuntimeCollector(Collector):
             "Slots nobody owns, drains or quarantines (records for them wait).",
             labels=["group"],
         )
-        for name, state in sorted(self.runtime.groups.items()):
+        for name, state in sorted(self.runtime.group_states().items()):
             members.add_metric([name], len(state.members))
             unowned.add_metric([name], state.busy().complement().size)
             for member_id, member in sorted(state.members.items()):

@@ -12,10 +12,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
-from coordinator.assignor import known_assignors
-from coordinator.group import GroupConfig, GroupState, Handoff
-from coordinator.positions import RangePositionMap
-from coordinator.ranges import RangeSet
+from coordinator.group.state import GroupConfig, GroupState, Handoff, MemberPhase
+from coordinator.model.positions import RangePositionMap
+from coordinator.model.ranges import RangeSet
+from coordinator.strategies.registry import known_assignors
 
 
 class PositionSegment(BaseModel):
@@ -55,6 +55,7 @@ class RangeLag(BaseModel):
 class MemberView(BaseModel):
     member_id: str
     name: str
+    phase: MemberPhase  # draining > starting > running > idle (see MemberPhase)
     epoch: int
     capacity: int
     session_timeout_ms: int
@@ -90,7 +91,7 @@ class QuarantineView(BaseModel):
 
 
 class GroupConfigView(BaseModel):
-    """Mirrors coordinator.group.GroupConfig field for field."""
+    """Mirrors coordinator.group.state.GroupConfig field for field."""
 
     assignor: str
     drain_timeout_ms: int
@@ -196,6 +197,7 @@ def group_view(
             MemberView(
                 member_id=m.member_id,
                 name=m.name,
+                phase=m.phase,
                 epoch=m.epoch,
                 capacity=m.capacity,
                 session_timeout_ms=m.session_timeout_ms,

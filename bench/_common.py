@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._coord_common import settled  # noqa: E402
-from coordinator.broker import EmbeddedBroker, free_port, stop_process  # noqa: E402
+from coordinator.local.broker import EmbeddedBroker  # noqa: E402
+from coordinator.local.processes import free_port, stop_process  # noqa: E402
 
 KEYS = 10_000  # distinct record keys in every benchmark topic
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from coordinator.broker import free_port, stop_process
+from coordinator.local.processes import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -278,7 +278,7 @@ async def main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    def on_signal(signum: int, frame: object) -> None:
+    def on_signal(*_: object) -> None:
         STOPPING.set()  # seen by loops that never yield
         loop.call_soon_threadsafe(stop.set)
 

@@ -27,20 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from coordinator.assignor import (
-    AssignmentSpec,
-    Assignor,
-    MemberSpec,
-    assignor_named,
-    slots_moved,
-)
-from coordinator.hashing import SLOT_COUNT, slot_for_key
-from coordinator.ranges import EMPTY, RangeSet
-from coordinator.strategies import (
-    LoadAwareAssignor,
-    achievable_imbalance,
-    imbalance,
-)
+from coordinator.model.hashing import SLOT_COUNT, slot_for_key
+from coordinator.model.ranges import EMPTY, RangeSet
+from coordinator.strategies.base import AssignmentSpec, Assignor, MemberSpec, slots_moved
+from coordinator.strategies.load_aware import LoadAwareAssignor
+from coordinator.strategies.measures import achievable_imbalance, imbalance
+from coordinator.strategies.registry import strategy_named
 
 SKEWS = (0.0, 0.8, 1.1, 1.5)
 MEMBER_COUNTS = (4, 16, 64)
@@ -220,7 +212,7 @@ def main() -> None:
     slots = [slot_for_key(f"key-{i}".encode()) for i in range(KEYS)]
     loads = {s: zipf_load(slots, s) for s in SKEWS}
     rows = [
-        measure(assignor_named(name), loads[s], n, s, SEED + n)
+        measure(strategy_named(name).assignor, loads[s], n, s, SEED + n)
         for s in SKEWS
         for n in MEMBER_COUNTS
         for name in STRATEGIES

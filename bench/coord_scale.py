@@ -4,7 +4,7 @@
     python bench/coord_scale.py --quick    # 1,000 and 5,000 members, 1 run each, short windows
 
 A real Tansu broker and a real coordinator process (`keyshard coordinator`); the consumers
-are protocol-level clients (coordinator/protocol.py over coordinator/transport.py), several
+are protocol-level clients (coordinator/protocol/: codec and channel), several
 hundred per process, in several processes. Each one behaves like consumer_client's
 `_on_request`: it answers Ping with the positions of the slots it owns, StartFetcher by
 taking the ranges, StopFetcher by replying with the final positions of the stopped ranges
@@ -45,10 +45,13 @@ from bench._coord_common import (
     median,
     rss_mib,
 )
-from coordinator.broker import EmbeddedBroker
-from coordinator.hashing import SLOT_COUNT
-from coordinator.positions import Position, RangePositionMap
-from coordinator.protocol import (
+from coordinator.local.broker import EmbeddedBroker
+from coordinator.model.addresses import parse_host_port
+from coordinator.model.hashing import SLOT_COUNT
+from coordinator.model.positions import Position, RangePositionMap
+from coordinator.model.ranges import EMPTY, RangeSet
+from coordinator.protocol.channel import Channel
+from coordinator.protocol.messages import (
     ErrorCode,
     Message,
     PingRequest,
@@ -60,9 +63,7 @@ from coordinator.protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from coordinator.ranges import EMPTY, RangeSet
-from coordinator.transport import Channel
-from coordinator.wire import positions_from_wire, positions_to_wire, ranges_from_wire
+from coordinator.protocol.wire import positions_from_wire, positions_to_wire, ranges_from_wire
 
 TOPIC = "scale.events"
 SCRIPT = str(Path(__file__).resolve())
@@ -187,7 +188,7 @@ class SimClient:
 async def worker_main(args: argparse.Namespace) -> None:
     """Start `--clients` consumers at the time read from stdin; report status as JSON lines."""
     stats = SimStats()
-    host, _, port = args.coordinator.rpartition(":")
+    host, port = parse_host_port(args.coordinator)
     loop = asyncio.get_running_loop()
     print(json.dumps({"ready": True}), flush=True)
     line = await loop.run_in_executor(None, sys.stdin.readline)
@@ -197,7 +198,7 @@ async def worker_main(args: argparse.Namespace) -> None:
         SimClient(f"sim-{args.index}-{i}", stats, args.session_timeout_ms)
         for i in range(args.clients)
     ]
-    tasks = [asyncio.create_task(c.run(host, int(port), args.group)) for c in clients]
+    tasks = [asyncio.create_task(c.run(host, port, args.group)) for c in clients]
     try:
         while True:
             await asyncio.sleep(0.25)

@@ -4,7 +4,7 @@ Part 3 of `throughput.py` compares a whole consumer against a bare getmany loop;
 splits keyshard's extra per-record work into its steps, on synthetic aiokafka records
 (10,000 keys, no headers), timed in-process: best of several passes.
 
-The last rows are the whole path (`CoordinatedConsumer._dispatch`) through its Python loop
+The last rows are the whole path (the consumer's `Fetcher.dispatch`) through its Python loop
 and through the C fast path (consumer_client/_fastpath.c), when that is built.
 
 Run: PYTHONPATH=. /tmp/venv/bin/python bench/filter_breakdown.py [--quick]
@@ -21,12 +21,12 @@ from typing import Any
 from aiokafka.structs import ConsumerRecord
 
 from consumer_client import CoordinatedConsumer
-from consumer_client.consumer import _Chunk
+from consumer_client.chunk import Chunk
 from consumer_client.lanes import KeyLanes
 from consumer_client.progress import ConsumerProgress
-from coordinator.hashing import slot_for_key
-from coordinator.positions import Position
-from coordinator.ranges import RangeSet, SlotRange
+from coordinator.model.hashing import slot_for_key
+from coordinator.model.positions import Position
+from coordinator.model.ranges import RangeSet, SlotRange
 
 TP = ("t", 0)
 
@@ -99,21 +99,23 @@ async def main(n: int, passes: int) -> None:
     consumer = CoordinatedConsumer(
         group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
     )
-    consumer._lanes = lanes
-    consumer._kafka = object()  # type: ignore[assignment]  # only checked for None here
+    dispatcher, fetcher = consumer._dispatcher, consumer._fetcher
+    dispatcher.lanes = lanes
+    fetcher.kafka = object()  # type: ignore[assignment]  # only checked for None here
 
-    native = consumer._fast
+    native = dispatcher.native
 
     def whole() -> None:
-        consumer.progress = owning_everything()
-        consumer._dispatch([_Chunk(None, TP, 0, consumer._session, recs)])  # type: ignore[arg-type]
+        consumer.progress.partitions.clear()
+        consumer.progress.partitions.update(owning_everything().partitions)
+        fetcher.dispatch([Chunk(TP, 0, consumer._session(), recs)])
 
     def whole_python() -> None:
-        consumer._fast = None
+        dispatcher.native = None
         try:
             whole()
         finally:
-            consumer._fast = native
+            dispatcher.native = native
 
     def us(fn: Callable[[], Any]) -> float:
         return best_us(fn, n, passes)

@@ -56,10 +56,11 @@ from bench._coord_common import (
     percentile,
     settled,
 )
-from coordinator.broker import EmbeddedBroker, stop_process
-from coordinator.demo import GROUP, TOPIC, worker_command
-from coordinator.ranges import RangeSet
-from coordinator.verify import read_processed
+from coordinator.local.broker import EmbeddedBroker
+from coordinator.local.demo import GROUP, TOPIC, worker_command
+from coordinator.local.processes import stop_process
+from coordinator.local.verify import read_processed
+from coordinator.model.ranges import RangeSet
 
 PLAIN_TOPIC = "plain.events"
 PLAIN_GROUP = "plain"

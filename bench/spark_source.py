@@ -34,9 +34,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 from aiokafka import AIOKafkaProducer  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
 
-from coordinator.broker import EmbeddedBroker  # noqa: E402
-from coordinator.positions import Position  # noqa: E402
-from coordinator.ranges import SlotRange  # noqa: E402
+from coordinator.local.broker import EmbeddedBroker  # noqa: E402
+from coordinator.model.positions import Position  # noqa: E402
+from coordinator.model.ranges import SlotRange  # noqa: E402
 from spark_jobs.kafka_io import read_slice, read_watermarks  # noqa: E402
 from spark_jobs.planning import ReadSlice  # noqa: E402
 from spark_jobs.session import local_session  # noqa: E402

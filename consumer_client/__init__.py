@@ -1,4 +1,8 @@
-"""The keyshard consumer library: `CoordinatedConsumer`."""
+"""The keyshard consumer library: `CoordinatedConsumer`.
+
+Layer: may import only `coordinator.model`, `coordinator.protocol` and `coordinator.kafka`
+(import contracts in pyproject.toml), so a consumer-only install needs no server part.
+"""
 
 from consumer_client.consumer import ConsumerError, ConsumerStats, CoordinatedConsumer
 from consumer_client.lanes import RetryPolicy

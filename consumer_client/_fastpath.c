@@ -5,7 +5,7 @@
  * slot, fetch filter, inline dispatch) cost ~0.9 us in Python against ~0.1 us for a bare
  * `await handler(record)`, so a consumer owning every slot read at 0.64x a bare getmany
  * loop. This module does only what is cheap and certain; every other case goes back to the
- * Python loop (consumer_client/consumer.py `_dispatch_records`), which stays the reference
+ * Python loop (consumer_client/dispatch.py `Dispatcher.dispatch_records`), the reference
  * implementation: `run` stops *before* touching any state for a record it does not handle,
  * Python handles that one record, and calls `run` again from the next index.
  *
@@ -21,7 +21,7 @@
  * An admitted record's handler is called here; a coroutine gets its first step
  * (PyIter_Send). Completed: counted, its load bucket incremented in place, next record.
  * Anything else is returned to Python (SUSPENDED / RAISED / AWAITABLE) with the slot and
- * key, and KeyLanes.begin turns it into exactly what KeyLanes.dispatch does.
+ * key in an `Outcome`, and KeyLanes.begin turns it into exactly what KeyLanes.dispatch does.
  *
  * The handler is user code and may look at or change the consumer (a handler that awaits
  * `consumer.close()` freezes the grants and reads `progress.cursor` for the final
@@ -214,10 +214,92 @@ take_exception(void)
 
 PyDoc_STRVAR(run_doc,
 "run(records, start, progress, grants, cursor, table, header, lanes, handler, load)\n"
-"-> (status, index, admitted, processed, slot, key, a, b)\n\n"
+"-> Outcome\n\n"
 "Dispatch records[start:] of one partition until the end (DONE) or the first record\n"
-"Python must see (`index`). `table`: int64 buffer of GrantRow quads built from `grants`;\n"
-"`load`: writable int64 buffer of the load buckets. Writes progress.cursor.");
+"Python must see (`at`). `table`: int64 buffer of GrantRow quads built from `grants`;\n"
+"`lanes`: the busy keys (a dict, membership only); `load`: writable int64 buffer of the\n"
+"load buckets. Writes progress.cursor.");
+
+/* What `run` returns: a struct sequence, one meaning per field whatever the status. */
+static PyTypeObject *OutcomeType;
+
+static PyStructSequence_Field outcome_fields[] = {
+    {"status", "DONE, PYTHON, SUSPENDED, RAISED, AWAITABLE or CHANGED"},
+    {"at", "index of the record the status is about (len(records) when DONE)"},
+    {"admitted", "records admitted by the fetch filter in this call"},
+    {"processed", "handlers that completed in this call"},
+    {"slot", "the slot of record `index` (SUSPENDED, RAISED, AWAITABLE)"},
+    {"key", "the ordering key of record `index` (SUSPENDED, RAISED, AWAITABLE), else None"},
+    {"coroutine", "SUSPENDED: the handler's coroutine, its first step taken, else None"},
+    {"yielded", "SUSPENDED: what that first step yielded, else None"},
+    {"error", "RAISED: what the handler or its first step raised, else None"},
+    {"awaitable", "AWAITABLE: what the handler returned instead of a coroutine, else None"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc outcome_desc = {
+    "consumer_client._fastpath.Outcome",
+    "The outcome of one `run` call.",
+    outcome_fields,
+    10,
+};
+
+/* Field i of `outcome` := value (a new reference, or NULL: None). Steals the reference. */
+static void
+set_field(PyObject *outcome, Py_ssize_t i, PyObject *value)
+{
+    if (value == NULL) {
+        value = Py_None;
+        Py_INCREF(value);
+    }
+    PyStructSequence_SetItem(outcome, i, value);
+}
+
+static PyObject *
+new_outcome(int status, Py_ssize_t index, Py_ssize_t admitted, Py_ssize_t processed, long slot,
+            PyObject *key, PyObject *a, PyObject *b)
+{
+    PyObject *ints[5] = {PyLong_FromLong(status), PyLong_FromSsize_t(index),
+                         PyLong_FromSsize_t(admitted), PyLong_FromSsize_t(processed),
+                         PyLong_FromLong(slot)};
+    PyObject *outcome = PyStructSequence_New(OutcomeType);
+    int failed = outcome == NULL;
+    for (int i = 0; i < 5; i++) {
+        if (ints[i] == NULL)
+            failed = 1;
+    }
+    if (failed) {
+        for (int i = 0; i < 5; i++)
+            Py_XDECREF(ints[i]);
+        Py_XDECREF(outcome);
+        return NULL;
+    }
+    for (int i = 0; i < 5; i++)
+        set_field(outcome, i, ints[i]);
+    /* `a` and `b` mean one thing per status: each goes to the field named for it. */
+    PyObject *coroutine = NULL, *yielded = NULL, *error = NULL, *awaitable = NULL;
+    if (status == ST_SUSPENDED) {
+        coroutine = a;
+        yielded = b;
+    }
+    else if (status == ST_RAISED) {
+        error = a;
+    }
+    else if (status == ST_AWAITABLE) {
+        awaitable = a;
+    }
+    Py_XINCREF(key);
+    Py_XINCREF(coroutine);
+    Py_XINCREF(yielded);
+    Py_XINCREF(error);
+    Py_XINCREF(awaitable);
+    set_field(outcome, 5, key);
+    set_field(outcome, 6, coroutine);
+    set_field(outcome, 7, yielded);
+    set_field(outcome, 8, error);
+    set_field(outcome, 9, awaitable);
+    return outcome;
+}
 
 static PyObject *
 run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -366,8 +448,7 @@ run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto error;
     if (status == ST_DONE)
         i = end;
-    result = Py_BuildValue("(innnlOOO)", status, i, admitted, processed, slot,
-                           okey ? okey : Py_None, a ? a : Py_None, b ? b : Py_None);
+    result = new_outcome(status, i, admitted, processed, slot, okey, a, b);
     Py_XDECREF(okey);
     Py_XDECREF(a);
     Py_XDECREF(b);
@@ -416,9 +497,17 @@ PyInit__fastpath(void)
         !(s_cursor = PyUnicode_InternFromString("cursor")) ||
         !(s_grants = PyUnicode_InternFromString("grants")))
         return NULL;
+    if (OutcomeType == NULL && !(OutcomeType = PyStructSequence_NewType(&outcome_desc)))
+        return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;
+    Py_INCREF(OutcomeType);
+    if (PyModule_AddObject(m, "Outcome", (PyObject *)OutcomeType) < 0) {
+        Py_DECREF(OutcomeType);
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "DONE", ST_DONE) < 0 ||
         PyModule_AddIntConstant(m, "PYTHON", ST_PYTHON) < 0 ||
         PyModule_AddIntConstant(m, "SUSPENDED", ST_SUSPENDED) < 0 ||

@@ -1,6 +1,6 @@
 # The C extension consumer_client/_fastpath.c (optional: see consumer_client/fastpath.py).
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from _typeshed import ReadableBuffer, WriteableBuffer
 
@@ -12,17 +12,47 @@ AWAITABLE: int
 CHANGED: int
 LOAD_BUCKET_COUNT: int
 
+class NativeProgress(Protocol):
+    """What `run` reads and writes by name on the partition (PartitionProgress)."""
+
+    cursor: int  # written before every handler call: a handler may look at it
+    grants: Any  # compared by identity after a handler: replaced -> CHANGED
+
+class Outcome(tuple[Any, ...]):
+    """One field per meaning; fields that do not apply to `status` are None."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def at(self) -> int: ...
+    @property
+    def admitted(self) -> int: ...
+    @property
+    def processed(self) -> int: ...
+    @property
+    def slot(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def coroutine(self) -> Any: ...
+    @property
+    def yielded(self) -> Any: ...
+    @property
+    def error(self) -> BaseException | None: ...
+    @property
+    def awaitable(self) -> Any: ...
+
 def run(
     records: list[Any],
     start: int,
-    progress: Any,
+    progress: NativeProgress,
     grants: object,
     cursor: int,
     table: ReadableBuffer,
     header: str,
-    lanes: dict[object, Any],
+    lanes: Mapping[object, object],
     handler: Callable[[Any], Any],
     load: WriteableBuffer,
     /,
-) -> tuple[int, int, int, int, int, bytes | None, Any, Any]: ...
+) -> Outcome: ...
 def hash(data: bytes, /) -> int: ...

@@ -1,12 +1,19 @@
-"""The C fast path of `CoordinatedConsumer`'s per-record loop, and its Python driver.
+"""The driver of the C fast path of the consumer's per-record loop.
 
 `consumer_client._fastpath.run` (C) handles the common case of a chunk's records - exact
 `bytes` keys, grants decided by their table, idle keys, handlers that finish, suspend or
 fail at their first step - and stops at any record it does not handle *before* touching
-it; `dispatch_chunk` then has the Python loop (the reference implementation, passed in as
-`slow`) do that one record and calls C again from the next one. Without the extension
-(no compiler at install time) or with `KEYSHARD_PURE_PYTHON=1` in the environment,
-`NATIVE` is None and the consumer uses only the Python loop.
+it; `dispatch_chunk` then has the Python loop (the reference implementation,
+`consumer_client.dispatch.Dispatcher.dispatch_records`, passed in as `slow`) do that one
+record and calls C again from the next one. Without the extension (no compiler at
+install time) or with `KEYSHARD_PURE_PYTHON=1` in the environment, `NATIVE` is None and
+the consumer uses only the Python loop.
+
+What C reads and writes, and nothing else: each record's `offset`, `key` and `headers`
+(aiokafka's `ConsumerRecord`), and the partition progress's `cursor` (written before
+every handler call) and `grants` (compared by identity after it), typed as
+`NativeProgress` in _fastpath.pyi; the lanes' busy keys (membership only) and the load
+buffer (incremented in place).
 """
 
 from __future__ import annotations
@@ -17,14 +24,13 @@ import os
 from array import array
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from consumer_client.lanes import KeyLanes, Suspended, _reraise, _Resume
+from consumer_client.chunk import Chunk
+from consumer_client.lanes import KeyLanes, Resume, Suspended, replay_failure
 from consumer_client.progress import Grant, PartitionProgress
-from coordinator.hashing import LOAD_BUCKET_COUNT
-
-if TYPE_CHECKING:
-    from consumer_client.consumer import ConsumerStats, _Chunk
+from consumer_client.stats import ConsumerStats
+from coordinator.model.hashing import LOAD_BUCKET_COUNT
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +73,21 @@ def grant_table(grants: list[Grant]) -> array[int]:
 
 def dispatch_chunk(
     native: ModuleType,
-    chunk: _Chunk,
+    chunk: Chunk,
     progress: PartitionProgress,
     lanes: KeyLanes,
     header: str,
     load: array[int],
     stats: ConsumerStats,
-    slow: Callable[[_Chunk, PartitionProgress, int], Suspended | None],
+    slow: Callable[[Chunk, PartitionProgress, int], Suspended | None],
 ) -> Suspended | None:
-    """`CoordinatedConsumer._dispatch_records(chunk, progress, len(records))`, the same
-    records admitted in the same order with the same outcomes, mostly in C.
+    """`slow(chunk, progress, len(records))`, the same records admitted in the same order
+    with the same outcomes, mostly in C.
 
-    `slow(chunk, progress, end)` is that Python loop from `chunk.next` to `end`.
+    `slow(chunk, progress, end)` is the Python loop from `chunk.next` to `end`.
     """
     run, records, tp, session = native.run, chunk.records, chunk.tp, chunk.session
-    handler, lane_map = lanes.handler, lanes._lanes
+    handler, busy = lanes.handler, lanes.busy_keys
     i, end = chunk.next, len(records)
     grants: list[Grant] | None = None
     table = array("q")
@@ -94,12 +100,12 @@ def dispatch_chunk(
             if progress.grants is not grants:
                 grants = progress.grants
                 table = grant_table(grants)
-            status, i, n_admitted, n_processed, slot, key, a, b = run(
-                records, i, progress, grants, progress.cursor, table, header, lane_map,
-                handler, load,
-            )  # fmt: skip
-            admitted += n_admitted
-            processed += n_processed
+            out = run(
+                records, i, progress, grants, progress.cursor, table, header, busy, handler, load
+            )
+            status, i = out.status, out.at
+            admitted += out.admitted
+            processed += out.processed
             if status == native.DONE:
                 break
             if status == native.PYTHON:
@@ -108,17 +114,17 @@ def dispatch_chunk(
                 if suspended is not None:
                     return suspended
             elif status != native.CHANGED:  # the handler ran and did not complete
-                rest: Any = (
-                    _Resume(a, b)
-                    if status == native.SUSPENDED
-                    else _reraise(a)
-                    if status == native.RAISED
-                    else a
-                )
+                rest: Any
+                if status == native.SUSPENDED:
+                    rest = Resume(out.coroutine, out.yielded)
+                elif status == native.RAISED:
+                    rest = replay_failure(out.error)
+                else:  # AWAITABLE
+                    rest = out.awaitable
                 record = records[i]
                 offset = record.offset
-                done = lanes.begin(tp, offset, slot, key, record, session, rest)
-                progress.pending[offset] = slot
+                done = lanes.begin(tp, offset, out.slot, out.key, record, session, rest)
+                progress.pending[offset] = out.slot
                 if done is not False:
                     chunk.next = i + 1
                     return done

@@ -21,13 +21,13 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from types import CoroutineType
 from typing import Any, Literal
 
-from coordinator.group import TopicPartition
-from coordinator.ranges import RangeSet
+from coordinator.model.positions import TopicPartition
+from coordinator.model.ranges import RangeSet
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class _Permits:
         self.free += 1
 
 
-class _Resume:
+class Resume:
     """The rest of a coroutine whose first step already ran and yielded `yielded`.
 
     Awaited inside a task, it hands the yielded future (or None) to that task as if the
@@ -131,7 +131,7 @@ class _Resume:
                     return stop.value
 
 
-async def _reraise(error: BaseException) -> None:
+async def replay_failure(error: BaseException) -> None:
     """The failed first attempt of an inline record, replayed inside its lane's worker."""
     raise error
 
@@ -211,7 +211,7 @@ class KeyLanes:
         try:
             started = self._handler(record)
         except BaseException as err:  # replayed as attempt 1
-            return self.begin(tp, offset, slot, key, record, session, _reraise(err))
+            return self.begin(tp, offset, slot, key, record, session, replay_failure(err))
         if type(started) is not CoroutineType:  # an awaitable: awaited by a worker
             return self.begin(tp, offset, slot, key, record, session, started)
         try:
@@ -219,12 +219,18 @@ class KeyLanes:
         except StopIteration:
             return True
         except BaseException as err:  # replayed as attempt 1
-            return self.begin(tp, offset, slot, key, record, session, _reraise(err))
-        return self.begin(tp, offset, slot, key, record, session, _Resume(started, yielded))
+            return self.begin(tp, offset, slot, key, record, session, replay_failure(err))
+        return self.begin(tp, offset, slot, key, record, session, Resume(started, yielded))
 
     @property
     def handler(self) -> Handler:
         return self._handler
+
+    @property
+    def busy_keys(self) -> Mapping[object, object]:
+        """The keys that have a lane (running, queued or backing off): a record of one
+        of them must queue behind it. The C fast path asks membership only."""
+        return self._lanes
 
     def can_start_inline(self) -> bool:
         """Could a record of an idle key start inline now? Only queueing (`submit`) and
@@ -248,9 +254,9 @@ class KeyLanes:
         rest: Awaitable[None],
     ) -> Literal[False] | Suspended:
         """An inline record whose handler was called and did not complete in its first
-        step becomes its lane's running record, holding a permit. `rest`: a `_Resume` (it
+        step becomes its lane's running record, holding a permit. `rest`: a `Resume` (it
         suspended: the calling task adopts the returned `Suspended`), else its failure as
-        `_reraise` or the non-coroutine awaitable it returned (a worker of its own, which
+        `replay_failure` or the non-coroutine awaitable it returned (a worker of its own, which
         replays a failure as attempt 1 and goes on with the retry policy; rare, so a task
         is fine). Shared by `dispatch` and the C fast path (consumer_client/fastpath.py).
         """
@@ -258,7 +264,7 @@ class KeyLanes:
         lane = self._lanes[key] = _Lane(running=item, scheduled=True)
         self._limit.free -= 1
         self._busy_workers += 1
-        if type(rest) is _Resume:
+        if type(rest) is Resume:
             return Suspended(key, lane, item, rest)
         task = asyncio.create_task(self._continue(key, lane, item, rest))
         self._workers.add(task)

@@ -1,4 +1,4 @@
-"""Group membership over the coordinator channel: the seeds/004 *connector*, on its own.
+"""Group membership over the coordinator channel: the *connector* of docs/protocol.md.
 
 Finding the coordinator, registering, answering Ping/StopFetcher/StartFetcher, noticing a
 silent or lost coordinator and leaving are the same for every kind of member; what a
@@ -21,8 +21,11 @@ import time
 from collections.abc import Awaitable
 from typing import Protocol
 
-from coordinator.group import PositionUpdate
-from coordinator.protocol import (
+from coordinator.model.addresses import parse_host_port
+from coordinator.model.positions import PositionUpdate
+from coordinator.model.ranges import RangeSet
+from coordinator.protocol.channel import Channel, ChannelClosed, RemoteError
+from coordinator.protocol.messages import (
     ErrorCode,
     HighWatermark,
     LeaveRequest,
@@ -38,9 +41,7 @@ from coordinator.protocol import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from coordinator.ranges import RangeSet
-from coordinator.transport import Channel, ChannelClosed, RemoteError
-from coordinator.wire import positions_from_wire, positions_to_wire, ranges_from_wire
+from coordinator.protocol.wire import positions_from_wire, positions_to_wire, ranges_from_wire
 
 log = logging.getLogger(__name__)
 
@@ -59,16 +60,6 @@ FATAL_CODES = {
 }
 
 
-def parse_addresses(spec: str) -> list[tuple[str, int]]:
-    out = []
-    for part in spec.split(","):
-        host, sep, port = part.strip().rpartition(":")
-        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError(f"coordinator address {part!r} is not host:port")
-        out.append((host, int(port)))
-    return out
-
-
 class MemberHooks(Protocol):
     def ping_reply(self) -> tuple[PositionUpdate, dict[int, int], list[HighWatermark]]:
         """Positions, per-bucket load since the last ping, and seen high watermarks."""
@@ -79,7 +70,7 @@ class MemberHooks(Protocol):
     def stop_fetcher(self, slots: RangeSet) -> Awaitable[PositionUpdate]: ...
 
     async def session_lost(self) -> None:
-        """Consumer.onLostConnection: stop fetchers, drop queues, forget ownership."""
+        """docs/protocol.md, §6.1 LOST: stop fetchers, drop queues, forget ownership."""
         ...
 
 
@@ -158,8 +149,10 @@ class Membership:
             await self.channel.aclose()
 
     async def _register(self) -> Channel:
-        """seeds/004 start-up steps 2-5: ask any known address who the coordinator is,
-        connect to it and register."""
+        """docs/protocol.md, §6.1 DISCOVER and REGISTER: ask each known address in turn who
+        the active coordinator is, connect to it and register; a refusal that
+        re-registering cannot fix raises `ConsumerError`, anything else is retried by
+        `run`."""
         last_error: Exception | None = None
         for host, port in self.coordinators:
             try:
@@ -171,11 +164,13 @@ class Membership:
                     await probe.aclose()
                 if not isinstance(meta, MetadataResponse) or not meta.active:
                     raise ChannelClosed(f"{host}:{port} is not an active coordinator")
-                target_host, _, target_port = meta.coordinator.rpartition(":")
-                if target_port == "0" or not target_host or target_host in ("0.0.0.0", "::"):
-                    target_host, target_port = host, str(port)
+                # A coordinator listening on every interface cannot advertise where it is
+                # reachable: then it is where the probe reached it.
+                target_host, target_port = parse_host_port(meta.coordinator)
+                if target_host in ("0.0.0.0", "::"):
+                    target_host, target_port = host, port
                 channel = await Channel.connect(
-                    target_host, int(target_port), name=f"{self.name}-connector"
+                    target_host, target_port, name=f"{self.name}-connector"
                 )
                 channel.set_request_handler(self._on_request)
                 channel.start()
@@ -213,7 +208,9 @@ class Membership:
         raise ChannelClosed(f"no coordinator reachable: {last_error}")
 
     async def _watch(self, channel: Channel) -> str:
-        """Connector.onStartup step 3: nothing heard for a session timeout means lost."""
+        """docs/protocol.md, §7.1 (the lease rule, consumer side): no request from the
+        coordinator for a session timeout means lost; the clock restarts at every request
+        (`_on_request`), and before the first one runs from the Register."""
         timeout = self.session_timeout_ms / 1000
         while True:
             remaining = self._last_heard + timeout - time.monotonic()

@@ -21,9 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from coordinator.group import PositionUpdate, TopicPartition
-from coordinator.positions import Position, RangePositionMap
-from coordinator.ranges import EMPTY, RangeSet, SlotRange
+from coordinator.model.positions import Position, PositionUpdate, RangePositionMap, TopicPartition
+from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
 
 FULL = RangeSet.full()
 
@@ -234,14 +233,6 @@ class ConsumerProgress:
         self._replays.clear()
 
     # ---- the fetch filter -----------------------------------------------------------
-
-    def admit(self, tp: TopicPartition, offset: int, slot: int) -> bool:
-        """Should this record go to the handler? Also advances the partition cursor."""
-        progress = self.partitions.get(tp)
-        if progress is None or not progress.accept(offset, slot):
-            return False
-        progress.pending[offset] = slot
-        return True
 
     def ack(self, tp: TopicPartition, offset: int) -> None:
         progress = self.partitions.get(tp)

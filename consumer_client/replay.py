@@ -50,9 +50,6 @@ class ReplayWindow:
         if self.limit == 0:
             self.reset(records[-1].offset + 1)
 
-    def covers(self, offset: int) -> bool:
-        return offset >= self.start
-
     def between(self, low: int, high: int) -> list[Any]:
         """The held records with low <= offset < high, in order."""
         out: list[Any] = []

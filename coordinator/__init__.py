@@ -1,0 +1,18 @@
+"""The keyshard coordinator daemon, one package per layer.
+
+A package imports only the layers below it (checked in CI by import-linter; the
+contracts are in pyproject.toml):
+
+    cli | local            the `keyshard` command; local tooling (embedded broker, demo)
+    daemon                 start-up, serve, shutdown; the only importer of `api`
+    server                 the listening socket: one session per consumer connection
+    runtime                the I/O shell: applies handler results, timers, durability
+    storage                StateStore protocol and its Kafka implementation
+    group                  the pure group state machine: state, records, replay, handlers
+    strategies             assignors: interface, registry, every strategy
+    protocol | kafka       wire messages, codec and channel | thin aiokafka helpers
+    model                  slots, ranges, positions, addresses: values every side shares
+
+`consumer_client` and `spark_jobs` may import only `model`, `protocol` and `kafka`;
+`cli` and `local` may import `consumer_client` (they run consumer apps).
+"""

@@ -1,8 +1,9 @@
 """Daemon lifecycle: start-up -> serve -> graceful shutdown (shaped like uvicorn's Server).
 
-The admin API runs under uvicorn inside this same event loop, so it reads live state. With
-no bootstrap servers an embedded broker is started, which makes `keyshard coordinator` a
-one-command local setup.
+The admin API runs under uvicorn inside this same event loop, so it reads live state.
+This is the one module that wires `api` in: nothing else imports it, so the admin app can
+change without touching the coordinator, and the coordinator never depends on FastAPI.
+Layer: above `coordinator.server`; imported by `coordinator.cli` and `coordinator.local`.
 """
 
 from __future__ import annotations
@@ -17,28 +18,32 @@ from dataclasses import dataclass, field
 
 import uvicorn
 
-from coordinator.group import GroupConfig
-from coordinator.runtime import CoordinatorRuntime, RuntimeSettings
-from coordinator.server import CoordinatorServer
-from coordinator.store import StateStore
+from api.app import create_app
+from coordinator.group.state import GroupConfig
+from coordinator.protocol.codec import DEFAULT_MAX_FRAME_BYTES
+from coordinator.runtime.runtime import CoordinatorRuntime
+from coordinator.runtime.settings import DEFAULT_STARTUP_GRACE_MS, RuntimeSettings
+from coordinator.server.listener import CoordinatorServer
+from coordinator.storage.base import DEFAULT_STATE_TOPIC
+from coordinator.storage.kafka_store import KafkaStateStore
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class DaemonConfig:
-    bootstrap_servers: str | None = None
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 7171
-    admin_host: str = "127.0.0.1"
-    admin_port: int = 7172
-    state_topic: str = "__keyshard_state"
+    bootstrap_servers: str
+    listen_host: str  # the defaults are the CLI's (coordinator.cli.parser)
+    listen_port: int
+    admin_host: str
+    admin_port: int
+    state_topic: str = DEFAULT_STATE_TOPIC
     auth_token: str | None = None
     admin_token: str | None = None  # bearer token for admin mutations (and reads if below)
     admin_auth_reads: bool = False
     group_defaults: GroupConfig = field(default_factory=GroupConfig)
-    startup_grace_ms: int = 10_500
-    max_frame_bytes: int = 1 << 20
+    startup_grace_ms: int = DEFAULT_STARTUP_GRACE_MS
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     group_assignors: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -58,16 +63,15 @@ class RunningDaemon:
     server: CoordinatorServer
     admin: _InLoopUvicorn
     admin_task: asyncio.Task[None]
-    broker: object | None
 
     async def stop(self) -> None:
+        """In dependency order: no new connections or admin requests, then the runtime
+        (its last position write and offset commits land), then the admin server."""
         self.admin.should_exit = True
         await self.server.stop()
         await self.runtime.stop()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(self.admin_task, 5)
-        if self.broker is not None:
-            self.broker.stop()  # type: ignore[attr-defined]
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -87,18 +91,8 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 async def start_daemon(config: DaemonConfig) -> RunningDaemon:
-    from api.app import create_app
-
-    broker = None
     bootstrap = config.bootstrap_servers
-    if not bootstrap:
-        from coordinator.broker import EmbeddedBroker
-
-        broker = EmbeddedBroker()
-        broker.start()
-        bootstrap = broker.bootstrap_servers
-        log.info("embedded broker started on %s (pid %s)", bootstrap, broker.pid)
-    store = StateStore(bootstrap, config.state_topic)
+    store = KafkaStateStore(bootstrap, config.state_topic)
     settings = RuntimeSettings(
         bootstrap_servers=bootstrap,
         advertised_address=f"{config.listen_host}:{config.listen_port}",
@@ -108,13 +102,11 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         startup_grace_ms=config.startup_grace_ms,
         group_assignors=dict(config.group_assignors),
     )
-    runtime = CoordinatorRuntime(settings, store)
+    runtime = CoordinatorRuntime(settings, store, metadata=store)
     try:
         await runtime.start()
     except BaseException:
         await store.stop()
-        if broker is not None:
-            broker.stop()
         raise
     server = CoordinatorServer(
         runtime, config.listen_host, config.listen_port, config.max_frame_bytes
@@ -127,8 +119,6 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     except BaseException:
         await server.stop()
         await runtime.stop()
-        if broker is not None:
-            broker.stop()
         raise
     app = create_app(runtime, admin_token=config.admin_token, auth_reads=config.admin_auth_reads)
     admin = _InLoopUvicorn(uvicorn.Config(app, log_level="warning", lifespan="off"))
@@ -136,7 +126,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     # uvicorn exposes readiness only as a flag, so poll it (bounded by the task ending).
     while not admin.started and not admin_task.done():  # noqa: ASYNC110
         await asyncio.sleep(0.01)
-    return RunningDaemon(config, bootstrap, runtime, server, admin, admin_task, broker)
+    return RunningDaemon(config, bootstrap, runtime, server, admin, admin_task)
 
 
 async def run_daemon(config: DaemonConfig, announce: Callable[[str], None] = print) -> None:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up and runs every check: ruff, mypy, then the whole pytest suite (unit tests and
-# integration tests against real brokers, consumers and a real coordinator).
+# Sets up and runs every check: ruff, mypy, the import contracts (the layer rule, no
+# cycles), dead code, then the whole pytest suite (unit tests and integration tests
+# against real brokers, consumers and a real coordinator).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
@@ -15,4 +16,8 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+# The layer rule of coordinator/__init__.py, as contracts in pyproject.toml.
+.venv/bin/lint-imports --no-cache
+# Dead code; what vulture cannot see being used is in scripts/vulture_allowlist.py.
+.venv/bin/vulture
 exec .venv/bin/pytest -p no:cacheprovider "$@"

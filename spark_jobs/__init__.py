@@ -1,5 +1,8 @@
 """PySpark jobs that run as coordinated consumers.
 
+Layer: beside `consumer_client`, which it may import, with `coordinator.model`,
+`coordinator.protocol` and `coordinator.kafka` (import contracts in pyproject.toml).
+
 - `spark_jobs.session`: the environment Spark needs on a plain machine (Java, Python, loopback)
   and a local session builder shared by the jobs, the tests and the benchmarks.
 - `spark_jobs.source`: the `keyshard` data source (`register(spark)`): batch reads up to the

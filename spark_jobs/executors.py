@@ -37,7 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from coordinator.ranges import RangeSet
+from coordinator.model.addresses import parse_host_port
+from coordinator.model.ranges import RangeSet
 from spark_jobs.launch import job_session
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class StopWhen:
 
 
 @dataclass(frozen=True, slots=True)
-class ConsumerStats:
+class TaskReport:
     """What one consumer task did, returned to the driver when it ends."""
 
     task: int
@@ -167,7 +168,7 @@ def _exists(path: str) -> bool:
 
 async def consume_until(
     settings: ConsumerSettings, handler: Handler, task: int, attempt: int = 0
-) -> ConsumerStats:
+) -> TaskReport:
     """One consumer task: register, consume until the stop condition, leave gracefully."""
     from consumer_client import CoordinatedConsumer
 
@@ -217,7 +218,7 @@ async def consume_until(
                 await running
         pool.shutdown(wait=False, cancel_futures=True)
         _current = None
-    return ConsumerStats(
+    return TaskReport(
         task=task,
         attempt=attempt,
         member_id=member,
@@ -233,8 +234,8 @@ async def consume_until(
 
 def _task(
     settings: ConsumerSettings, handler: Handler
-) -> Callable[[Iterable[int]], list[ConsumerStats]]:
-    def run(indexes: Iterable[int]) -> list[ConsumerStats]:
+) -> Callable[[Iterable[int]], list[TaskReport]]:
+    def run(indexes: Iterable[int]) -> list[TaskReport]:
         from pyspark import TaskContext
 
         context = TaskContext.get()
@@ -246,11 +247,12 @@ def _task(
 
 def _probe(address: str, what: str, timeout: float = 5.0) -> None:
     """Fail on the driver, before Spark starts anything, if `address` does not answer."""
-    host, sep, port = address.split(",")[0].strip().rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"{what} address {address!r} is not host:port")
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        host, port = parse_host_port(address.split(",")[0].strip())
+    except ValueError as err:
+        raise ValueError(f"{what} address {err}") from None
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
     except OSError as err:
         raise ConnectionError(f"{what} at {host}:{port} is unreachable: {err}") from err
 
@@ -274,11 +276,11 @@ def run_executor_consumers(
     session_timeout_ms: int = 10_000,
     capacity: int = 1,
     name: str = "spark",
-) -> list[ConsumerStats]:
+) -> list[TaskReport]:
     """Run `consumers` tasks (default: one per task slot), each a member of `group` calling
     `handler(record)` (an aiokafka ConsumerRecord; sync or async) per record, keys in order.
 
-    Blocks until every task met `until`, and returns one `ConsumerStats` per task (the last
+    Blocks until every task met `until`, and returns one `TaskReport` per task (the last
     attempt's, when Spark retried a task whose executor was lost). `handler` is pickled to
     the executors: a module-level function of an importable module is the safe choice.
     """

@@ -21,9 +21,10 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaError
 
-from coordinator.hashing import ORDERING_KEY_HEADER, slot_for_record
 from coordinator.kafka.metadata import TopicMetadataError, partitions_of
-from spark_jobs.planning import ReadSlice, SourceError, TopicPartition
+from coordinator.model.hashing import ORDERING_KEY_HEADER, slot_for_record
+from coordinator.model.positions import TopicPartition
+from spark_jobs.planning import ReadSlice, SourceError
 
 Watermarks = dict[TopicPartition, tuple[int, int]]
 

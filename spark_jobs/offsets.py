@@ -24,14 +24,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.group import PositionUpdate
-from coordinator.hashing import MAX_SLOT
-from coordinator.positions import Position, RangePositionMap
-from coordinator.ranges import RangeSet, SlotRange
-from spark_jobs.planning import ReadSlice, SourceError, TopicPartition
+from coordinator.model.hashing import MAX_SLOT
+from coordinator.model.positions import Position, PositionUpdate, RangePositionMap, TopicPartition
+from coordinator.model.ranges import RangeSet, SlotRange
+from spark_jobs.planning import ReadSlice, SourceError
 
 OFFSET_VERSION = 1
-ZERO = Position()
 
 Frontier = dict[TopicPartition, RangePositionMap]
 

@@ -20,17 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.hashing import SLOT_COUNT
-from coordinator.positions import Position
-from coordinator.ranges import SlotRange
+from coordinator.model.hashing import SLOT_COUNT
+from coordinator.model.positions import Position, TopicPartition
+from coordinator.model.ranges import SlotRange
 
-TopicPartition = tuple[str, int]
-
-# Kafka's own source column names, so a query can swap `kafka` for `keyshard`.
-SCHEMA_DDL = (
-    "key binary, value binary, topic string, partition int, offset long, "
-    "timestamp timestamp, slot int"
-)
 EARLIEST = -2  # starting_positions sentinels, as in Spark's Kafka source
 LATEST = -1
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 
-from coordinator.hashing import ORDERING_KEY_HEADER
+from coordinator.model.hashing import ORDERING_KEY_HEADER
 from spark_jobs.kafka_io import read_slice
 from spark_jobs.planning import ReadSlice, parse_int, require
 
@@ -62,7 +62,8 @@ def arrow_batches(piece: ReadSlice, settings: ReadSettings) -> Iterator[pa.Recor
 
 
 def spark_schema() -> StructType:
-    """`SCHEMA_DDL` as a StructType, built without a session (executors have none)."""
+    """The source's columns: Kafka's own source's (so a query can swap `kafka` for
+    `keyshard`) plus `slot`; built without a session (executors have none)."""
     from pyspark.sql.types import (
         BinaryType,
         IntegerType,

@@ -7,7 +7,7 @@
 Rows have Spark's Kafka source columns plus `slot`:
 `key binary, value binary, topic string, partition int, offset long, timestamp timestamp,
 slot int`. The slot is the one the coordinator and the consumer client use
-(`coordinator.hashing.slot_for_record`): the `ordering-key` header (option
+(`coordinator.model.hashing.slot_for_record`): the `ordering-key` header (option
 `ordering_header`) wins over the record key; a record with neither is spread by offset
 (`offset % 65536`) — it has no order to keep, exactly as the consumer client treats it.
 

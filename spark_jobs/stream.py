@@ -62,10 +62,11 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from consumer_client.membership import Membership, parse_addresses
-from coordinator.group import PositionUpdate
-from coordinator.protocol import HighWatermark
-from coordinator.ranges import RangeSet
+from consumer_client.membership import Membership
+from coordinator.model.addresses import parse_host_ports
+from coordinator.model.positions import PositionUpdate, TopicPartition
+from coordinator.model.ranges import RangeSet
+from coordinator.protocol.messages import HighWatermark
 from spark_jobs.kafka_io import (
     make_consumer,
     probe_high_watermarks,
@@ -73,7 +74,7 @@ from spark_jobs.kafka_io import (
     topic_partitions,
 )
 from spark_jobs.offsets import StreamOffset, next_offset, plan_stream
-from spark_jobs.planning import SourceError, TopicPartition, parse_int, parse_topics, require
+from spark_jobs.planning import SourceError, parse_int, parse_topics, require
 from spark_jobs.reading import ReadSettings, SlicePartition, arrow_batches
 from spark_jobs.stream_state import SourceState
 
@@ -90,9 +91,9 @@ class StreamSettings:
         self.topics = parse_topics(options)
         self.coordinator = require(options, "coordinator")
         try:
-            self.coordinators = parse_addresses(self.coordinator)
+            self.coordinators = parse_host_ports(self.coordinator)
         except ValueError as err:
-            raise SourceError(f"option 'coordinator': {err}") from None
+            raise SourceError(f"option 'coordinator': coordinator address {err}") from None
         self.bootstrap_servers = require(options, "bootstrap_servers")
         self.auth_token = options.get("auth_token")
         self.capacity = parse_int(options, "capacity", default_parallelism, 1, 100_000)
@@ -256,7 +257,7 @@ def leave_on_sigterm() -> None:
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return
 
-    def on_term(signum: int, frame: object) -> None:
+    def on_term(*_: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second TERM must not cut the Leave
         raise SystemExit(0)
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coordinator.group import PositionUpdate, TopicPartition
-from coordinator.positions import RangePositionMap
-from coordinator.ranges import RangeSet
+from coordinator.model.positions import PositionUpdate, RangePositionMap, TopicPartition
+from coordinator.model.ranges import RangeSet
 from spark_jobs.offsets import GrantView, StreamOffset, grant_positions, positions_within
 
 
 @dataclass
-class Grant:
+class StreamGrant:
     slots: RangeSet
     positions: dict[TopicPartition, RangePositionMap]
     stop_after: int | None = None  # stopping: answer once this planned batch is committed
@@ -33,7 +32,7 @@ class Grant:
 
 @dataclass
 class SourceState:
-    grants: list[Grant] = field(default_factory=list)
+    grants: list[StreamGrant] = field(default_factory=list)
     planned: dict[int, StreamOffset] = field(default_factory=dict)  # seq -> batch end
     next_seq: int = 0
     committed_seq: int = -1
@@ -42,11 +41,11 @@ class SourceState:
     # ---- ownership ----------------------------------------------------------------------
 
     def start(self, slots: RangeSet, positions: PositionUpdate) -> None:
-        self.grants.append(Grant(slots, grant_positions(positions)))
+        self.grants.append(StreamGrant(slots, grant_positions(positions)))
 
     def begin_stop(self, slots: RangeSet) -> None:
         """Stop planning `slots`; they are released once the batches covering them commit."""
-        kept: list[Grant] = []
+        kept: list[StreamGrant] = []
         for grant in self.grants:
             stopping = grant.slots & slots
             if not stopping or grant.stop_after is not None:
@@ -54,8 +53,10 @@ class SourceState:
                 continue
             rest = grant.slots - slots
             if rest:
-                kept.append(Grant(rest, grant.positions))
-            kept.append(Grant(stopping, grant.positions, self._last_planned_covering(stopping)))
+                kept.append(StreamGrant(rest, grant.positions))
+            kept.append(
+                StreamGrant(stopping, grant.positions, self._last_planned_covering(stopping))
+            )
         self.grants = kept
 
     def stop_ready(self, slots: RangeSet) -> bool:
@@ -72,7 +73,7 @@ class SourceState:
         for grant in self.grants:
             rest = grant.slots - slots
             if rest:
-                kept.append(Grant(rest, grant.positions, grant.stop_after))
+                kept.append(StreamGrant(rest, grant.positions, grant.stop_after))
         self.grants = kept
         return final
 

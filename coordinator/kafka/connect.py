@@ -23,13 +23,7 @@ from aiokafka.errors import (
 )
 
 from coordinator.kafka.settings import KafkaSettings
-
-
-def parse_host_port(address: str) -> tuple[str, int]:  # TODO(merge): model's one parser
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"address {address!r} is not host:port")
-    return host.strip("[]"), int(port)
+from coordinator.model.addresses import parse_host_port
 
 
 class KafkaUnreachable(ConnectionError):

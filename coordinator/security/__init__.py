@@ -4,4 +4,7 @@ The coordinator's Kafka clients, the consumer's Kafka clients and its channel to
 coordinator, the coordinator's channel listener and its admin API all build their TLS
 contexts here, so a bad certificate gives the same clear error (naming the setting, never
 a secret) wherever it is configured.
+
+Layer: above `coordinator.model` (the only keyshard package it may import); below
+`coordinator.kafka` and `coordinator.protocol`.
 """

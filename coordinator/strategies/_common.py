@@ -11,14 +11,14 @@ reason about "left and right neighbours" and "the boundary between two members".
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-from coordinator.assignor import MemberSpec
-from coordinator.hashing import MAX_SLOT, SLOT_COUNT
-from coordinator.ranges import EMPTY, RangeSet, SlotRange
+from coordinator.model.hashing import MAX_SLOT, SLOT_COUNT
+from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
+from coordinator.strategies.base import MemberSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,12 +26,7 @@ class Tile:
     """One contiguous run of the slot line; `member_id` None marks slots nobody owned."""
 
     member_id: str | None
-    start: int
-    end: int  # inclusive
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start + 1
+    slots: SlotRange
 
 
 def tiles_from_current(current: Mapping[str, RangeSet]) -> list[Tile]:
@@ -49,18 +44,18 @@ def tiles_from_current(current: Mapping[str, RangeSet]) -> list[Tile]:
         if not free:
             continue
         best = max(free, key=lambda r: (r.size, -r.start))
-        picks.append(Tile(member_id, best.start, best.end))
+        picks.append(Tile(member_id, best))
         claimed = claimed | RangeSet((best,))
-    picks.sort(key=lambda t: t.start)
+    picks.sort(key=lambda t: t.slots)
     tiles: list[Tile] = []
     cursor = 0
     for tile in picks:
-        if tile.start > cursor:
-            tiles.append(Tile(None, cursor, tile.start - 1))
+        if tile.slots.start > cursor:
+            tiles.append(Tile(None, SlotRange(cursor, tile.slots.start - 1)))
         tiles.append(tile)
-        cursor = tile.end + 1
+        cursor = tile.slots.end + 1
     if picks and cursor <= MAX_SLOT:
-        tiles.append(Tile(None, cursor, MAX_SLOT))
+        tiles.append(Tile(None, SlotRange(cursor, MAX_SLOT)))
     return tiles
 
 
@@ -88,49 +83,23 @@ class LoadPrefix:
     "the slot where cumulative load reaches X" is a bisection.
     """
 
-    __slots__ = ("_by_weight", "_heavy", "_neg_weights", "measured", "prefix", "weights")
+    __slots__ = ("measured", "prefix", "weights")
 
     def __init__(self, slot_load: Sequence[float] | None) -> None:
         clean = sanitized_load(slot_load)
         self.measured = clean is not None
         self.weights: list[float] = clean if clean is not None else [1.0] * SLOT_COUNT
         self.prefix: list[float] = [0.0, *accumulate(self.weights)]
-        self._by_weight: list[int] = []
-        self._neg_weights: list[float] = []
-        self._heavy: dict[float, list[int]] = {}
 
     @property
     def total(self) -> float:
         return self.prefix[-1]
-
-    def heavier_than(self, threshold: float) -> list[int]:
-        """Slots whose weight exceeds `threshold`, in slot order (cached per threshold)."""
-        cached = self._heavy.get(threshold)
-        if cached is None:
-            if not self._by_weight:
-                self._by_weight = sorted(range(SLOT_COUNT), key=self.weights.__getitem__)[::-1]
-                self._neg_weights = [-self.weights[s] for s in self._by_weight]
-            count = bisect_left(self._neg_weights, -threshold)
-            cached = self._heavy[threshold] = sorted(self._by_weight[:count])
-        return cached
 
     def load(self, start: int, end: int) -> float:
         return self.prefix[end + 1] - self.prefix[start]
 
     def of(self, owned: RangeSet) -> float:
         return sum(self.load(r.start, r.end) for r in owned)
-
-    def last_end_within(self, start: int, budget: float) -> int:
-        """Largest end e such that load(start, e) <= budget (start - 1 if even one slot is over)."""
-        return self.last_end_at_most(self.prefix[start] + budget)
-
-    def last_end_at_most(self, cumulative: float) -> int:
-        """Largest end e whose cumulative load prefix[e + 1] is <= `cumulative` (-1 if none)."""
-        return bisect_right(self.prefix, cumulative) - 2
-
-    def first_start_within(self, end: int, budget: float) -> int:
-        """Smallest start s such that load(s, end) <= budget (end + 1 if even one slot is over)."""
-        return bisect_left(self.prefix, self.prefix[end + 1] - budget)
 
     def first_end_reaching(self, cumulative: float) -> int:
         """Smallest end e whose cumulative load prefix[e + 1] is >= `cumulative`."""
@@ -140,10 +109,6 @@ class LoadPrefix:
 def capacity(member: MemberSpec) -> int:
     """Capacity as `quotas` reads it: anything below 1 counts as 1."""
     return max(1, member.capacity)
-
-
-def single(start: int, end: int) -> RangeSet:
-    return RangeSet((SlotRange(start, end),)) if start <= end else EMPTY
 
 
 def describe_ranges(ranges: Iterable[SlotRange], limit: int = 8) -> str:

@@ -24,10 +24,10 @@ time in a fixed order so the result does not depend on how the caller ordered an
 
 from __future__ import annotations
 
-from coordinator.assignor import Assignment, AssignmentSpec
-from coordinator.hashing import MAX_SLOT
-from coordinator.ranges import EMPTY, RangeSet
-from coordinator.strategies._common import LoadPrefix, Tile, single, tiles_from_current
+from coordinator.model.hashing import MAX_SLOT
+from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
+from coordinator.strategies._common import LoadPrefix, Tile, tiles_from_current
+from coordinator.strategies.base import Assignment, AssignmentSpec
 
 
 class AutoSplitAssignor:
@@ -72,7 +72,7 @@ class AutoSplitAssignor:
         ranges: dict[str, RangeSet] = {mid: EMPTY for mid in sorted(wanted)}
         for t in tiles:
             assert t.member_id is not None
-            ranges[t.member_id] = single(t.start, t.end)
+            ranges[t.member_id] = RangeSet((t.slots,))
         return Assignment(ranges, notes=tuple(notes))
 
 
@@ -89,11 +89,12 @@ def _merge_away(tiles: list[Tile], index: int, load: LoadPrefix) -> list[Tile]:
 
     def quietness(i: int) -> tuple[float, int, str]:
         t = tiles[i]
-        return (load.load(t.start, t.end), t.size, t.member_id or "")
+        return (load.load(*t.slots), t.slots.size, t.member_id or "")
 
     heir_index = min(neighbours, key=quietness)
     heir = tiles[heir_index]
-    merged = Tile(heir.member_id, min(heir.start, gone.start), max(heir.end, gone.end))
+    start, end = min(heir.slots.start, gone.slots.start), max(heir.slots.end, gone.slots.end)
+    merged = Tile(heir.member_id, SlotRange(start, end))
     out = list(tiles)
     out[heir_index] = merged
     del out[index]
@@ -103,20 +104,21 @@ def _merge_away(tiles: list[Tile], index: int, load: LoadPrefix) -> list[Tile]:
 def _split_for(tiles: list[Tile], joiner: str, load: LoadPrefix) -> tuple[list[Tile], str]:
     """Give `joiner` the upper half of the busiest splittable range."""
     if not tiles:
-        return [Tile(joiner, 0, MAX_SLOT)], ""
-    splittable = [i for i, t in enumerate(tiles) if t.size >= 2]
+        return [Tile(joiner, SlotRange(0, MAX_SLOT))], ""
+    splittable = [i for i, t in enumerate(tiles) if t.slots.size >= 2]
     if not splittable:
         return tiles, f"{joiner} got no slots: every range is a single slot and cannot be split"
 
     def busyness(i: int) -> tuple[float, int, str]:
         t = tiles[i]
         # min() over negated measures: busiest first, then larger, then the lower id.
-        return (-load.load(t.start, t.end), -t.size, t.member_id or "")
+        return (-load.load(*t.slots), -t.slots.size, t.member_id or "")
 
     index = min(splittable, key=busyness)
     busiest = tiles[index]
-    keep = busiest.size - busiest.size // 2
+    start, end = busiest.slots
+    keep = busiest.slots.size - busiest.slots.size // 2
     out = list(tiles)
-    out[index] = Tile(busiest.member_id, busiest.start, busiest.start + keep - 1)
-    out.insert(index + 1, Tile(joiner, busiest.start + keep, busiest.end))
+    out[index] = Tile(busiest.member_id, SlotRange(start, start + keep - 1))
+    out.insert(index + 1, Tile(joiner, SlotRange(start + keep, end)))
     return out, ""

@@ -44,13 +44,12 @@ import heapq
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping
 
-from coordinator.assignor import Assignment, AssignmentSpec, MemberSpec
-from coordinator.hashing import MAX_SLOT, SLOT_COUNT
-from coordinator.ranges import EMPTY, RangeSet, SlotRange
+from coordinator.model.hashing import MAX_SLOT, SLOT_COUNT
+from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
 from coordinator.strategies._common import LoadPrefix, capacity
+from coordinator.strategies.base import Assignment, AssignmentSpec, MemberSpec
 from coordinator.strategies.measures import achievable_imbalance, capped
 
-Run = tuple[int, int]  # inclusive
 _MAX_PASSES = 4
 _SLICE_CANDIDATES = 16
 
@@ -112,7 +111,7 @@ class LoadAwareAssignor:
         self,
         load: LoadPrefix,
         fair: Mapping[str, float],
-        owned: Mapping[str, list[Run]],
+        owned: Mapping[str, list[SlotRange]],
         low: float,
         high: float,
     ) -> bool:
@@ -147,33 +146,33 @@ class LoadAwareAssignor:
 
 def _claimed(
     current: Mapping[str, RangeSet], members: Mapping[str, MemberSpec]
-) -> dict[str, list[Run]]:
+) -> dict[str, list[SlotRange]]:
     """What each present member owns now (an overlap goes to the lower id)."""
     claimed = EMPTY
-    owned: dict[str, list[Run]] = {}
+    owned: dict[str, list[SlotRange]] = {}
     for mid in sorted(members):
         mine = current.get(mid, EMPTY) - claimed
-        owned[mid] = mine.to_pairs()
+        owned[mid] = list(mine.ranges)
         claimed = claimed | mine
     return owned
 
 
-def _merged(runs: list[Run]) -> list[Run]:
-    out: list[Run] = []
+def _merged(runs: list[SlotRange]) -> list[SlotRange]:
+    out: list[SlotRange] = []
     for a, b in sorted(runs):
         if out and a <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
+            out[-1] = SlotRange(out[-1].start, max(out[-1].end, b))
         else:
-            out.append((a, b))
+            out.append(SlotRange(a, b))
     return out
 
 
-def _to_ranges(owned: Mapping[str, list[Run]]) -> dict[str, RangeSet]:
-    return {mid: RangeSet(SlotRange(a, b) for a, b in _merged(owned[mid])) for mid in sorted(owned)}
+def _to_ranges(owned: Mapping[str, list[SlotRange]]) -> dict[str, RangeSet]:
+    return {mid: RangeSet(_merged(owned[mid])) for mid in sorted(owned)}
 
 
 def _ratio_span(
-    load: LoadPrefix, fair: Mapping[str, float], owned: Mapping[str, list[Run]]
+    load: LoadPrefix, fair: Mapping[str, float], owned: Mapping[str, list[SlotRange]]
 ) -> tuple[float, float]:
     ratios = [
         sum(load.load(a, b) for a, b in runs) / fair[mid] if fair[mid] else 1.0
@@ -189,7 +188,7 @@ class _Rebalance:
         self,
         load: LoadPrefix,
         fair: Mapping[str, float],
-        current: Mapping[str, list[Run]],
+        current: Mapping[str, list[SlotRange]],
         band: float,
         max_ranges: int,
     ) -> None:
@@ -197,23 +196,23 @@ class _Rebalance:
         self.fair = fair
         self.band = band
         self.max_ranges = max_ranges
-        self.owned: dict[str, list[Run]] = {mid: _merged(runs) for mid, runs in current.items()}
+        self.owned = {mid: _merged(runs) for mid, runs in current.items()}
         self.held = {mid: self._sum(runs) for mid, runs in self.owned.items()}
         taken = sorted(r for runs in self.owned.values() for r in runs)
-        self.free: list[Run] = []  # sorted, disjoint, maximal
+        self.free: list[SlotRange] = []  # sorted, disjoint, maximal
         cursor = 0
         for a, b in taken:
             if a > cursor:
-                self.free.append((cursor, a - 1))
+                self.free.append(SlotRange(cursor, a - 1))
             cursor = b + 1
         if cursor <= MAX_SLOT:
-            self.free.append((cursor, MAX_SLOT))
+            self.free.append(SlotRange(cursor, MAX_SLOT))
         # The free runs again, by (load, start): `_best_piece` looks at the heaviest run
         # not above a deficit and at the runs above it, not at every free run.
         self.by_weight: list[tuple[float, int, int]] = sorted(
             (self.load.load(a, b), a, b) for a, b in self.free
         )
-        self._freed: list[Run] = []  # pieces given back, for `_donate`
+        self._freed: list[SlotRange] = []  # pieces given back, for `_donate`
         self.starts: list[int] = []
         self.owner_at: dict[int, tuple[int, str]] = {}
         self._index_owners()
@@ -223,14 +222,14 @@ class _Rebalance:
         self.owner_at = {a: (b, mid) for mid, runs in self.owned.items() for a, b in runs}
         self.starts = sorted(self.owner_at)
 
-    def _owner_beside(self, run: Run, mid: str) -> str | None:
+    def _owner_beside(self, run: SlotRange, mid: str) -> str | None:
         """The less loaded other owner of a slot next to `run` (None if both are free)."""
         beside = {
             m for m in (self._neighbour(run[0] - 1), self._neighbour(run[1] + 1)) if m is not None
         } - {mid}
         return min(beside, key=lambda m: (self.ratio(m), m)) if beside else None
 
-    def _sum(self, runs: list[Run]) -> float:
+    def _sum(self, runs: list[SlotRange]) -> float:
         return sum(self.load.load(a, b) for a, b in runs)
 
     def ratio(self, mid: str) -> float:
@@ -238,17 +237,18 @@ class _Rebalance:
 
     # -- the free pool ----------------------------------------------------------------
 
-    def _free_pop(self, i: int) -> Run:
-        a, b = self.free.pop(i)
+    def _free_pop(self, i: int) -> SlotRange:
+        run = self.free.pop(i)
+        a, b = run
         self.by_weight.pop(bisect_left(self.by_weight, (self.load.load(a, b), a, b)))
-        return a, b
+        return run
 
     def _free_insert(self, i: int, a: int, b: int) -> None:
-        self.free.insert(i, (a, b))
+        self.free.insert(i, SlotRange(a, b))
         insort(self.by_weight, (self.load.load(a, b), a, b))
 
     def _add_free(self, a: int, b: int) -> None:
-        self._freed.append((a, b))
+        self._freed.append(SlotRange(a, b))
         i = bisect_left(self.free, (a, b))
         if i > 0 and self.free[i - 1][1] + 1 == a:
             i -= 1
@@ -307,8 +307,9 @@ class _Rebalance:
         # can make one side useless), preferring an edge next to free slots or to a
         # member that needs load (its fill then stays adjacent).
         near_enough = self.band * self.fair[mid] / 2
-        best: tuple[tuple[bool, int, float, Run, bool], Run] | None = None
-        for a, b in runs:
+        best: tuple[tuple[bool, int, float, SlotRange, bool], SlotRange] | None = None
+        for run in runs:
+            a, b = run
             for high in (True, False):
                 cut = self._cut(a, b, excess, from_high=high, at_least=True)
                 if cut is None:
@@ -316,26 +317,27 @@ class _Rebalance:
                 error = abs(self.load.load(*cut) - excess)
                 edge = b + 1 if high else a - 1
                 score = 2 if self._is_free(edge) else 1 if self._neighbour(edge) in needy else 0
-                key = (error <= near_enough, score, -error, (a, b), high)
+                key = (error <= near_enough, score, -error, run, high)
                 if best is None or key > best[0]:
                     best = (key, cut)
         if best is None:
             return
-        (a, b), high = best[0][3], best[0][4]
+        cut_from, high = best[0][3], best[0][4]
+        a, b = cut_from
         ca, cb = best[1]
-        runs.remove((a, b))
+        runs.remove(cut_from)
         if high:
             if a < ca:
-                runs.append((a, ca - 1))
+                runs.append(SlotRange(a, ca - 1))
         elif cb < b:
-            runs.append((cb + 1, b))
+            runs.append(SlotRange(cb + 1, b))
         runs.sort()
         self._add_free(ca, cb)
         self.held[mid] -= self.load.load(ca, cb)
 
     def _cut(
         self, a: int, b: int, want: float, from_high: bool, at_least: bool = False
-    ) -> Run | None:
+    ) -> SlotRange | None:
         """A slice of [a, b] at one end whose load is closest to `want` (never all of it
         when releasing; None if the closest is empty)."""
         load = self.load
@@ -350,7 +352,7 @@ class _Rebalance:
             )
             if at_least and s == a:
                 s = a + 1
-            return (s, b) if s <= b else None
+            return SlotRange(s, b) if s <= b else None
         e_over = max(a, min(b, load.first_end_reaching(load.prefix[a] + want)))
         e = min(
             [e_over - 1, e_over],
@@ -358,7 +360,7 @@ class _Rebalance:
         )
         if at_least and e == b:
             e = b - 1
-        return (a, e) if e >= a else None
+        return SlotRange(a, e) if e >= a else None
 
     # -- fill -------------------------------------------------------------------------
 
@@ -376,9 +378,9 @@ class _Rebalance:
             self.held[mid] += got
             want -= got
 
-    def _adjacent_piece(self, runs: list[Run], want: float) -> Run | None:
+    def _adjacent_piece(self, runs: list[SlotRange], want: float) -> SlotRange | None:
         """The heaviest free run touching one of `runs`, or the slice of it nearest them."""
-        best: Run | None = None
+        best: SlotRange | None = None
         best_w = -1.0
         for a, b in runs:
             for high, edge in ((False, b + 1), (True, a - 1)):  # take the near end
@@ -391,10 +393,10 @@ class _Rebalance:
                     best, best_w = piece, w
         return best
 
-    def _best_piece(self, want: float, must: bool) -> Run | None:
+    def _best_piece(self, want: float, must: bool) -> SlotRange | None:
         """A whole free run or an end slice of one whose load is closest to `want`."""
         best: tuple[float, float, int] | None = None
-        pick: Run | None = None
+        pick: SlotRange | None = None
         # Two kinds of run compete: a whole run not above `want` (the heaviest such,
         # lowest first, is closest) and a slice of a heavier run. Slices of the
         # `_SLICE_CANDIDATES` heaviest runs are compared (ties go to the heavier run
@@ -402,14 +404,14 @@ class _Rebalance:
         by_weight = self.by_weight
         heavier = bisect_right(by_weight, (want, MAX_SLOT + 1, MAX_SLOT + 1))
         first = max(heavier, len(by_weight) - _SLICE_CANDIDATES)
-        candidates = [(a, b) for _, a, b in by_weight[first:]]
+        candidates = [SlotRange(a, b) for _, a, b in by_weight[first:]]
         if heavier:
             lightest_best = bisect_left(by_weight, (by_weight[heavier - 1][0], -1, -1))
-            candidates.append(by_weight[lightest_best][1:])
+            candidates.append(SlotRange(*by_weight[lightest_best][1:]))
         for a, b in candidates:
             w = self.load.load(a, b)
-            options: list[Run | None] = (
-                [(a, b)]
+            options: list[SlotRange | None] = (
+                [SlotRange(a, b)]
                 if w <= want
                 else [self._cut(a, b, want, from_high=False), self._cut(a, b, want, True)]
             )
@@ -421,14 +423,14 @@ class _Rebalance:
                     best, pick = key, piece
         if pick is None and must:  # owns nothing yet: at least one slot
             a, b = min(self.free, key=lambda r: (self.load.load(r[0], r[0]), r[0]))
-            pick = (a, a)
+            pick = SlotRange(a, a)
         if pick is not None and self.load.load(*pick) == 0 and want > 0 and not must:
             return pick if self.load.load(*pick) < want else None
         return pick
 
     # -- the whole rebalance ----------------------------------------------------------
 
-    def run(self) -> dict[str, list[Run]]:
+    def run(self) -> dict[str, list[SlotRange]]:
         fair = self.fair
         ids = sorted(self.owned)
         # Too many ranges: the lightest go to the owner next to them (which merges them
@@ -548,5 +550,5 @@ class _Rebalance:
             if i < len(pieces) and pieces[i][0][0] == b + 1:
                 beside.append(pieces[i][1])
             heir = min(beside or list(self.owned), key=lambda m: (self.ratio(m), m))
-            self.owned[heir] = _merged([*self.owned[heir], (a, b)])
+            self.owned[heir] = _merged([*self.owned[heir], SlotRange(a, b)])
             self.held[heir] += self.load.load(a, b)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from coordinator.assignor import Assignment, MemberSpec
-from coordinator.ranges import EMPTY
+from coordinator.model.ranges import EMPTY
 from coordinator.strategies._common import LoadPrefix, capacity
+from coordinator.strategies.base import Assignment, MemberSpec
 
 
 def capped(load: LoadPrefix, min_share: float) -> LoadPrefix:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from coordinator.assignor import Assignment, AssignmentSpec
-from coordinator.ranges import EMPTY, RangeSet
+from coordinator.model.ranges import EMPTY, RangeSet
 from coordinator.strategies._common import describe_ranges
+from coordinator.strategies.base import Assignment, AssignmentSpec
 
 
 def validate_fixed_ranges(

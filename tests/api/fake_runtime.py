@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.group import (
+from coordinator.group.records import (
     GrantAcknowledged,
     MemberHeard,
     MemberJoined,
@@ -16,15 +16,34 @@ from coordinator.group import (
     RangesGranted,
     RangesRevoked,
     TargetComputed,
-    replay,
 )
-from coordinator.positions import Position, RangePositionMap
-from coordinator.ranges import RangeSet, SlotRange
-from coordinator.runtime import CoordinatorRuntime, RuntimeSettings
-from coordinator.timers import FakeClock, ManualTimers
+from coordinator.group.replay import replay
+from coordinator.model.positions import Position, RangePositionMap
+from coordinator.model.ranges import RangeSet, SlotRange
+from coordinator.runtime.runtime import CoordinatorRuntime
+from coordinator.runtime.settings import RuntimeSettings
 
 GROUP = "orders"
 TOPIC = "orders.events"
+
+
+NOW = 1000.0
+
+
+class HeldTimers:
+    """Timers that never fire: the views are read at one moment, NOW."""
+
+    def __init__(self) -> None:
+        self.armed: dict[Any, float] = {}
+
+    def set(self, key: Any, at: float, callback: Any) -> None:
+        self.armed[key] = at
+
+    def cancel(self, key: Any) -> None:
+        self.armed.pop(key, None)
+
+    def cancel_all(self) -> None:
+        self.armed.clear()
 
 
 class MemoryStore:
@@ -51,16 +70,17 @@ class MemoryStore:
 
 
 def fake_runtime() -> CoordinatorRuntime:
-    clock = FakeClock()
+    store = MemoryStore()
     runtime = CoordinatorRuntime(
         RuntimeSettings(bootstrap_servers="127.0.0.1:9"),
-        MemoryStore(),  # type: ignore[arg-type]
-        clock=clock,
-        timers=ManualTimers(clock),
+        store,
+        metadata=store,
+        clock=lambda: NOW,
+        timers=HeldTimers(),
     )
     state = runtime._group(GROUP)
     partitions = ((TOPIC, 0), (TOPIC, 1))
-    now = clock()
+    now = NOW
     low, high = RangeSet.from_pairs([(0, 32767)]), RangeSet.from_pairs([(32768, 65535)])
     for member in ("a-1", "b-2"):
         replay(state, MemberJoined(member, member[0], 64, 6000, (TOPIC,), partitions, now))

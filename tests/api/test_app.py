@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from coordinator.hashing import slot_for_key
+from coordinator.model.hashing import slot_for_key
 from tests.api.fake_runtime import GROUP, TOPIC, fake_runtime
 
 TOKEN = "s3cret"
@@ -55,7 +55,7 @@ def test_reads_are_open_unless_protected() -> None:
 def test_readyz_names_the_reason() -> None:
     http, runtime = client()
     assert http.get("/readyz").json() == {"ready": True, "reason": None}
-    runtime.store.reachable = False  # type: ignore[attr-defined]
+    runtime.metadata.reachable = False  # type: ignore[attr-defined]
     response = http.get("/readyz")
     assert response.status_code == 503
     assert response.json()["reason"].startswith("broker unreachable")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.broker import free_port
+from coordinator.local.processes import free_port
 from tests.api.conftest import ADMIN_ARGS, ADMIN_TOKEN
 from tests.integration.harness import GROUP, CoordinatorProcess, Workers, create_topic, wait_for
 

@@ -1,6 +1,6 @@
 """The C fast path (consumer_client/_fastpath.c) against the Python loop it shortcuts.
 
-The Python loop (`CoordinatedConsumer._dispatch_records`) is the reference: for random
+The Python loop (`Dispatcher.dispatch_records`) is the reference: for random
 chunks - keys of every shape, ordering headers, offsets below the cursor, grants frozen or
 with start maps, busy keys, few permits, handlers that complete, suspend, raise, return a
 non-coroutine, or change the grants from inside - both give the same handler calls (with
@@ -26,19 +26,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumer_client import fastpath
-from consumer_client.consumer import CoordinatedConsumer, _Chunk
+from consumer_client.chunk import Chunk
+from consumer_client.consumer import CoordinatedConsumer
 from consumer_client.lanes import KeyLanes, Suspended, WorkItem, _Lane
 from consumer_client.progress import Grant, PartitionProgress
-from coordinator.hashing import ORDERING_KEY_HEADER, slot_for_key
-from coordinator.positions import Position, RangePositionMap
-from coordinator.ranges import RangeSet, SlotRange
+from coordinator.model.hashing import ORDERING_KEY_HEADER, slot_for_key
+from coordinator.model.positions import Position, RangePositionMap
+from coordinator.model.ranges import RangeSet, SlotRange
 
 TP = ("t", 0)
 NATIVE = fastpath.NATIVE
 needs_native = pytest.mark.skipif(NATIVE is None, reason="C fast path not built or disabled")
 # Handlers that failed at once get a worker task that `abort` cancels before it starts, so
-# their first attempt (`_reraise`) is never awaited; `collect_garbage` frees them here.
-pytestmark = pytest.mark.filterwarnings("ignore:coroutine '_reraise' was never awaited")
+# their first attempt (`replay_failure`) is never awaited; `collect_garbage` frees them here.
+pytestmark = pytest.mark.filterwarnings("ignore:coroutine 'replay_failure' was never awaited")
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +65,7 @@ UNKEYED_SLOTS = SlotRange(0, 255)  # where records without a key land (offset % 
 
 
 class FakeKafka:
-    """The aiokafka calls `_dispatch` and `_start` make, recorded (no broker here)."""
+    """The aiokafka calls `Fetcher.dispatch` and `Fetcher.grant` make, recorded (no broker)."""
 
     def __init__(self) -> None:
         self.calls: list[Any] = []
@@ -125,15 +126,15 @@ class Scenario:
         consumer = CoordinatedConsumer(
             group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
         )
-        consumer._fast = native
-        consumer._kafka = FakeKafka()  # type: ignore[assignment]
+        consumer._dispatcher.native = native
+        consumer._fetcher.kafka = FakeKafka()  # type: ignore[assignment]
         calls: list[Any] = []
         lanes = KeyLanes(
             self.handler(consumer, calls),
             max_concurrency=self.max_concurrency,
-            on_done=consumer._on_done,
+            on_done=consumer._dispatcher.on_done,
         )
-        consumer._lanes = lanes
+        consumer._dispatcher.lanes = lanes
         progress = PartitionProgress(TP, cursor=self.cursor)
         grants = []
         for slots, position, skip_below, frozen_upto in self.grants:
@@ -170,7 +171,7 @@ class Scenario:
             if kind == b"stop":  # a handler that stops everything (as awaiting close() does)
                 consumer.progress.begin_stop(RangeSet.full())
             if kind == b"grant":  # a new grant further back: the partition rewinds
-                consumer._start(
+                consumer._fetcher.grant(
                     RangeSet([SlotRange(60000, 60010)]),
                     {TP: [(SlotRange(60000, 60010), Position(5))]},
                 )
@@ -178,13 +179,13 @@ class Scenario:
 
         return handler
 
-    def chunks(self, session: int) -> list[_Chunk]:
+    def chunks(self, session: int) -> list[Chunk]:
         recs = [
             ConsumerRecord("t", 0, off, 0, 0, key, kind, None, 8, 8, headers)
             for off, key, headers, kind in self.records
         ]
         parts = [recs[: self.split], recs[self.split :]]
-        return [_Chunk(None, TP, 0, session, p) for p in parts]  # type: ignore[arg-type]
+        return [Chunk(TP, 0, session, p) for p in parts]
 
 
 def item_state(item: WorkItem | None) -> Any:
@@ -195,12 +196,12 @@ def item_state(item: WorkItem | None) -> Any:
 
 async def run_scenario(scenario: Scenario, native: ModuleType | None) -> dict[str, Any]:
     consumer, calls = scenario.build(native)
-    lanes = consumer._lanes
+    lanes = consumer._dispatcher.lanes
     assert lanes is not None
-    backlog = scenario.chunks(consumer._session)
+    backlog = scenario.chunks(consumer._session())
     suspensions: list[Suspended] = []
-    while backlog:  # as `_fetch` does: after a suspension a new fetcher goes on
-        suspended = consumer._dispatch(backlog)
+    while backlog:  # as `Fetcher.fetch` does: after a suspension a new fetcher goes on
+        suspended = consumer._fetcher.dispatch(backlog)
         if suspended is None:
             break
         suspensions.append(suspended)
@@ -212,7 +213,7 @@ async def run_scenario(scenario: Scenario, native: ModuleType | None) -> dict[st
         "generation": progress.generation,
         "pending": list(progress.pending.items()),
         "grants": [(g.slots, g.frozen_upto, g.skip_below) for g in progress.grants],
-        "load": [(b, n) for b, n in enumerate(consumer.load) if n],
+        "load": [(b, n) for b, n in enumerate(consumer._dispatcher.load) if n],
         "stats": consumer.stats.as_dict(),
         "lanes": {
             repr(k): (item_state(lane.running), [item_state(i) for i in lane.queue])
@@ -222,7 +223,7 @@ async def run_scenario(scenario: Scenario, native: ModuleType | None) -> dict[st
         "busy_workers": lanes._busy_workers,
         "free": lanes._limit.free,
         "workers": len(lanes._workers),
-        "kafka": consumer._kafka.calls,  # type: ignore[union-attr]
+        "kafka": consumer._fetcher.kafka.calls,  # type: ignore[union-attr]
     }
     for s in suspensions:
         s.rest._coro.close()  # type: ignore[attr-defined]
@@ -273,13 +274,15 @@ class Odd:
 
 
 def plain_consumer(native: ModuleType | None, handler: Any) -> CoordinatedConsumer:
-    """A consumer owning every slot of TP from offset 0, no broker (`_dispatch` only)."""
+    """A consumer owning every slot of TP from offset 0, no broker (`dispatch` only)."""
     consumer = CoordinatedConsumer(
         group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
     )
-    consumer._fast = native
-    consumer._kafka = object()  # type: ignore[assignment]  # only checked for None
-    consumer._lanes = KeyLanes(handler, max_concurrency=4, on_done=consumer._on_done)
+    consumer._dispatcher.native = native
+    consumer._fetcher.kafka = object()  # type: ignore[assignment]  # only checked for None
+    consumer._dispatcher.lanes = KeyLanes(
+        handler, max_concurrency=4, on_done=consumer._dispatcher.on_done
+    )
     consumer.progress.partitions[TP] = PartitionProgress(
         TP, grants=[Grant(RangeSet.full(), RangePositionMap(), 0)]
     )
@@ -305,12 +308,12 @@ async def test_bad_records_fail_like_the_python_loop(record: Any) -> None:
     async def outcome(native: ModuleType | None) -> Any:
         consumer = plain_consumer(native, noop)
         try:
-            consumer._dispatch([_Chunk(None, TP, 0, consumer._session, [record])])  # type: ignore[arg-type]
+            consumer._fetcher.dispatch([Chunk(TP, 0, consumer._session(), [record])])
         except Exception as err:
             return type(err), str(err)
         finally:
-            assert consumer._lanes is not None
-            await consumer._lanes.abort()
+            assert consumer._dispatcher.lanes is not None
+            await consumer._dispatcher.lanes.abort()
         return None
 
     python = await outcome(None)
@@ -324,10 +327,10 @@ async def test_handler_not_callable_is_a_failed_first_attempt_in_both() -> None:
     states = []
     for native in (None, NATIVE):
         consumer = plain_consumer(native, "not callable")
-        lanes = consumer._lanes
+        lanes = consumer._dispatcher.lanes
         assert lanes is not None
         record = ConsumerRecord("t", 0, 3, 0, 0, b"k0", b"v", None, 1, 1, [])
-        assert consumer._dispatch([_Chunk(None, TP, 0, consumer._session, [record])]) is None  # type: ignore[arg-type]
+        assert consumer._fetcher.dispatch([Chunk(TP, 0, consumer._session(), [record])]) is None
         running = lanes._lanes[b"k0"].running
         states.append((item_state(running), dict(consumer.progress.partitions[TP].pending)))
         await lanes.abort()
@@ -402,9 +405,9 @@ async def test_no_references_leak() -> None:
 async def test_ping_reply_reports_the_loads_counted_in_c() -> None:
     consumer = plain_consumer(NATIVE, noop)
     recs = [ConsumerRecord("t", 0, i, 0, 0, KEYS[i % 3], b"v", None, 1, 1, ()) for i in range(30)]
-    assert consumer._dispatch([_Chunk(None, TP, 0, consumer._session, recs)]) is None  # type: ignore[arg-type]
-    consumer._kafka = None  # no high watermarks without a client
-    _, by_bucket, _ = consumer.ping_reply()
+    assert consumer._fetcher.dispatch([Chunk(TP, 0, consumer._session(), recs)]) is None
+    consumer._fetcher.kafka = None  # no high watermarks without a client
+    _, by_bucket, _ = consumer._callbacks.ping_reply()
     expected: dict[int, int] = {}
     for key in KEYS[:3]:
         bucket = slot_for_key(key) >> 4
@@ -412,16 +415,17 @@ async def test_ping_reply_reports_the_loads_counted_in_c() -> None:
     assert by_bucket == expected
     stats = consumer.stats
     assert (stats.fetched, stats.admitted, stats.processed) == (0, 30, 30)
-    assert not any(consumer.load)  # a fresh buffer after the reply, which C counts in
-    consumer._kafka = FakeKafka()  # type: ignore[assignment]
+    assert not any(consumer._dispatcher.load)  # a fresh buffer after the reply, counted in C
+    consumer._fetcher.kafka = FakeKafka()  # type: ignore[assignment]
     more = [ConsumerRecord("t", 0, 30 + i, 0, 0, KEYS[0], b"v", None, 1, 1, ()) for i in range(4)]
-    assert consumer._dispatch([_Chunk(None, TP, 0, consumer._session, more)]) is None  # type: ignore[arg-type]
-    assert sum(consumer.load) == consumer.load[slot_for_key(KEYS[0]) >> 4] == 4
+    assert consumer._fetcher.dispatch([Chunk(TP, 0, consumer._session(), more)]) is None
+    load = consumer._dispatcher.load
+    assert sum(load) == load[slot_for_key(KEYS[0]) >> 4] == 4
 
 
 @needs_native
 async def test_a_handler_suspended_in_c_is_finished_by_the_task_that_started_it() -> None:
-    """As in `_fetch_loop`: the task whose `_dispatch` ran the first step adopts the rest,
+    """As in `Fetcher._run`: the task whose `dispatch` ran the first step adopts the rest,
     so `current_task()` and `asyncio.timeout` see one task across the handler's awaits."""
     seen: list[tuple[int, asyncio.Task[Any] | None]] = []
 
@@ -432,17 +436,17 @@ async def test_a_handler_suspended_in_c_is_finished_by_the_task_that_started_it(
         seen.append((record.offset, asyncio.current_task()))
 
     consumer = plain_consumer(NATIVE, handler)
-    lanes = consumer._lanes
+    lanes = consumer._dispatcher.lanes
     assert lanes is not None
     recs = [ConsumerRecord("t", 0, i, 0, 0, KEYS[i], b"v", None, 1, 1, ()) for i in range(2)]
-    backlog = [_Chunk(None, TP, 0, consumer._session, recs)]
+    backlog = [Chunk(TP, 0, consumer._session(), recs)]
 
     tasks: list[asyncio.Task[None]] = []
 
     async def fetcher() -> None:
-        suspended = consumer._dispatch(backlog)  # type: ignore[arg-type]
+        suspended = consumer._fetcher.dispatch(backlog)
         if suspended is not None:
-            tasks.append(asyncio.create_task(fetcher()))  # the rest, as `_fetch` does
+            tasks.append(asyncio.create_task(fetcher()))  # the rest, as `fetch` does
             await lanes.adopt(suspended)
 
     first = asyncio.create_task(fetcher())

@@ -20,9 +20,9 @@ from aiokafka.structs import ConsumerRecord
 
 from consumer_client import CoordinatedConsumer
 from consumer_client.lanes import KeyLanes
-from coordinator.hashing import slot_for_key
-from coordinator.positions import Position
-from coordinator.ranges import RangeSet, SlotRange
+from coordinator.model.hashing import slot_for_key
+from coordinator.model.positions import Position
+from coordinator.model.ranges import RangeSet, SlotRange
 from tests.integration.harness import wait_for
 
 TP = ("t", 0)
@@ -64,15 +64,17 @@ async def test_the_fetch_loop_lets_other_tasks_run() -> None:
         group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
     )
     kafka = EndlessBuffer()
-    consumer._kafka = kafka  # type: ignore[assignment]
-    consumer._lanes = KeyLanes(inline, max_concurrency=4, on_done=consumer._on_done)
-    consumer.start_fetcher(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(0))]})
-    fetching = asyncio.create_task(consumer._fetch())
+    consumer._fetcher.kafka = kafka  # type: ignore[assignment]
+    consumer._dispatcher.lanes = KeyLanes(
+        inline, max_concurrency=4, on_done=consumer._dispatcher.on_done
+    )
+    consumer._callbacks.start_fetcher(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(0))]})
+    fetching = asyncio.create_task(consumer._fetcher.fetch())
     turns = 0
     while turns < 5 and not fetching.done():
         await asyncio.sleep(0)
         turns += 1
-    consumer._closing = True
+    consumer._fetcher.closing = True
     await fetching  # raises if the loop ran GIVE_UP_AFTER batches without a turn for us
     assert turns == 5
     assert consumer.stats.fetched == kafka.batches * 10
@@ -82,22 +84,23 @@ async def test_the_fetch_loop_lets_other_tasks_run() -> None:
 def test_batches_shrink_while_a_batch_outlasts_a_turn_and_grow_back() -> None:
     """Handlers that finish inline run a whole batch in one turn: 2,000 records of 1 ms
     CPU blocked Pings and StopFetchers for 2 s. Batches start small and adapt."""
-    from consumer_client.consumer import _MAX_BATCH, _MAX_TURN_S, _MIN_BATCH
+    from consumer_client.fetcher import _MAX_BATCH, _MAX_TURN_S, _MIN_BATCH
 
     consumer = CoordinatedConsumer(
         group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
     )
-    assert consumer._batch == _MIN_BATCH
+    fetcher = consumer._fetcher
+    assert fetcher._batch == _MIN_BATCH
     sizes = []
     for _ in range(12):  # quick batches: doubles up to the maximum
-        consumer._fit_batch(0.0)
-        sizes.append(consumer._batch)
+        fetcher._fit_batch(0.0)
+        sizes.append(fetcher._batch)
     assert sizes[0] == 2 * _MIN_BATCH and sizes[-1] == _MAX_BATCH == max(sizes)
-    consumer._fit_batch(_MAX_TURN_S / 2)  # within a turn: kept
-    assert consumer._batch == _MAX_BATCH
+    fetcher._fit_batch(_MAX_TURN_S / 2)  # within a turn: kept
+    assert fetcher._batch == _MAX_BATCH
     for _ in range(20):  # slow batches: halves down to the minimum
-        consumer._fit_batch(10 * _MAX_TURN_S)
-    assert consumer._batch == _MIN_BATCH
+        fetcher._fit_batch(10 * _MAX_TURN_S)
+    assert fetcher._batch == _MIN_BATCH
 
 
 class FiniteLog:
@@ -150,29 +153,30 @@ async def test_a_replay_is_dispatched_while_the_fetcher_waits_on_max_pending() -
         bootstrap_servers="127.0.0.1:1",
         max_pending=20,
     )
-    log = consumer._kafka = FiniteLog(records)  # type: ignore[assignment]
+    log = consumer._fetcher.kafka = FiniteLog(records)  # type: ignore[assignment]
     # Room to run every key at once: only the fetcher can hold the replay back.
-    consumer._lanes = KeyLanes(handler, max_concurrency=len(records), on_done=consumer._on_done)
+    consumer._dispatcher.lanes = KeyLanes(
+        handler, max_concurrency=len(records), on_done=consumer._dispatcher.on_done
+    )
     lower, upper_half = SlotRange(0, 32767), SlotRange(32768, 65535)
-    consumer.start_fetcher(RangeSet([lower]), {TP: [(lower, Position(0))]})
-    consumer._fetch_failed = asyncio.get_running_loop().create_future()
-    consumer._start_fetcher()  # a handler that suspends inline moves the loop to a new task
+    consumer._callbacks.start_fetcher(RangeSet([lower]), {TP: [(lower, Position(0))]})
+    consumer._fetcher.start()  # a handler that suspends inline moves the loop to a new task
     try:
         await wait_for(
-            lambda: consumer.progress.pending_count() >= 20 and not consumer._backlog,
+            lambda: consumer.progress.pending_count() >= 20 and not consumer._fetcher.backlog,
             5,
             "the fetcher to stop at max_pending",
         )
         assert not ran
-        consumer.start_fetcher(RangeSet([upper_half]), {TP: [(upper_half, Position(0))]})
+        consumer._callbacks.start_fetcher(RangeSet([upper_half]), {TP: [(upper_half, Position(0))]})
 
         fetched = {o for o in upper if o < log.position}
         assert 0 < len(fetched) < len(upper)  # it did stop early
         await wait_for(lambda: set(ran) >= fetched, 5, "the replayed records to run")
         assert consumer.stats.replayed > 0
-        assert not consumer._fetch_failed.done()
+        assert consumer._fetcher.failed is not None and not consumer._fetcher.failed.done()
     finally:
-        consumer._closing = True
+        consumer._fetcher.closing = True
         hang.set()
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), 5)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from consumer_client.lanes import KeyLanes, RetryPolicy, WorkItem
-from coordinator.ranges import RangeSet
+from coordinator.model.ranges import RangeSet
 from tests.consumer_client.test_lanes import TIMEOUT, eventually, settle
 
 TP = ("t", 0)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from consumer_client.lanes import KeyLanes, RetryPolicy, WorkItem
-from coordinator.ranges import RangeSet
+from coordinator.model.ranges import RangeSet
 
 TP = ("t", 0)
 FAST = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.002, max_attempts=3)

@@ -13,12 +13,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumer_client.progress import ConsumerProgress
-from coordinator.group import PositionUpdate
-from coordinator.positions import Position
-from coordinator.ranges import RangeSet, SlotRange
+from coordinator.model.positions import Position, PositionUpdate, TopicPartition
+from coordinator.model.ranges import RangeSet, SlotRange
 
 TP = ("t", 0)
 N_SLOTS = 8
+
+
+def admit(progress: ConsumerProgress, tp: TopicPartition, offset: int, slot: int) -> bool:
+    """What the dispatcher does with a fetched record: the fetch filter, then pending."""
+    partition = progress.partitions.get(tp)
+    if partition is None or not partition.accept(offset, slot):
+        return False
+    partition.pending[offset] = slot
+    return True
 
 
 def slots_of(rs: RangeSet) -> list[int]:
@@ -33,7 +41,7 @@ def start_map(slots: RangeSet, by_slot: dict[int, Position]) -> PositionUpdate:
 def feed(p: ConsumerProgress, log: list[int], start: int, end: int | None = None) -> list[int]:
     """Hand records [start, end) to the filter as the fetcher would; returns admitted offsets."""
     end = len(log) if end is None else end
-    return [o for o in range(start, end) if p.admit(TP, o, log[o])]
+    return [o for o in range(start, end) if admit(p, TP, o, log[o])]
 
 
 def expected_admitted(
@@ -60,8 +68,8 @@ def test_admit_skips_foreign_and_done_records() -> None:
     seeks = p.add_grant(RangeSet.from_pairs([(0, 3)]), {TP: [(SlotRange(0, 3), start)]})
     assert seeks == {TP: 5}
     assert feed(p, log, 0) == [o for o in range(10, 24) if o % N_SLOTS < 4]
-    assert not p.admit(TP, 12, 4)  # already behind the cursor
-    assert not p.admit(("other", 0), 30, 0)  # unknown partition
+    assert not admit(p, TP, 12, 4)  # already behind the cursor
+    assert not admit(p, ("other", 0), 30, 0)  # unknown partition
     assert p.pending_count() == 6  # offsets 10, 11, 16, 17, 18, 19
     assert p.owned == RangeSet.from_pairs([(0, 3)])
 

@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from consumer_client.progress import ConsumerProgress, Grant
 from consumer_client.replay import ReplayWindow
-from coordinator.positions import Position
-from coordinator.ranges import RangeSet, SlotRange
+from coordinator.model.positions import Position
+from coordinator.model.ranges import RangeSet, SlotRange
 from tests.consumer_client.test_progress import (
     TP,
+    admit,
     expected_admitted,
     feed,
     fresh_take_over,
@@ -56,7 +57,7 @@ def test_window_returns_held_records_between_two_offsets_across_chunks() -> None
     assert offsets(window.between(11, 17)) == [11, 12, 14, 15, 16]
     assert offsets(window.between(0, 100)) == [10, 11, 12, 14, 15, 16, 17, 18]
     assert window.between(19, 30) == []
-    assert window.covers(10) and not window.covers(9)
+    assert window.start == 10  # every record from offset 10 on is held, 9 is not
 
 
 def test_window_drops_whole_chunks_beyond_its_limit_and_moves_its_start() -> None:
@@ -151,7 +152,7 @@ def test_a_finished_replay_covers_offsets_that_hold_no_record() -> None:
     p = ConsumerProgress()
     p.add_grant(RangeSet.from_pairs([(0, 3)]), {TP: [(SlotRange(0, 3), Position(0))]})
     for o in (0, 1, 2, 3, 4, 5, 7, 9):
-        p.admit(TP, o, 0)
+        admit(p, TP, o, 0)
         p.ack(TP, o)
     g2 = RangeSet.from_pairs([(4, 4)])
     p.add_grant(g2, {TP: [(SlotRange(4, 4), Position(5))]}, {TP: 0})
@@ -246,20 +247,24 @@ def test_a_replay_is_dispatched_before_records_already_queued() -> None:
     """Fetched records waiting in the backlog all lie at or above the cursor: the replay
     (below it) must go first, or a key of the granted range would run out of order."""
     from consumer_client import CoordinatedConsumer
-    from consumer_client.consumer import _Chunk
+    from consumer_client.chunk import Chunk
 
     consumer = CoordinatedConsumer(
         group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
     )
-    consumer.start_fetcher(RangeSet.from_pairs([(0, 3)]), {TP: [(SlotRange(0, 3), Position(0))]})
-    window = consumer._windows[TP] = ReplayWindow(0, 100)
+    consumer._callbacks.start_fetcher(
+        RangeSet.from_pairs([(0, 3)]), {TP: [(SlotRange(0, 3), Position(0))]}
+    )
+    window = consumer._fetcher.windows[TP] = ReplayWindow(0, 100)
     window.append(chunk(*range(0, 40)))
     for o in range(30):
-        consumer.progress.admit(TP, o, o % 8)
-    queued = _Chunk(None, TP, 0, consumer._session, chunk(*range(30, 40)))  # type: ignore[arg-type]
-    consumer._backlog.append(queued)
-    consumer.start_fetcher(RangeSet.from_pairs([(4, 7)]), {TP: [(SlotRange(4, 7), Position(5))]})
-    first, second = consumer._backlog
+        admit(consumer.progress, TP, o, o % 8)
+    queued = Chunk(TP, 0, consumer._session(), chunk(*range(30, 40)))
+    consumer._fetcher.backlog.append(queued)
+    consumer._callbacks.start_fetcher(
+        RangeSet.from_pairs([(4, 7)]), {TP: [(SlotRange(4, 7), Position(5))]}
+    )
+    first, second = consumer._fetcher.backlog
     assert first.replay is not None and offsets(first.records) == list(range(5, 30))
     assert second is queued
     assert consumer.stats.replayed == 25 and consumer.stats.rewinds == 0
@@ -278,13 +283,13 @@ def test_a_partition_owned_whole_holds_no_records() -> None:
 
     def fetched(*offsets: int) -> None:
         batch: dict[TopicPartition, list[Any]] = {TopicPartition(*TP): chunk(*offsets)}
-        consumer._queue_fetched(batch, {TP: 0}, consumer._session)
+        consumer._fetcher.queue_fetched(batch, {TP: 0}, consumer._session())
 
-    consumer.start_fetcher(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(0))]})
-    window = consumer._windows[TP] = ReplayWindow(0, 100)
+    consumer._callbacks.start_fetcher(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(0))]})
+    window = consumer._fetcher.windows[TP] = ReplayWindow(0, 100)
     fetched(*range(10))
     assert window.count == 0 and window.start == 10
-    asyncio.run(consumer.stop_fetcher(RangeSet.from_pairs([(0, 99)])))  # type: ignore[arg-type]
+    asyncio.run(consumer._callbacks.stop_fetcher(RangeSet.from_pairs([(0, 99)])))  # type: ignore[arg-type]
     assert not consumer.progress.partitions[TP].owns_everything
     fetched(*range(10, 20))
     assert window.count == 10 and offsets(window.between(0, 100)) == list(range(10, 20))

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from coordinator.broker import free_port
+from coordinator.local.processes import free_port
 from tests.deploy.chart import ROOT
 from tests.deploy.dockerfile import (
     Replay,

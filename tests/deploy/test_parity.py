@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from coordinator.assignor import known_assignors
-from coordinator.cli import build_parser
+from coordinator.cli.parser import build_parser
+from coordinator.strategies.registry import known_assignors
 from tests.api.fake_runtime import fake_runtime
 from tests.deploy.chart import CHART, FULL, MINIMAL, ROOT, container, find, manifests, service
 
@@ -63,7 +63,7 @@ def daemon_flags() -> dict[str, str]:
 
 
 def env_name(flag: str) -> str:
-    """The documented rule (coordinator/cli.py): KEYSHARD_ + flag, dashes to underscores."""
+    """The documented rule (coordinator/cli/parser.py): KEYSHARD_ + flag, dashes to underscores."""
     return "KEYSHARD_" + flag.removeprefix("--").replace("-", "_").upper()
 
 

@@ -20,10 +20,10 @@ import httpx
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from coordinator.broker import free_port, stop_process
-from coordinator.demo import worker_command
-from coordinator.ranges import RangeSet
-from coordinator.verify import Processed, Produced, read_processed
+from coordinator.local.demo import worker_command
+from coordinator.local.processes import free_port, stop_process
+from coordinator.local.verify import Processed, Produced, read_processed
+from coordinator.model.ranges import RangeSet
 
 T = TypeVar("T")
 GROUP = "demo"  # the worker command's group

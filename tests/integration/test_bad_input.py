@@ -26,19 +26,18 @@ import httpx
 import pytest
 
 from consumer_client import ConsumerError, CoordinatedConsumer
-from coordinator.broker import EmbeddedBroker, free_port
-from coordinator.protocol import (
-    PROTOCOL_VERSION,
+from coordinator.local.broker import EmbeddedBroker
+from coordinator.local.processes import free_port
+from coordinator.local.verify import check
+from coordinator.protocol.codec import PROTOCOL_VERSION, FrameDecoder, encode
+from coordinator.protocol.messages import (
     ErrorCode,
     ErrorResponse,
-    FrameDecoder,
     LeaveRequest,
     Message,
     RegisterRequest,
     StopFetcherRequest,
-    encode,
 )
-from coordinator.verify import check
 from tests.integration.harness import (
     GROUP,
     CoordinatorProcess,

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from coordinator.broker import EmbeddedBroker
-from coordinator.hashing import slot_for_key
-from coordinator.ranges import RangeSet
-from coordinator.store import StateStore
-from coordinator.verify import check
+from coordinator.local.broker import EmbeddedBroker
+from coordinator.local.verify import check
+from coordinator.model.hashing import slot_for_key
+from coordinator.model.ranges import RangeSet
+from coordinator.storage.kafka_store import KafkaStateStore
 from tests.integration.harness import (
     GROUP,
     CoordinatorProcess,
@@ -110,7 +110,7 @@ async def test_coordinator_restart_restores_positions(
 
 async def _stored_low_watermark_is(broker: EmbeddedBroker, expected: int) -> bool:
     """Read the state topic the way a restarted coordinator will."""
-    positions = (await StateStore(broker.bootstrap_servers).load()).get(GROUP)
+    positions = (await KafkaStateStore(broker.bootstrap_servers).load()).get(GROUP)
     return bool(positions) and min(p.minimum_offset() for p in positions.values()) == expected
 
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from coordinator.hashing import MAX_SLOT
-from coordinator.ranges import RangeSet
-from coordinator.verify import check
+from coordinator.local.verify import check
+from coordinator.model.hashing import MAX_SLOT
+from coordinator.model.ranges import RangeSet
 from tests.integration.harness import (
     CoordinatorProcess,
     Workers,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.broker import EmbeddedBroker
-from coordinator.hashing import slot_for_key
-from coordinator.verify import Processed, check
+from coordinator.local.broker import EmbeddedBroker
+from coordinator.local.verify import Processed, check
+from coordinator.model.hashing import slot_for_key
 from tests.integration.harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 
 pytestmark = pytest.mark.integration

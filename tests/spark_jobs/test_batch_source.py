@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from coordinator.hashing import SLOT_COUNT, slot_for_key
+from coordinator.model.hashing import SLOT_COUNT, slot_for_key
 from spark_jobs.source import register
 from tests.brokers import Broker
 from tests.integration.harness import create_topic, produce

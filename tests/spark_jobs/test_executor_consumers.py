@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from coordinator.broker import stop_process
-from coordinator.ranges import RangeSet
-from coordinator.verify import Processed, check, read_processed
+from coordinator.local.processes import stop_process
+from coordinator.local.verify import Processed, check, read_processed
+from coordinator.model.ranges import RangeSet
 from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for
 from tests.spark_jobs.handlers import OUT_ENV
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from coordinator.broker import free_port
+from coordinator.local.processes import free_port
 from spark_jobs.executors import StopWhen, _Counter, as_async, load_handler, run_executor_consumers
 
 if TYPE_CHECKING:

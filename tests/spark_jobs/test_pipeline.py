@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from coordinator.broker import free_port
+from coordinator.local.processes import free_port
 from spark_jobs import clickstream
 from spark_jobs.pipeline import run_pipeline
 from spark_jobs.sessionize import parse_click, reference_sessions

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.hashing import SLOT_COUNT
-from coordinator.positions import Position, RangePositionMap
-from coordinator.ranges import RangeSet, SlotRange
+from coordinator.model.hashing import SLOT_COUNT
+from coordinator.model.positions import Position, RangePositionMap
+from coordinator.model.ranges import RangeSet, SlotRange
 from spark_jobs.offsets import (
     GrantView,
     StreamOffset,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 from pyspark.errors import AnalysisException, StreamingQueryException
 
-from coordinator.broker import free_port
+from coordinator.local.processes import free_port
 from spark_jobs.source import register
 from tests.brokers import Broker
 from tests.integration.harness import CoordinatorProcess, create_topic

@@ -12,7 +12,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from consumer_client import CoordinatedConsumer
-from coordinator.verify import Produced
+from coordinator.local.verify import Produced
 from spark_jobs.source import register
 from tests.brokers import Broker
 from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for

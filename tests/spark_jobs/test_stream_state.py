@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coordinator.positions import Position, RangePositionMap
-from coordinator.ranges import RangeSet, SlotRange
+from coordinator.model.positions import Position, RangePositionMap
+from coordinator.model.ranges import RangeSet, SlotRange
 from spark_jobs.offsets import StreamOffset, next_offset
 from spark_jobs.stream_state import SourceState
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.broker import free_port
 from coordinator.kafka.connect import explain_failure
 from coordinator.kafka.settings import KafkaSettings
+from coordinator.local.processes import free_port
 from tests.conftest import SecuredKafka
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,173 @@
+"""`keyshard groups|status|where|rebalance|fence`: the CLI over the admin HTTP API.
+
+The CLI holds no logic of its own, only HTTP calls and tables: whatever it shows, the API
+and the dashboard show too. Every failure an operator can cause (daemon down, wrong
+token, unknown group) is one line on stderr and exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+TIMEOUT_S = 10.0
+
+
+class AdminError(Exception):
+    """A one-line, operator-facing failure."""
+
+
+def run_admin_command(args: argparse.Namespace) -> int:
+    # httpx logs every request at INFO: noise on an operator's terminal, not an error.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    console = Console()
+    try:
+        data = _call(args)
+    except AdminError as err:
+        print(f"keyshard {args.command}: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    _show(args, data, console)
+    return 0
+
+
+def _call(args: argparse.Namespace) -> Any:
+    base = str(args.admin).rstrip("/")
+    group = _segment(getattr(args, "group", ""))
+    match args.command:
+        case "groups":
+            return _request(args, "GET", f"{base}/v1/groups")
+        case "status":
+            return {
+                "group": _request(args, "GET", f"{base}/v1/groups/{group}"),
+                "handoffs": _request(args, "GET", f"{base}/v1/groups/{group}/handoffs"),
+            }
+        case "where":
+            params = {"topic": args.topic} if args.topic else None
+            url = f"{base}/v1/groups/{group}/keys/{_segment(args.key)}"
+            return _request(args, "GET", url, params=params)
+        case "rebalance":
+            return _request(args, "POST", f"{base}/v1/groups/{group}/rebalance")
+        case "fence":
+            url = f"{base}/v1/groups/{group}/members/{_segment(args.member)}"
+            return _request(args, "DELETE", url)
+    raise AdminError(f"unknown command {args.command!r}")
+
+
+def _segment(value: str) -> str:
+    """One URL path segment: a key may contain '/', '?' or spaces."""
+    return quote(value, safe="")
+
+
+def _request(
+    args: argparse.Namespace, method: str, url: str, params: dict[str, str] | None = None
+) -> Any:
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    try:
+        response = httpx.request(method, url, headers=headers, params=params, timeout=TIMEOUT_S)
+    except httpx.ConnectError:
+        raise AdminError(
+            f"cannot reach the keyshard daemon at {args.admin} (is it running?)"
+        ) from None
+    except httpx.TimeoutException:
+        raise AdminError(
+            f"the keyshard daemon at {args.admin} did not answer in {TIMEOUT_S} s"
+        ) from None
+    except httpx.HTTPError as err:
+        raise AdminError(f"request to {args.admin} failed: {err}") from None
+    if response.status_code >= 400:
+        raise AdminError(_describe_error(response, args))
+    try:
+        return response.json()
+    except ValueError:
+        raise AdminError(f"{args.admin} answered something that is not JSON") from None
+
+
+def _describe_error(response: httpx.Response, args: argparse.Namespace) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if not isinstance(detail, str):
+        detail = json.dumps(detail) if detail else response.reason_phrase
+    if response.status_code == 401:
+        return f"authentication needed: {detail} (use --token or KEYSHARD_ADMIN_TOKEN)"
+    if response.status_code == 403:
+        return f"not allowed: {detail}"
+    return f"{detail} (HTTP {response.status_code})"
+
+
+def _ranges(pairs: list[list[int]]) -> str:
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in pairs)
+    return text or "-"
+
+
+def _show(args: argparse.Namespace, data: Any, console: Console) -> None:
+    match args.command:
+        case "groups":
+            table = Table("group", "topics", "members", "owned slots", "unowned", "handoffs")
+            for g in data["groups"]:
+                table.add_row(
+                    g["group"],
+                    ", ".join(g["topics"]),
+                    str(g["members"]),
+                    str(g["owned_slots"]),
+                    str(g["unowned_slots"]),
+                    str(g["open_handoffs"]),
+                )
+            console.print(table)
+        case "status":
+            _show_status(data["group"], data["handoffs"], console)
+        case "where":
+            owner = data["owner"] or "nobody"
+            state = "BLOCKED" if data["blocked"] else "running"
+            console.print(f"key {data['key']!r} -> slot {data['slot']} -> {owner} ({state})")
+            for p in data["positions"]:
+                console.print(f"  {p['topic']}/{p['partition']}: next offset {p['next_offset']}")
+        case "rebalance":
+            console.print(f"group {data['group']}: target recomputed, {data['moved_slots']} moved")
+        case "fence":
+            console.print(f"member {data['member_id']} of group {data['group']} fenced")
+
+
+def _show_status(view: dict[str, Any], handoffs: dict[str, Any], console: Console) -> None:
+    console.print(
+        f"group [bold]{view['group']}[/bold]  topics {', '.join(view['topics'])}  "
+        f"assignor {view['assignor']}  unowned {_ranges(view['unowned'])}"
+    )
+    table = Table("member", "epoch", "slots", "ranges", "processed", "rate/s", "draining")
+    for m in view["members"]:
+        rate = m.get("processed_per_s")
+        table.add_row(
+            m["member_id"],
+            str(m["epoch"]),
+            str(m["slots"]),
+            _ranges(m["ranges"]),
+            str(m["processed"]),
+            "-" if rate is None else f"{rate:.1f}",
+            _ranges(m["draining"]["ranges"]) if m["draining"] else "",
+        )
+    console.print(table)
+    recent = Table("#", "kind", "from", "to", "ranges", "pause")
+    for h in handoffs["handoffs"][:10]:
+        pause = "in progress" if h["pause_s"] is None else f"{h['pause_s'] * 1000:.1f} ms"
+        recent.add_row(
+            str(h["handoff_id"]),
+            h["kind"],
+            h["from_member"],
+            ", ".join(h["to_members"]),
+            _ranges(h["ranges"]),
+            pause,
+        )
+    console.print(recent)

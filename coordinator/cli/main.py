@@ -1,0 +1,125 @@
+"""The `keyshard` command line: `main` dispatches to the command's module.
+
+Server commands import their modules only when they run, after checking that the extra
+they need is installed (`coordinator.cli.extras`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from coordinator.cli.extras import require_server_extra
+from coordinator.cli.parser import ADMIN_COMMANDS, build_parser
+from coordinator.group.state import GroupConfig
+
+# Commands that run a server part or call the admin API: they need `keyshard[server]`.
+SERVER_COMMANDS = {"broker", "coordinator", "demo", *ADMIN_COMMANDS}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    if args.command in SERVER_COMMANDS:
+        refused = require_server_extra(args.command)
+        if refused is not None:
+            return refused
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "broker":
+        from coordinator.local.broker import run_foreground
+
+        host, port = args.listen
+        return run_foreground(host, port, args.storage_engine)
+    if args.command == "coordinator":
+        return _run_coordinator(args)
+    if args.command in ADMIN_COMMANDS:
+        from coordinator.cli.admin import run_admin_command
+
+        return run_admin_command(args)
+    if args.command == "demo":
+        from coordinator.local.demo import run_demo
+
+        return run_demo(args)
+    if args.command == "demo-worker":
+        from coordinator.local.demo_worker import run_worker
+
+        return run_worker(args)
+    return 2
+
+
+def _run_coordinator(args: argparse.Namespace) -> int:
+    """Run the daemon until SIGINT/SIGTERM; without --bootstrap-servers on an embedded
+    broker, started first and stopped last."""
+    from coordinator.local.broker import EmbeddedBroker
+
+    if args.bootstrap_servers:
+        return _serve(args, args.bootstrap_servers)
+    broker = EmbeddedBroker()
+    broker.start()
+    logging.getLogger(__name__).info(
+        "embedded broker started on %s (pid %s)", broker.bootstrap_servers, broker.pid
+    )
+    try:
+        return _serve(args, broker.bootstrap_servers)
+    finally:
+        broker.stop()
+
+
+def _serve(args: argparse.Namespace, bootstrap_servers: str) -> int:
+    from coordinator.daemon import DaemonConfig, run_daemon
+
+    listen_host, listen_port = args.listen
+    admin_host, admin_port = args.admin_listen
+    config = DaemonConfig(
+        bootstrap_servers=bootstrap_servers,
+        listen_host=listen_host,
+        listen_port=listen_port,
+        admin_host=admin_host,
+        admin_port=admin_port,
+        state_topic=args.state_topic,
+        auth_token=args.auth_token,
+        admin_token=args.admin_token,
+        admin_auth_reads=bool(args.admin_auth_reads),
+        group_defaults=GroupConfig(
+            assignor=args.assignor,
+            drain_timeout_ms=int(args.drain_timeout_ms),
+            lost_member_margin_ms=int(args.lost_member_margin_ms),
+            rebalance_threshold=float(args.rebalance_threshold),
+            rebalance_hold_ms=int(args.rebalance_hold_ms),
+            balance_check_ms=int(args.balance_check_ms),
+            load_half_life_ms=int(args.load_half_life_ms),
+        ),
+        group_assignors=dict(args.group_assignor),
+        startup_grace_ms=int(args.startup_grace_ms),
+    )
+    kafka = args.bootstrap_servers or "the embedded broker"
+    try:
+        asyncio.run(run_daemon(config, announce=lambda line: print(line, flush=True)))
+    except TimeoutError:
+        print(f"keyshard coordinator: cannot start: Kafka at {kafka} did not answer in time",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    except OSError as err:
+        print(f"keyshard coordinator: cannot start: {err}", file=sys.stderr)
+        return 1
+    except Exception as err:
+        from aiokafka.errors import KafkaError
+
+        if isinstance(err, KafkaError):
+            print(f"keyshard coordinator: cannot reach Kafka at {kafka}: {err}", file=sys.stderr)
+            return 1
+        raise
+    return 0

@@ -1,0 +1,98 @@
+"""What a handler asks the runtime to do, and the `Result` it returns them in.
+
+Effects are values, like records: a handler never sends, closes or arms anything itself.
+The runtime carries them out after replaying the records of the same result, in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coordinator.group.records import Record
+from coordinator.model.positions import PositionUpdate
+from coordinator.model.ranges import RangeSet
+from coordinator.protocol.messages import ErrorCode
+
+
+@dataclass(frozen=True, slots=True)
+class SendStop:
+    member_id: str
+    ranges: RangeSet
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendStart:
+    member_id: str
+    ranges: RangeSet
+    epoch: int
+    positions: PositionUpdate
+    # Send only once positions up to this version are durable (GroupState.handoff_version).
+    durable_version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CloseMember:
+    member_id: str
+    code: ErrorCode
+    message: str
+
+
+# ---- timer keys: which timer, as a value the runtime dispatches on with `match` -------
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTimer:
+    """The member's session may have run out: re-armed by every reply it sends."""
+
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DrainTimer:
+    """The member's earliest StopFetcher drain deadline."""
+
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineTimer:
+    """The ranges of a lost member may move: it must have stopped by now."""
+
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GraceTimer:
+    """The start-up grace is over: grants may leave."""
+
+
+@dataclass(frozen=True, slots=True)
+class BalanceTimer:
+    """The periodic load check of a strategy that places by load."""
+
+
+TimerKey = SessionTimer | DrainTimer | QuarantineTimer | GraceTimer | BalanceTimer
+
+
+@dataclass(frozen=True, slots=True)
+class SetTimer:
+    """Arm `key` at `at`; arming a key again replaces its deadline (how sessions renew)."""
+
+    key: TimerKey
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    key: TimerKey
+
+
+Effect = SendStop | SendStart | CloseMember | SetTimer | CancelTimer
+
+
+@dataclass(slots=True)
+class Result:
+    records: list[Record] = field(default_factory=list)
+    effects: list[Effect] = field(default_factory=list)
+    error: tuple[ErrorCode, str] | None = None

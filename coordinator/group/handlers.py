@@ -1,0 +1,448 @@
+"""Pure group handlers: `(state, request, now) -> Result(records, effects, error)`.
+
+Nothing here performs I/O or reads a clock; the runtime (`coordinator.runtime`) applies the
+records with `replay` and carries out the effects (send StopFetcher/StartFetcher, close a
+channel, arm or cancel a keyed timer). Tests drive these with a hand-moved clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from coordinator.group.effects import (
+    BalanceTimer,
+    CancelTimer,
+    CloseMember,
+    DrainTimer,
+    GraceTimer,
+    QuarantineTimer,
+    Result,
+    SendStart,
+    SendStop,
+    SessionTimer,
+    SetTimer,
+    TimerKey,
+)
+from coordinator.group.records import (
+    DrainStarted,
+    GrantAcknowledged,
+    ImbalanceObserved,
+    MemberContacted,
+    MemberHeard,
+    MemberJoined,
+    MemberRemoved,
+    PositionsAdvanced,
+    QuarantineLifted,
+    RangesGranted,
+    RangesReleased,
+    RangesRevoked,
+    RebalanceRequested,
+    TargetComputed,
+)
+from coordinator.group.state import GroupState, HandoffKind, MemberPhase
+from coordinator.model.positions import Position, PositionUpdate, TopicPartition
+from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
+from coordinator.protocol.messages import ErrorCode
+from coordinator.strategies.base import (
+    Assignment,
+    AssignmentSpec,
+    Assignor,
+    ImbalanceMeter,
+    MemberSpec,
+    RangeValidator,
+)
+
+
+def register(
+    state: GroupState,
+    *,
+    member_id: str,
+    name: str,
+    capacity: int,
+    session_timeout_ms: int,
+    topics: tuple[str, ...],
+    partitions: tuple[TopicPartition, ...],
+    now: float,
+    fixed_ranges: RangeSet | None = None,
+    validate_ranges: RangeValidator | None = None,
+) -> Result:
+    """A consumer joins.
+
+    1. Validate: every member of a group reads the same topics, because the slot space is
+       shared by all of them (one key, one owner, in every topic).
+    2. A strategy with declared ranges (sticky) validates them against the other members'.
+    3. Record the member and arm its session timer.
+    The next `reconcile` computes the new target and starts the handoff.
+    """
+    if state.members and set(topics) != set(state.topics):
+        return Result(
+            error=(
+                ErrorCode.INCONSISTENT_TOPICS,
+                f"group {state.group!r} reads topics {sorted(state.topics)}; "
+                f"this consumer asked for {sorted(topics)}",
+            )
+        )
+    if validate_ranges is not None:
+        declared = {
+            mid: m.fixed_ranges for mid, m in state.members.items() if m.fixed_ranges is not None
+        }
+        problem = validate_ranges(declared, member_id, fixed_ranges)
+        if problem is not None:
+            return Result(error=(ErrorCode.INVALID_RANGES, problem))
+    return Result(
+        records=[
+            MemberJoined(
+                member_id, name, capacity, session_timeout_ms, topics, partitions, now, fixed_ranges
+            )
+        ],
+        effects=[SetTimer(SessionTimer(member_id), now + session_timeout_ms / 1000)],
+    )
+
+
+def ping_answered(
+    state: GroupState,
+    *,
+    member_id: str,
+    epoch: int,
+    positions: PositionUpdate,
+    load: Iterable[tuple[int, int]],
+    now: float,
+    high_watermarks: Iterable[tuple[TopicPartition, int]] = (),
+) -> Result:
+    """A Ping reply: proof of life, progress, load and the partition ends it sees.
+
+    1. Unknown member (fenced or removed meanwhile): error, nothing applied.
+    2. Renew the session.
+    3. A stale epoch still proves life but its positions are dropped: they may describe
+       ranges this member has since given up.
+    4. Positions are applied only for slots the member owns right now.
+    """
+    member = state.members.get(member_id)
+    if member is None:
+        return Result(error=(ErrorCode.UNKNOWN_MEMBER, f"member {member_id!r} is not in the group"))
+    result = Result(
+        records=[MemberHeard(member_id, now, tuple(load), tuple(high_watermarks))],
+        effects=[SetTimer(SessionTimer(member_id), now + member.session_timeout_ms / 1000)],
+    )
+    if epoch != member.epoch:
+        result.error = (
+            ErrorCode.STALE_EPOCH,
+            f"epoch {epoch} is stale, member {member_id!r} is at {member.epoch}",
+        )
+        return result
+    advanced = _clip_positions(positions, member.owned)
+    if advanced:
+        result.records.append(PositionsAdvanced(advanced))
+    return result
+
+
+def stop_completed(
+    state: GroupState,
+    *,
+    member_id: str,
+    ranges: RangeSet,
+    positions: PositionUpdate,
+    now: float,
+) -> Result:
+    """A StopFetcher reply: the member drained `ranges`; its final positions make them free.
+
+    Positions are applied before the release so the next owner starts exactly where this
+    one stopped: a graceful handoff produces no duplicates.
+    """
+    member = state.members.get(member_id)
+    if member is None:
+        return Result()  # fenced meanwhile: its ranges move from their last positions
+    released = ranges & member.draining
+    result = Result(records=[MemberHeard(member_id, now)])
+    advanced = _clip_positions(positions, released)
+    if advanced:
+        result.records.append(PositionsAdvanced(advanced))
+    if released:
+        result.records.append(RangesReleased(member_id, released, now))
+    left = [d for r, d in member.drains if r - released]
+    if left:
+        result.effects.append(SetTimer(DrainTimer(member_id), min(left)))
+    else:
+        result.effects.append(CancelTimer(DrainTimer(member_id)))
+    return result
+
+
+def stop_written(state: GroupState, *, member_id: str, ranges: RangeSet, now: float) -> Result:
+    """The StopFetcher for `ranges` left: the drain deadline counts from now.
+
+    A StopFetcher can wait behind an earlier StartFetcher to the same member (which waits
+    for a position write) or behind a busy loop; counting from the decision would leave
+    the member less than the drain timeout, and on an overloaded coordinator fence
+    members that drained in time. Deadlines only move later.
+    """
+    member = state.members.get(member_id)
+    if member is None or not member.drains:
+        return Result()
+    deadline = now + state.config.drain_timeout_ms / 1000
+    moved = [d if r - ranges else max(d, deadline) for r, d in member.drains]
+    return Result(
+        records=[DrainStarted(member_id, ranges, deadline)],
+        effects=[SetTimer(DrainTimer(member_id), min(moved))],
+    )
+
+
+def contacted(state: GroupState, *, member_id: str, now: float) -> Result:
+    """We are sending a member a request: it will restart its session clock on it."""
+    if member_id not in state.members:
+        return Result()
+    return Result(records=[MemberContacted(member_id, now)])
+
+
+def start_completed(state: GroupState, *, member_id: str, ranges: RangeSet, now: float) -> Result:
+    member = state.members.get(member_id)
+    if member is None:
+        return Result()
+    return Result(records=[MemberHeard(member_id, now), GrantAcknowledged(member_id, ranges, now)])
+
+
+def leave(state: GroupState, *, member_id: str, positions: PositionUpdate, now: float) -> Result:
+    """Graceful leave: the consumer drained everything and reports final positions, so its
+    ranges are free at once (no quarantine)."""
+    member = state.members.get(member_id)
+    if member is None:
+        return Result(error=(ErrorCode.UNKNOWN_MEMBER, f"member {member_id!r} is not in the group"))
+    result = Result()
+    advanced = _clip_positions(positions, member.owned)
+    if advanced:
+        result.records.append(PositionsAdvanced(advanced))
+    result.records.append(MemberRemoved(member_id, HandoffKind.LEAVE, None, now))
+    result.effects += [CancelTimer(SessionTimer(member_id)), CancelTimer(DrainTimer(member_id))]
+    return result
+
+
+def connection_lost(state: GroupState, *, member_id: str, now: float) -> Result:
+    """The channel closed without a Leave. The member's ranges wait until it must have
+    stopped on its own (session timeout after it last heard from us, plus a margin)."""
+    member = state.members.get(member_id)
+    if member is None:
+        return Result()
+    stopped_by = max(member.must_have_stopped_by(), now)
+    return _remove(state, member_id, HandoffKind.LOST, stopped_by, now, None)
+
+
+def timer_fired(state: GroupState, *, key: TimerKey, now: float) -> Result:
+    """A session, drain, quarantine or grace timer fired (`balance_check` has its own).
+
+    Timers may fire late or for a deadline that has moved since they were armed, so each
+    one judges again with what is known now:
+    - session: the member is lost only if nothing was heard for its session timeout;
+    - drain: the member is fenced only if a StopFetcher deadline really passed (else the
+      timer is re-armed for the earliest one left);
+    - quarantine: lost members' ranges whose wait is over become free;
+    - grace: nothing to record; the reconcile that follows may now grant.
+    """
+    match key:
+        case SessionTimer(member_id):
+            member = state.members.get(member_id)
+            if member is None or now < member.last_heard + member.session_timeout_ms / 1000:
+                return Result()
+            return _remove(
+                state,
+                member_id,
+                HandoffKind.LOST,
+                max(member.must_have_stopped_by(), now),
+                now,
+                (ErrorCode.FENCED_MEMBER, "session expired: no reply within the session timeout"),
+            )
+        case DrainTimer(member_id):
+            member = state.members.get(member_id)
+            if member is None or not member.drains:
+                return Result()
+            overdue = [ranges for ranges, deadline in member.drains if deadline <= now]
+            if not overdue:
+                return Result(effects=[SetTimer(key, min(d for _, d in member.drains))])
+            late = RangeSet(r for ranges in overdue for r in ranges)
+            return _remove(
+                state,
+                member_id,
+                HandoffKind.FENCED,
+                now + member.session_timeout_ms / 1000,
+                now,
+                (
+                    ErrorCode.FENCED_MEMBER,
+                    f"did not drain {late} within the drain deadline "
+                    f"of {state.config.drain_timeout_ms} ms",
+                ),
+            )
+        case QuarantineTimer():
+            if any(q.until <= now for q in state.quarantined):
+                return Result(records=[QuarantineLifted(now)])
+            return Result()
+        case GraceTimer() | BalanceTimer():
+            return Result()
+
+
+def _remove(
+    state: GroupState,
+    member_id: str,
+    reason: HandoffKind,
+    stopped_by: float,
+    now: float,
+    close: tuple[ErrorCode, str] | None,
+) -> Result:
+    member = state.members[member_id]
+    until = stopped_by + state.config.lost_member_margin_ms / 1000 if member.owned else None
+    result = Result(
+        records=[MemberRemoved(member_id, reason, until, now)],
+        effects=[CancelTimer(SessionTimer(member_id)), CancelTimer(DrainTimer(member_id))],
+    )
+    if until is not None:
+        result.effects.append(SetTimer(QuarantineTimer(member_id), until))
+    if close is not None:
+        result.effects.append(CloseMember(member_id, *close))
+    return result
+
+
+def assignment_spec(state: GroupState, now: float) -> AssignmentSpec:
+    """The assignor's inputs: members, their previous targets (stickiness), measured load."""
+    return AssignmentSpec(
+        members=tuple(
+            MemberSpec(m.member_id, m.capacity, m.fixed_ranges) for m in state.members.values()
+        ),
+        current={mid: state.target.get(mid, m.owned) for mid, m in state.members.items()},
+        slot_load=state.load.slot_load(now),
+    )
+
+
+def target_computed(
+    state: GroupState, assignment: Assignment, inputs_version: int
+) -> TargetComputed:
+    """The record adopting `assignment`, computed from the inputs as of `inputs_version`.
+
+    The runtime computes off the event loop, so members may have left meanwhile: their
+    share stays unassigned until the next recompute (which the newer inputs_version
+    schedules). Members that joined meanwhile get nothing until then either.
+    """
+    target = {mid: r for mid, r in assignment.ranges.items() if mid in state.members}
+    return TargetComputed(
+        tuple(sorted(target.items())), inputs_version, assignment.unassigned, assignment.notes
+    )
+
+
+_RENEWED_BY = 1.05
+_IN_FLIGHT = (MemberPhase.DRAINING, MemberPhase.STARTING)
+
+
+def balance_check(
+    state: GroupState,
+    *,
+    now: float,
+    imbalance: ImbalanceMeter | None,
+) -> Result:
+    """Periodic load check with hysteresis, for strategies that read load.
+
+    1. Re-arm the check.
+    2. Skip while a handoff is in flight or nothing was measured: moving boundaries on top
+       of moving boundaries is how thrashing starts.
+    3. Imbalance (busiest member's load share / capacity share) above the threshold starts
+       a clock; below it stops the clock; above it for `rebalance_hold_ms` requests a
+       rebalance, which recomputes the target with the measured load.
+    4. Until the group is back under the threshold, only an imbalance worse (by
+       `_RENEWED_BY`) than the one that set off the last load rebalance starts the clock:
+       when the strategy cannot pack the load any better (a few heavy keys over many
+       members), the same request every hold period would recompute the same target
+       forever, and move boundaries with every drift of the load.
+    """
+    config = state.config
+    result = Result(effects=[SetTimer(BalanceTimer(), now + config.balance_check_ms / 1000)])
+    busy = any(m.phase in _IN_FLIGHT for m in state.members.values())
+    if imbalance is None or not state.members or busy or state.quarantined:
+        return result
+    spec = assignment_spec(state, now)
+    if spec.slot_load is None:
+        return result
+    measured = imbalance(spec, state.target)
+    bar = config.rebalance_threshold
+    if state.last_rebalance_imbalance is not None:
+        bar = max(bar, state.last_rebalance_imbalance * _RENEWED_BY)
+    if measured <= config.rebalance_threshold:
+        if state.imbalanced_since is not None or state.last_rebalance_imbalance is not None:
+            result.records.append(ImbalanceObserved(None))
+    elif measured <= bar:
+        pass  # no worse than what the last rebalance was asked to fix
+    elif state.imbalanced_since is None:
+        result.records.append(ImbalanceObserved(now))
+    elif now - state.imbalanced_since >= config.rebalance_hold_ms / 1000:
+        reason = f"load imbalance {measured:.2f} > {bar:.2f}"
+        result.records.append(RebalanceRequested(reason, now, imbalance=measured))
+    return result
+
+
+def reconcile(
+    state: GroupState, *, now: float, assignor: Assignor, recompute: bool = True
+) -> Result:
+    """Drive ownership toward the target, in the order that keeps every key with one owner.
+
+    1. Recompute the target when membership changed (sticky: current target is the input).
+       With `recompute=False` a stale target is left for a later call: the runtime uses
+       that to fold a burst of joins into one recompute; steps 2 and 3 still run against
+       the current target, which is always a valid one.
+    2. Members owning slots outside their target get StopFetcher for exactly those slots;
+       everything else they own keeps flowing.
+    3. Slots nobody owns, drains or quarantines are granted to their target owner with
+       the positions where the previous owner stopped.
+    Grants wait while the coordinator is in its start-up grace period.
+
+    The cost is what changed, not the group's size: step 2 visits only the members
+    `replay` marked as owning slots outside their target (`state.excess`), step 3 only the
+    free slots (`state.free`) and the target ranges over them (`state.target_owners`).
+    """
+    result = Result()
+    if not state.members:
+        return result
+    target = state.target
+    excess = state.excess
+    free = state.free
+    if recompute and state.target_version != state.inputs_version:
+        record = target_computed(
+            state, assignor.assign(assignment_spec(state, now)), state.inputs_version
+        )
+        target = dict(record.target)
+        result.records.append(record)
+        excess = {
+            mid for mid, m in state.members.items() if m.owned - target.get(mid, EMPTY) - m.draining
+        }
+    epochs: dict[str, int] = {}
+    drain_timeout = state.config.drain_timeout_ms / 1000
+    for mid in sorted(excess):
+        member = state.members[mid]
+        revoke = member.owned - target.get(mid, EMPTY) - member.draining
+        if revoke:
+            epochs[mid] = member.epoch + 1
+            result.records.append(RangesRevoked(mid, revoke, epochs[mid], now + drain_timeout, now))
+            result.effects.append(SendStop(mid, revoke, epochs[mid]))
+            if not member.draining:
+                result.effects.append(SetTimer(DrainTimer(mid), now + drain_timeout))
+    if now < state.grants_allowed_at or not free:
+        return result
+    if target is state.target:
+        owners = state.target_owners(free)
+    else:
+        owners = {mid: t & free for mid, t in target.items() if mid in state.members}
+    for mid in sorted(owners):
+        grant = owners[mid] & free
+        if grant:
+            epochs[mid] = epochs.get(mid, state.members[mid].epoch) + 1
+            positions = {tp: state.position_map(tp).segments(grant) for tp in state.partitions}
+            result.records.append(RangesGranted(mid, grant, epochs[mid], now))
+            result.effects.append(
+                SendStart(mid, grant, epochs[mid], positions, state.handoff_version)
+            )
+            free = free - grant
+    return result
+
+
+def _clip_positions(
+    positions: PositionUpdate, allowed: RangeSet
+) -> tuple[tuple[TopicPartition, tuple[tuple[SlotRange, Position], ...]], ...]:
+    out = []
+    for tp, segments in positions.items():
+        clipped = tuple((part, pos) for seg, pos in segments for part in RangeSet((seg,)) & allowed)
+        if clipped:
+            out.append((tp, clipped))
+    return tuple(out)

@@ -1,0 +1,167 @@
+"""The records that change a group: every change of state is one of these values.
+
+Handlers return them, `replay` applies them, the runtime logs them; none of them is ever
+mutated. A record says what happened (a member joined, ranges were granted), not what to
+do next: what follows from it is the next `reconcile`'s business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coordinator.group.state import GroupConfig, HandoffKind
+from coordinator.model.positions import Position, RangePositionMap, TopicPartition
+from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
+
+
+@dataclass(frozen=True, slots=True)
+class MemberJoined:
+    member_id: str
+    name: str
+    capacity: int
+    session_timeout_ms: int
+    topics: tuple[str, ...]
+    partitions: tuple[TopicPartition, ...]
+    at: float
+    fixed_ranges: RangeSet | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberHeard:
+    member_id: str
+    at: float
+    load: tuple[tuple[int, int], ...] = ()
+    high_watermarks: tuple[tuple[TopicPartition, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MemberContacted:
+    member_id: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class PositionsAdvanced:
+    """Done offsets reported by an owner; merged by union, so positions never go back."""
+
+    updates: tuple[tuple[TopicPartition, tuple[tuple[SlotRange, Position], ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TargetComputed:
+    target: tuple[tuple[str, RangeSet], ...]
+    inputs_version: int
+    unassigned: RangeSet = EMPTY
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RebalanceRequested:
+    """Recompute the target with the current inputs (load moved, or an operator asked);
+    the assignor still starts from the current target, so only what must move moves."""
+
+    reason: str
+    at: float
+    imbalance: float | None = None  # what set it off, when the load did (not an operator)
+
+
+@dataclass(frozen=True, slots=True)
+class ImbalanceObserved:
+    since: float | None  # None: balanced again (under the threshold)
+
+
+@dataclass(frozen=True, slots=True)
+class RangesRevoked:
+    member_id: str
+    ranges: RangeSet
+    epoch: int
+    deadline: float
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class DrainStarted:
+    """The StopFetcher for `ranges` was written: the member's drain time runs from here,
+    not from the decision, which can be seconds earlier on a busy coordinator."""
+
+    member_id: str
+    ranges: RangeSet
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class RangesReleased:
+    member_id: str
+    ranges: RangeSet
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RangesGranted:
+    member_id: str
+    ranges: RangeSet
+    epoch: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class GrantAcknowledged:
+    member_id: str
+    ranges: RangeSet
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRemoved:
+    member_id: str
+    reason: HandoffKind  # LEAVE, LOST or FENCED: the kind of the handoff it opens
+    quarantine_until: float | None
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineLifted:
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class GrantsDeferred:
+    """After a coordinator (re)start nothing is granted until earlier owners must have
+    stopped: their sessions with the previous coordinator could still be running."""
+
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class PositionsLoaded:
+    tp: TopicPartition
+    positions: RangePositionMap
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfigChanged:
+    """An operator changed the group's knobs; they apply from the next decision on."""
+
+    config: GroupConfig
+    at: float
+
+
+Record = (
+    MemberJoined
+    | MemberHeard
+    | MemberContacted
+    | PositionsAdvanced
+    | TargetComputed
+    | RebalanceRequested
+    | ImbalanceObserved
+    | RangesRevoked
+    | DrainStarted
+    | RangesReleased
+    | RangesGranted
+    | GrantAcknowledged
+    | MemberRemoved
+    | QuarantineLifted
+    | GrantsDeferred
+    | PositionsLoaded
+    | GroupConfigChanged
+)

@@ -1,0 +1,202 @@
+"""`replay`: the only code that mutates a `GroupState`.
+
+Shaped like Kafka's new group coordinator: handlers (`coordinator.group.handlers`) are
+pure functions that read the state and return records plus effects; the runtime applies
+each record with `replay` and then carries out the effects. Keeping mutation in one place
+makes the handoff rules testable with a fake clock and no sockets, and makes every change
+of ownership a value that can be logged, persisted and asserted on.
+"""
+
+from __future__ import annotations
+
+from coordinator.group.records import (
+    DrainStarted,
+    GrantAcknowledged,
+    GrantsDeferred,
+    GroupConfigChanged,
+    ImbalanceObserved,
+    MemberContacted,
+    MemberHeard,
+    MemberJoined,
+    MemberRemoved,
+    PositionsAdvanced,
+    PositionsLoaded,
+    QuarantineLifted,
+    RangesGranted,
+    RangesReleased,
+    RangesRevoked,
+    RebalanceRequested,
+    Record,
+    TargetComputed,
+)
+from coordinator.group.state import GroupState, Handoff, HandoffKind, Member, Quarantine
+from coordinator.model.positions import RangePositionMap
+from coordinator.model.ranges import EMPTY, RangeSet
+
+
+def replay(state: GroupState, record: Record) -> None:
+    """Apply one record. The only function that mutates a GroupState."""
+    match record:
+        case MemberJoined():
+            state.members[record.member_id] = Member(
+                member_id=record.member_id,
+                name=record.name,
+                capacity=record.capacity,
+                session_timeout_ms=record.session_timeout_ms,
+                last_heard=record.at,
+                fixed_ranges=record.fixed_ranges,
+            )
+            state.topics = record.topics
+            state.partitions = record.partitions
+            state.inputs_version += 1
+        case MemberHeard():
+            member = state.members.get(record.member_id)
+            if member is not None:
+                member.last_heard = record.at
+                if record.load:
+                    member.load = dict(record.load)
+                    member.processed += sum(c for _, c in record.load)
+                    state.load.add(record.load, record.at)
+                for tp, offset in record.high_watermarks:
+                    state.high_watermarks[tp] = max(state.high_watermarks.get(tp, 0), offset)
+        case MemberContacted():
+            member = state.members.get(record.member_id)
+            if member is not None:
+                member.last_contacted = max(member.last_contacted, record.at)
+        case PositionsAdvanced():
+            for tp, segments in record.updates:
+                pmap = state.positions.get(tp)
+                if pmap is None:
+                    pmap = state.positions[tp] = RangePositionMap()
+                for seg, pos in segments:
+                    merged = [
+                        (part, old.union(pos)) for part, old in pmap.segments(RangeSet((seg,)))
+                    ]
+                    pmap.update(merged)
+            state.positions_version += 1
+        case TargetComputed():
+            state.target = dict(record.target)
+            state.target_version = record.inputs_version
+            state.unassigned = record.unassigned
+            state.notes = record.notes
+            state.target_index = sorted(
+                (r.start, r.end, mid) for mid, ranges in record.target for r in ranges
+            )
+            state.excess = {mid for mid in state.members if _has_excess(state, mid)}
+        case RebalanceRequested():
+            state.inputs_version += 1
+            state.imbalanced_since = None
+            state.last_rebalance_imbalance = record.imbalance
+        case ImbalanceObserved():
+            state.imbalanced_since = record.since
+            if record.since is None:
+                state.last_rebalance_imbalance = None
+        case RangesRevoked():
+            member = state.members[record.member_id]
+            member.draining = member.draining | record.ranges
+            member.epoch = record.epoch
+            member.last_contacted = max(member.last_contacted, record.at)
+            member.drains.append((record.ranges, record.deadline))
+            _refresh_excess(state, record.member_id)
+            _open_handoff(state, HandoffKind.REVOKE, record.member_id, record.ranges, record.at)
+        case DrainStarted():
+            member = state.members.get(record.member_id)
+            if member is not None:
+                member.drains = [
+                    (ranges, deadline if ranges - record.ranges else max(deadline, record.deadline))
+                    for ranges, deadline in member.drains
+                ]
+        case RangesReleased():
+            member = state.members[record.member_id]
+            state.free = state.free | (record.ranges & member.owned)
+            state.handoff_version = state.positions_version
+            member.owned = member.owned - record.ranges
+            member.draining = member.draining - record.ranges
+            member.starting = member.starting - record.ranges
+            member.drains = [
+                (left, deadline)
+                for ranges, deadline in member.drains
+                if (left := ranges - record.ranges)
+            ]
+            _refresh_excess(state, record.member_id)
+            _mark_released(state, record.ranges, record.at)
+        case RangesGranted():
+            member = state.members[record.member_id]
+            member.owned = member.owned | record.ranges
+            member.starting = member.starting | record.ranges
+            member.epoch = record.epoch
+            member.last_contacted = max(member.last_contacted, record.at)
+            state.free = state.free - record.ranges
+            _refresh_excess(state, record.member_id)
+            for h in state.open:
+                if h.waiting.overlaps(record.ranges) and record.member_id not in h.to_members:
+                    h.to_members.append(record.member_id)
+        case GrantAcknowledged():
+            member = state.members[record.member_id]
+            member.starting = member.starting - record.ranges
+            for h in list(state.open):
+                if h.waiting.overlaps(record.ranges):
+                    h.waiting = h.waiting - record.ranges
+                    if not h.waiting:
+                        h.resumed_at = record.at
+                        state.open.remove(h)
+        case MemberRemoved():
+            member = state.members.pop(record.member_id)
+            state.target.pop(record.member_id, None)
+            state.excess.discard(record.member_id)
+            if member.owned:
+                state.handoff_version = state.positions_version
+                kind = record.reason
+                if record.quarantine_until is not None:
+                    state.quarantined.append(
+                        Quarantine(member.owned, record.quarantine_until, member.member_id)
+                    )
+                # Ranges already draining have an open "revoke" handoff; the rest open one.
+                fresh = member.owned - member.draining
+                if fresh:
+                    _open_handoff(state, kind, member.member_id, fresh, record.at)
+                if record.quarantine_until is None:
+                    state.free = state.free | member.owned
+                    _mark_released(state, member.owned, record.at)
+            state.inputs_version += 1
+        case QuarantineLifted():
+            lifted = [q for q in state.quarantined if q.until <= record.at]
+            state.quarantined = [q for q in state.quarantined if q.until > record.at]
+            for q in lifted:
+                state.free = state.free | q.ranges
+                _mark_released(state, q.ranges, record.at)
+        case GrantsDeferred():
+            state.grants_allowed_at = record.until
+        case PositionsLoaded():
+            state.positions[record.tp] = record.positions.copy()
+        case GroupConfigChanged():
+            state.config = record.config
+
+
+def _open_handoff(
+    state: GroupState, kind: HandoffKind, member_id: str, ranges: RangeSet, at: float
+) -> None:
+    if len(state.handoffs) == state.handoffs.maxlen and state.handoffs[0] in state.open:
+        state.open.remove(state.handoffs[0])  # forgotten: history is bounded
+    handoff = Handoff(state.next_handoff_id, kind, member_id, ranges, at, waiting=ranges)
+    state.handoffs.append(handoff)
+    state.open.append(handoff)
+    state.next_handoff_id += 1
+
+
+def _has_excess(state: GroupState, member_id: str) -> bool:
+    member = state.members[member_id]
+    return bool(member.owned - state.target.get(member_id, EMPTY) - member.draining)
+
+
+def _refresh_excess(state: GroupState, member_id: str) -> None:
+    if member_id in state.members and _has_excess(state, member_id):
+        state.excess.add(member_id)
+    else:
+        state.excess.discard(member_id)
+
+
+def _mark_released(state: GroupState, ranges: RangeSet, at: float) -> None:
+    for h in state.open:
+        if h.released_at is None and h.ranges.overlaps(ranges):
+            h.released_at = at

@@ -1,0 +1,201 @@
+"""A group's state: its members, their ranges, the target, positions and handoffs.
+
+Plain data read by the pure handlers (`coordinator.group.handlers`) and changed only by
+`coordinator.group.replay`; the derived indexes at the bottom of `GroupState` are kept
+by `replay` so that `reconcile` costs what changed, not the group's size.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from coordinator.group.load import BucketLoad
+from coordinator.model.hashing import MAX_SLOT
+from coordinator.model.positions import RangePositionMap, TopicPartition
+from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
+from coordinator.strategies.registry import DEFAULT_STRATEGY
+
+MAX_HANDOFF_HISTORY = 200
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """Per-group knobs; defaults come from the daemon's flags."""
+
+    assignor: str = DEFAULT_STRATEGY
+    drain_timeout_ms: int = 10_000
+    # Load-driven rebalancing (strategies that read load): move boundaries only when the
+    # busiest member's load share / capacity share exceeds this factor, measured with every
+    # slot counted at most as the smallest member's share (no assignment can split a
+    # hotter slot, so chasing it only thrashes)...
+    rebalance_threshold: float = 1.25
+    # ...continuously for this long (hysteresis: no thrashing on bursts).
+    rebalance_hold_ms: int = 30_000
+    balance_check_ms: int = 5_000
+    load_half_life_ms: int = 30_000
+    # Extra wait past a lost member's session timeout before its ranges move, covering
+    # clock skew and the member's own detection delay.
+    lost_member_margin_ms: int = 500
+    ping_interval_ms: int | None = None  # None: a third of each member's session timeout
+
+
+class MemberPhase(StrEnum):
+    """Where a member stands in the handoff, as the logs and the admin API show it.
+
+    Derived from its range sets (`Member.phase`), in this order of precedence: a member
+    that is draining some ranges while others start is shown draining, because that is
+    what a handoff waits for.
+    """
+
+    DRAINING = "draining"  # a StopFetcher is out: ranges wait for its final positions
+    STARTING = "starting"  # a StartFetcher is out and not yet acknowledged
+    RUNNING = "running"  # owns ranges, nothing in flight
+    IDLE = "idle"  # owns nothing: just joined, or everything it had moved away
+
+
+class HandoffKind(StrEnum):
+    """Why ranges left a member: a revoke it drains, or how the member itself left."""
+
+    REVOKE = "revoke"  # the target moved them: StopFetcher, drain, final positions
+    LEAVE = "leave"  # a graceful Leave with final positions
+    LOST = "lost"  # its channel closed, its session expired, or an operator fenced it
+    FENCED = "fenced"  # it missed a drain deadline
+
+
+@dataclass(slots=True)
+class Member:
+    member_id: str
+    name: str
+    capacity: int
+    session_timeout_ms: int
+    last_heard: float
+    epoch: int = 1
+    owned: RangeSet = EMPTY  # granted (start sent) and not yet released, includes draining
+    draining: RangeSet = EMPTY  # StopFetcher sent, final positions not yet back
+    # One deadline per StopFetcher: a later stop gets its own full drain timeout.
+    drains: list[tuple[RangeSet, float]] = field(default_factory=list)
+    starting: RangeSet = EMPTY  # StartFetcher sent, not yet acknowledged
+    # When we last sent it a request: it restarts its own session clock on every one.
+    last_contacted: float = 0.0
+    fixed_ranges: RangeSet | None = None  # declared at Register (sticky strategy)
+    load: dict[int, int] = field(default_factory=dict)
+    processed: int = 0
+
+    @property
+    def phase(self) -> MemberPhase:
+        if self.draining:
+            return MemberPhase.DRAINING
+        if self.starting:
+            return MemberPhase.STARTING
+        return MemberPhase.RUNNING if self.owned else MemberPhase.IDLE
+
+    @property
+    def drain_deadline(self) -> float | None:
+        return min((deadline for _, deadline in self.drains), default=None)
+
+    def must_have_stopped_by(self) -> float:
+        """Without contact a member stops itself one session timeout after the last thing
+        it heard from us, which is no earlier than our last request or its last reply."""
+        return max(self.last_heard, self.last_contacted) + self.session_timeout_ms / 1000
+
+
+@dataclass(slots=True)
+class Quarantine:
+    """Ranges of a lost member that may not move before `until`: by then it has stopped."""
+
+    ranges: RangeSet
+    until: float
+    former_member: str
+
+
+@dataclass(slots=True)
+class Handoff:
+    """One movement of ranges away from a member, until they run again elsewhere."""
+
+    handoff_id: int
+    kind: HandoffKind
+    from_member: str
+    ranges: RangeSet
+    started_at: float
+    released_at: float | None = None
+    resumed_at: float | None = None
+    waiting: RangeSet = EMPTY  # part of `ranges` not yet running on a new owner
+    to_members: list[str] = field(default_factory=list)
+
+    @property
+    def pause_s(self) -> float | None:
+        return None if self.resumed_at is None else self.resumed_at - self.started_at
+
+
+@dataclass(slots=True)
+class GroupState:
+    group: str
+    config: GroupConfig = field(default_factory=GroupConfig)
+    topics: tuple[str, ...] = ()
+    partitions: tuple[TopicPartition, ...] = ()
+    members: dict[str, Member] = field(default_factory=dict)
+    target: dict[str, RangeSet] = field(default_factory=dict)
+    unassigned: RangeSet = EMPTY  # slots the strategy gives nobody: their records wait
+    notes: tuple[str, ...] = ()  # what the strategy reported (e.g. a slot too hot to split)
+    load: BucketLoad = field(default_factory=BucketLoad)
+    imbalanced_since: float | None = None
+    # The imbalance that set off the last load rebalance, until the group is back under the
+    # threshold: while the measure is no worse than this (+5%), asking again would only
+    # recompute what the strategy already placed (a load it cannot pack any better).
+    last_rebalance_imbalance: float | None = None
+    # Partition ends as the members' fetches last saw them: what lag is measured against.
+    high_watermarks: dict[TopicPartition, int] = field(default_factory=dict)
+    quarantined: list[Quarantine] = field(default_factory=list)
+    positions: dict[TopicPartition, RangePositionMap] = field(default_factory=dict)
+    handoffs: deque[Handoff] = field(default_factory=lambda: deque(maxlen=MAX_HANDOFF_HISTORY))
+    grants_allowed_at: float = 0.0
+    next_handoff_id: int = 1
+    inputs_version: int = 0  # bumped by whatever should make the target be recomputed
+    target_version: int = -1
+    positions_version: int = 0
+    # The positions_version when slots last stopped being owned: a StartFetcher needs the
+    # positions durable up to here (where the previous owners stopped), not up to the
+    # newest ping's progress on slots it does not touch.
+    handoff_version: int = 0
+    # Derived indexes kept by `replay` so that `reconcile` costs what changed, not the
+    # group's size (thousands of members would otherwise make every reply O(members)):
+    # slots nobody owns or quarantines (== busy().complement()),
+    free: RangeSet = field(default_factory=RangeSet.full)
+    # members owning slots outside their target and not yet draining them,
+    excess: set[str] = field(default_factory=set)
+    # every target range as (start, end, member), by start, for "whose target is slot s",
+    target_index: list[tuple[int, int, str]] = field(default_factory=list)
+    # and the handoffs not yet resumed (a subset of `handoffs`).
+    open: list[Handoff] = field(default_factory=list)
+
+    def position_map(self, tp: TopicPartition) -> RangePositionMap:
+        """The positions of `tp`, for reading: a partition nobody reported on yet is
+        everywhere at offset 0 (a fresh map, not stored: only `replay` adds maps)."""
+        pmap = self.positions.get(tp)
+        return RangePositionMap() if pmap is None else pmap
+
+    def busy(self) -> RangeSet:
+        """Slots that someone owns or that are waiting out a lost member's quarantine."""
+        ranges = [r for m in self.members.values() for r in m.owned]
+        ranges += [r for q in self.quarantined for r in q.ranges]
+        return RangeSet(ranges)
+
+    def open_handoffs(self) -> list[Handoff]:
+        return list(self.open)
+
+    def target_owners(self, slots: RangeSet) -> dict[str, RangeSet]:
+        """The part of `slots` in each present member's target: O(pieces touched)."""
+        index = self.target_index
+        parts: dict[str, list[SlotRange]] = {}
+        for r in slots:
+            i = max(0, bisect_right(index, (r.start, MAX_SLOT + 1, "")) - 1)
+            while i < len(index) and index[i][0] <= r.end:
+                start, end, mid = index[i]
+                lo, hi = max(start, r.start), min(end, r.end)
+                if lo <= hi and mid in self.members:
+                    parts.setdefault(mid, []).append(SlotRange(lo, hi))
+                i += 1
+        return {mid: RangeSet(rs) for mid, rs in parts.items()}

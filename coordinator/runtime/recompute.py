@@ -1,0 +1,133 @@
+"""When and where a group's stale target is recomputed.
+
+A recompute is O(members) or worse: ~1.5 s of CPU at 5,000 members. Two rules keep it
+from hurting a busy coordinator:
+
+- **When**: a lone change at once; a change that follows another within `quiet_s` (a
+  storm of joins) once membership has been quiet for `quiet_s`, so the storm shares one
+  recompute instead of paying one per wave, each wave moving what the last one placed;
+  no later than `max_defer_s` after the target went stale; and never sooner than the
+  last recompute's own duration after it ended.
+- **Where**: in a worker thread, on a frozen snapshot of the inputs (`AssignmentSpec`).
+  Inline it blocked the loop for its whole duration: no reply read, no timer on time,
+  no connection accepted. In a thread the loop keeps its share of the GIL every switch
+  interval. The result is adopted on the loop (`handlers.target_computed`), tagged with
+  the inputs version it was computed from, so a membership change meanwhile simply
+  leaves the target stale and schedules the next one.
+
+The handoff order is unaffected: a recompute only changes the target; the runtime's
+reconcile then drives revokes before grants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from coordinator.group import handlers
+from coordinator.group.records import TargetComputed
+from coordinator.group.state import GroupState
+from coordinator.runtime.activity import Activity
+from coordinator.strategies.registry import strategy_named
+
+log = logging.getLogger(__name__)
+Adopt = Callable[[str, GroupState, TargetComputed], None]
+
+
+@dataclass
+class _Schedule:
+    stale_since: float  # when the target went stale (perf_counter)
+    changed_at: float  # when inputs last changed
+    version: int  # inputs_version seen at `changed_at`
+    burst: bool  # changes are coming close together: wait for a quiet moment
+
+
+class TargetRecomputer:
+    def __init__(
+        self,
+        adopt: Adopt,
+        activity: Activity,
+        clock: Callable[[], float],
+        *,
+        quiet_s: float = 0.1,
+        max_defer_s: float = 2.0,
+    ) -> None:
+        self._adopt = adopt
+        self._activity = activity
+        self._clock = clock
+        self.quiet_s = quiet_s
+        self.max_defer_s = max_defer_s
+        self._pending: dict[str, _Schedule] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._ended: dict[str, float] = {}
+        self._took: dict[str, float] = {}
+        self._seen: dict[str, int] = {}  # per group: the inputs_version last seen
+        self._changed: dict[str, float] = {}  # and when it changed
+
+    @property
+    def scheduled(self) -> set[str]:
+        return {group for group, task in self._tasks.items() if not task.done()}
+
+    def stale(self, group: str, state: GroupState) -> None:
+        """The group's target is stale (inputs changed): make sure a recompute follows."""
+        now = time.perf_counter()
+        version = state.inputs_version
+        changed = self._seen.get(group) != version
+        burst = False
+        if changed:
+            previous = self._changed.get(group)
+            burst = previous is not None and now - previous < self.quiet_s
+            self._seen[group], self._changed[group] = version, now
+        pending = self._pending.get(group)
+        if pending is None:
+            self._pending[group] = _Schedule(now, now, version, burst)
+        elif changed:
+            pending.changed_at, pending.version = now, version
+            pending.burst = pending.burst or burst
+        running = self._tasks.get(group)
+        if running is None or running.done():
+            task = asyncio.create_task(self._run(group, state), name=f"recompute-{group}")
+            self._tasks[group] = task
+            task.add_done_callback(partial(self._finished, group))
+
+    def _finished(self, group: str, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(group) is task:
+            del self._tasks[group]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("recompute of group %s failed", group, exc_info=task.exception())
+
+    def cancel(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+
+    def _due_in(self, group: str, schedule: _Schedule) -> float:
+        now = time.perf_counter()
+        quiet = schedule.changed_at + (self.quiet_s if schedule.burst else 0.0)
+        latest = schedule.stale_since + self.max_defer_s
+        spaced = self._ended.get(group, 0.0) + self._took.get(group, 0.0)
+        return max(min(quiet, latest), spaced) - now
+
+    async def _run(self, group: str, state: GroupState) -> None:
+        while (schedule := self._pending.get(group)) is not None:
+            wait = self._due_in(group, schedule)
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            del self._pending[group]
+            if not state.members or state.target_version == state.inputs_version:
+                continue
+            version = state.inputs_version
+            spec = handlers.assignment_spec(state, self._clock())
+            assignor = strategy_named(state.config.assignor).assignor
+            began = time.perf_counter()
+            assignment = await asyncio.to_thread(assignor.assign, spec)
+            ended = time.perf_counter()
+            self._ended[group], self._took[group] = ended, ended - began
+            self._activity.timed("recompute", ended - began)
+            # Adopting may find the inputs changed again: that calls `stale`, which
+            # queues the next round for this same loop.
+            self._adopt(group, state, handlers.target_computed(state, assignment, version))

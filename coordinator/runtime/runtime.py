@@ -1,0 +1,523 @@
+"""The coordinator's I/O shell around the pure group handlers.
+
+Every event (a Register, a reply, a closed channel, a timer) becomes one handler call; the
+returned records are replayed into the group state, then `reconcile` runs and its records
+and effects are applied the same way. Effects are the only place this module talks to the
+outside: requests to members (`coordinator.runtime.sender`), closing channels, timers and
+the state store. Positions are made durable before any StartFetcher leaves, so a range
+always starts from a stored position even if this process dies right after.
+
+The admin side gets two public doors and nothing else: `group_states()` to read, and
+`apply_records()` (used by `coordinator.runtime.operations`) to act, through the same
+replay -> reconcile -> effects path as a consumer's request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import math
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Coroutine, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from coordinator.group import handlers
+from coordinator.group.effects import (
+    BalanceTimer,
+    CancelTimer,
+    CloseMember,
+    DrainTimer,
+    GraceTimer,
+    Result,
+    SendStart,
+    SendStop,
+    SessionTimer,
+    SetTimer,
+    TimerKey,
+)
+from coordinator.group.load import BucketLoad
+from coordinator.group.records import (
+    DrainStarted,
+    GrantsDeferred,
+    MemberContacted,
+    MemberHeard,
+    MemberRemoved,
+    PositionsAdvanced,
+    PositionsLoaded,
+    RebalanceRequested,
+    Record,
+    TargetComputed,
+)
+from coordinator.group.replay import replay
+from coordinator.group.state import GroupState, MemberPhase
+from coordinator.protocol.channel import Channel, ChannelClosed, RemoteError
+from coordinator.protocol.messages import (
+    ErrorCode,
+    Message,
+    PartitionPositions,
+    PingRequest,
+    PingResponse,
+    RegisterRequest,
+    RegisterResponse,
+)
+from coordinator.protocol.wire import positions_from_wire, ranges_from_wire
+from coordinator.runtime.activity import Activity, report_loop, watch_loop
+from coordinator.runtime.durability import PositionWriter
+from coordinator.runtime.metadata import CoalescedPartitionCounts
+from coordinator.runtime.recompute import TargetRecomputer
+from coordinator.runtime.sender import OrderedSender, reply_timeout
+from coordinator.runtime.settings import RuntimeSettings
+from coordinator.runtime.timers import AsyncioTimers, Clock, Timers
+from coordinator.runtime.verdicts import PendingReplies, settled
+from coordinator.storage.base import ClusterMetadata, StateStore
+from coordinator.strategies.registry import strategy_named
+
+log = logging.getLogger(__name__)
+PING_TICK_S = 0.1
+PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced, DrainStarted)
+# How long stopping waits for the last offset commits (tooling only) before closing.
+COMMIT_ON_STOP_S = 5.0
+TimerId = tuple[str, TimerKey]  # (group, key)
+
+
+class CoordinatorError(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class CoordinatorRuntime:
+    def __init__(
+        self,
+        settings: RuntimeSettings,
+        store: StateStore,
+        *,
+        metadata: ClusterMetadata,
+        clock: Clock = time.monotonic,
+        timers: Timers[TimerId] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.metadata = metadata
+        self.clock = clock
+        self.timers: Timers[TimerId] = timers or AsyncioTimers(clock)
+        self.channels: dict[tuple[str, str], Channel] = {}
+        self.ready = False
+        self._groups: dict[str, GroupState] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._grants_allowed_at = 0.0
+        self._partition_counts = CoalescedPartitionCounts(metadata)
+        self.activity = Activity()
+        self.writer = PositionWriter(store, self._groups, self.activity, self._spawn)
+        self._recomputer = TargetRecomputer(
+            self._adopt_target,
+            self.activity,
+            clock,
+            quiet_s=settings.recompute_quiet_ms / 1000,
+            max_defer_s=settings.recompute_max_defer_ms / 1000,
+        )
+        self._replies = PendingReplies()
+        self._sender = OrderedSender(
+            groups=self._groups,
+            channels=self.channels,
+            writer=self.writer,
+            replies=self._replies,
+            activity=self.activity,
+            clock=clock,
+            run=self._run,
+            contacted=self._contacted,
+        )
+
+    # ---- lifecycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.store.start()
+        loaded = await self.store.load()
+        self._grants_allowed_at = self.clock() + self.settings.startup_grace_ms / 1000
+        for group, positions in loaded.items():
+            state = self._group(group)
+            for tp, pmap in positions.items():
+                replay(state, PositionsLoaded(tp, pmap))
+            self.writer.durable(group, state.positions_version)
+        log.info("state loaded: %d group(s) from %s", len(loaded), self.settings.state_topic)
+        self.ready = True
+        self._spawn(self.writer.run(self.settings.flush_interval_ms / 1000), "flush-loop")
+        self._spawn(watch_loop(self.activity), "loop-lag")
+        self._spawn(report_loop(self.activity, self._gauges), "activity-report")
+
+    async def stop(self) -> None:
+        """Stop deciding, close the members' channels, store the last positions, let the
+        offset commits that write set off land, then stop the store: in that order, so
+        nothing is still using the store's clients when they close."""
+        self.ready = False
+        self._recomputer.cancel()
+        await self._cancel_tasks()
+        for channel in list(self.channels.values()):
+            channel.close("coordinator shutting down")
+        self.timers.cancel_all()
+        with contextlib.suppress(Exception):
+            await self.writer.flush_all()
+        if self._tasks:  # the low-watermark commits of that last write
+            await asyncio.wait(list(self._tasks), timeout=COMMIT_ON_STOP_S)
+        await self._cancel_tasks()
+        await self.store.stop()
+
+    async def _cancel_tasks(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- the admin side's doors -----------------------------------------------------
+
+    def group_states(self) -> Mapping[str, GroupState]:
+        """Every group's live state, read-only: views read it in place (same loop, no
+        copies); changing it goes through `apply_records`."""
+        return MappingProxyType(self._groups)
+
+    def apply_records(
+        self, group: str, records: Sequence[Record], *, reconcile: bool = True
+    ) -> None:
+        """An operator's action, as records, through the one apply path: replayed, then
+        (unless `reconcile` is False: nothing that moves ownership) reconciled, and the
+        effects carried out. So no operator action can bypass the handoff rules."""
+        result = Result(records=list(records))
+        if reconcile:
+            self._run(group, result)
+        else:
+            self._apply(group, self._groups[group], result)
+
+    # ---- events from channels -----------------------------------------------------
+
+    async def register(self, channel: Channel, request: RegisterRequest) -> RegisterResponse:
+        """Validate a Register, admit the member and start pinging it."""
+        if not self.ready:
+            raise CoordinatorError(ErrorCode.NOT_COORDINATOR, "coordinator is still starting")
+        expected = self.settings.auth_token
+        if expected is not None and not hmac.compare_digest(
+            (request.auth_token or "").encode(), expected.encode()
+        ):
+            raise CoordinatorError(ErrorCode.AUTHENTICATION_FAILED, "invalid or missing auth token")
+        topics = tuple(request.topics)
+        counts = await self._partition_counts.get(topics)
+        missing = [t for t in topics if t not in counts]
+        if missing:
+            raise CoordinatorError(
+                ErrorCode.UNKNOWN_TOPIC,
+                f"topic(s) {missing} do not exist on {self.settings.bootstrap_servers}",
+            )
+        partitions = tuple((t, p) for t in sorted(topics) for p in range(counts[t]))
+        state = self._group(request.group)
+        member_id = f"{request.consumer_name}-{uuid.uuid4().hex[:8]}"
+        result = handlers.register(
+            state,
+            member_id=member_id,
+            name=request.consumer_name,
+            capacity=request.capacity,
+            session_timeout_ms=request.session_timeout_ms,
+            topics=topics,
+            partitions=partitions,
+            now=self.clock(),
+            fixed_ranges=(
+                None if request.fixed_ranges is None else ranges_from_wire(request.fixed_ranges)
+            ),
+            validate_ranges=strategy_named(state.config.assignor).validate_ranges,
+        )
+        if result.error is not None:
+            raise CoordinatorError(*result.error)
+        self.channels[(request.group, member_id)] = channel
+        self._run(request.group, result)
+        member = state.members[member_id]
+        interval_ms = self._ping_interval_ms(state, member.session_timeout_ms)
+        self._spawn(
+            self._ping_loop(request.group, member_id, channel, interval_ms / 1000),
+            f"ping-{member_id}",
+        )
+        self.activity.count("joined")
+        log.info("member %s joined group %s (%s)", member_id, request.group, channel.peer)
+        return RegisterResponse(
+            correlation_id=0,
+            member_id=member_id,
+            member_epoch=member.epoch,
+            ping_interval_ms=interval_ms,
+            session_timeout_ms=member.session_timeout_ms,
+        )
+
+    def leave(
+        self, group: str, member_id: str, positions: list[PartitionPositions]
+    ) -> ErrorCode | None:
+        state = self._groups.get(group)
+        if state is None:
+            return ErrorCode.UNKNOWN_GROUP
+        result = handlers.leave(
+            state, member_id=member_id, positions=positions_from_wire(positions), now=self.clock()
+        )
+        self.channels.pop((group, member_id), None)
+        self._run(group, result)
+        log.info("member %s left group %s", member_id, group)
+        return result.error[0] if result.error else None
+
+    def channel_closed(self, group: str, member_id: str, reason: str) -> None:
+        self.channels.pop((group, member_id), None)
+        self._sender.forget(group, member_id)
+        state = self._groups.get(group)
+        if state is None or member_id not in state.members:
+            return
+        phase = state.members[member_id].phase
+        log.warning("member %s of group %s lost (%s): %s", member_id, group, phase, reason)
+        self._run(group, handlers.connection_lost(state, member_id=member_id, now=self.clock()))
+
+    def fence(self, group: str, member_id: str, reason: str) -> bool:
+        """Operator fence: like a drain timeout, the member is removed and its ranges move
+        once it must have stopped."""
+        state = self._groups.get(group)
+        if state is None or member_id not in state.members:
+            return False
+        result = handlers.connection_lost(state, member_id=member_id, now=self.clock())
+        result.effects.append(CloseMember(member_id, ErrorCode.FENCED_MEMBER, reason))
+        self._run(group, result)
+        return True
+
+    # ---- the apply loop -----------------------------------------------------------
+
+    def _group(self, group: str) -> GroupState:
+        state = self._groups.get(group)
+        if state is None:
+            config = self.settings.config_for(group)
+            state = self._groups[group] = GroupState(
+                group, config, load=BucketLoad(config.load_half_life_ms / 1000)
+            )
+            # A new group has no positions: nothing to write before its first grants.
+            self.writer.durable(group, state.positions_version)
+            self._arm(group, BalanceTimer(), self.clock() + config.balance_check_ms / 1000)
+            if self._grants_allowed_at > self.clock():
+                replay(state, GrantsDeferred(self._grants_allowed_at))
+                self._arm(group, GraceTimer(), self._grants_allowed_at)
+        return state
+
+    def _run(self, group: str, result: Result) -> None:
+        state = self._groups[group]
+        self._apply(group, state, result)
+        # Progress reports change no ownership; skipping reconcile for them keeps a ping
+        # O(1) instead of O(members). (An empty result, e.g. the grace timer, reconciles.)
+        if result.records and all(isinstance(r, PROGRESS_RECORDS) for r in result.records):
+            return
+        self._reconcile(group, state)
+
+    def _reconcile(self, group: str, state: GroupState) -> None:
+        """Reconcile now against the current target (cheap: it costs what changed); a
+        stale target is recomputed later, off the loop (coordinator.runtime.recompute)."""
+        assignor = strategy_named(state.config.assignor).assignor
+        self._apply(
+            group,
+            state,
+            handlers.reconcile(state, now=self.clock(), assignor=assignor, recompute=False),
+        )
+        # A group without members has nothing to recompute: scheduling it anyway would
+        # spin the loop for a group replayed from the store.
+        if state.members and state.target_version != state.inputs_version:
+            self._recomputer.stale(group, state)
+
+    def _adopt_target(self, group: str, state: GroupState, record: TargetComputed) -> None:
+        if self.ready:
+            self._apply(group, state, Result(records=[record]))
+            self._reconcile(group, state)
+
+    def _apply(self, group: str, state: GroupState, result: Result) -> None:
+        for record in result.records:
+            log.debug("%s: %s", group, record)
+            replay(state, record)
+            if isinstance(record, RebalanceRequested):
+                log.info("group %s: rebalancing: %s", group, record.reason)
+            elif isinstance(record, TargetComputed) and record.notes:
+                log.warning("group %s: %s", group, "; ".join(record.notes))
+        for effect in result.effects:
+            match effect:
+                case SendStop():
+                    self.activity.count("stop decided")
+                    self._spawn(
+                        self._sender.send_stop(group, effect, time.perf_counter()),
+                        f"stop-{effect.member_id}",
+                    )
+                case SendStart():
+                    self.activity.count("start decided")
+                    self._spawn(
+                        self._sender.send_start(group, effect, time.perf_counter()),
+                        f"start-{effect.member_id}",
+                    )
+                case CloseMember():
+                    channel = self.channels.pop((group, effect.member_id), None)
+                    if channel is not None:
+                        log.warning("closing member %s: %s", effect.member_id, effect.message)
+                        channel.fail(effect.code, effect.message)
+                case SetTimer(key, at):
+                    self._arm(group, key, at)
+                case CancelTimer(key):
+                    self.timers.cancel((group, key))
+
+    def _contacted(self, group: str, member_id: str) -> None:
+        state = self._groups[group]
+        self._apply(group, state, handlers.contacted(state, member_id=member_id, now=self.clock()))
+
+    # ---- timers -------------------------------------------------------------------
+
+    def _arm(self, group: str, key: TimerKey, at: float) -> None:
+        self.timers.set((group, key), at, self._on_timer)
+
+    def _on_timer(self, timer: TimerId) -> None:
+        group, key = timer
+        state = self._groups.get(group)
+        if state is None:
+            return
+        match key:
+            case BalanceTimer():
+                imbalance = strategy_named(state.config.assignor).imbalance
+                self._run(
+                    group, handlers.balance_check(state, now=self.clock(), imbalance=imbalance)
+                )
+            case SessionTimer(member_id) | DrainTimer(member_id):
+                result = handlers.timer_fired(state, key=key, now=self.clock())
+                channel = self.channels.get((group, member_id))
+                if not _removes_a_member(result):
+                    self._run(group, result)
+                elif channel is None or channel.is_closed:
+                    self._expired(group, key, result)
+                else:
+                    self._spawn(
+                        self._judge_after_input(group, key, channel),
+                        f"judge-{group}-{member_id}",
+                    )
+            case _:
+                self._run(group, handlers.timer_fired(state, key=key, now=self.clock()))
+
+    async def _judge_after_input(
+        self, group: str, key: SessionTimer | DrainTimer, channel: Channel
+    ) -> None:
+        """Decide an expired session or drain deadline only after reading what the member
+        already sent.
+
+        A timer fires on the coordinator's clock; when the loop is behind, the reply that
+        answers it may be sitting unread in the socket, or read and not yet handled.
+        Fencing then would punish the member for our lag (and an overloaded coordinator
+        would fence hundreds at once, each one more work). So: read and handle everything
+        received so far, then judge again with what is known. Bounded by the session
+        timeout, so a member that keeps talking without answering is still judged.
+        """
+        state = self._groups.get(group)
+        member = state.members.get(key.member_id) if state else None
+        if state is None or member is None:
+            return
+        limit = member.session_timeout_ms / 1000
+        await settled(channel, self._replies, group, key.member_id, limit)
+        if self._groups.get(group) is not state:
+            return
+        result = handlers.timer_fired(state, key=key, now=self.clock())
+        if _removes_a_member(result):
+            self._expired(group, key, result)
+        else:
+            self.activity.count("verdict spared")
+            self._run(group, result)
+
+    def _expired(self, group: str, key: SessionTimer | DrainTimer, result: Result) -> None:
+        self.activity.count("session expired" if isinstance(key, SessionTimer) else "drain expired")
+        self._run(group, result)
+
+    # ---- pings --------------------------------------------------------------------
+
+    async def _ping_loop(
+        self, group: str, member_id: str, channel: Channel, interval: float
+    ) -> None:
+        # A random phase: members that registered together (a join storm, everyone
+        # reconnecting after a restart) would otherwise be pinged together forever, and
+        # every interval the loop would stall for a whole group's worth of replies. Not
+        # sooner than half an interval: pings in the middle of the storm only add to it.
+        # Sent on ticks (a twentieth of the interval, at most 100 ms), so each loop turn
+        # still serves a batch: one ping per turn doubled the CPU of steady pings.
+        delay = random.uniform(0.5 * interval, 1.5 * interval)
+        tick = min(PING_TICK_S, interval / 20)
+        loop = asyncio.get_running_loop()
+        while not channel.is_closed:
+            now = loop.time()
+            await asyncio.sleep(math.ceil((now + delay) / tick) * tick - now)
+            delay = interval
+            state = self._groups.get(group)
+            member = state.members.get(member_id) if state else None
+            if state is None or member is None:
+                return
+            self._contacted(group, member_id)
+            sent = time.perf_counter()
+            try:
+                future = channel.submit(PingRequest(correlation_id=0, member_epoch=member.epoch))
+                with self._replies.awaiting(group, member_id, future):
+                    reply = await channel.response(
+                        future, timeout=reply_timeout(member.session_timeout_ms)
+                    )
+                    self._ping_answered(group, state, member_id, channel, reply, sent)
+            except (TimeoutError, RemoteError) as err:
+                log.info("ping of %s failed: %s", member_id, err)
+                continue
+            except ChannelClosed:
+                return
+
+    def _ping_answered(
+        self,
+        group: str,
+        state: GroupState,
+        member_id: str,
+        channel: Channel,
+        reply: Message,
+        sent: float,
+    ) -> None:
+        if not isinstance(reply, PingResponse):
+            channel.fail(
+                ErrorCode.UNEXPECTED_MESSAGE, f"expected a ping_response, got {reply.type}"
+            )
+            return
+        self.activity.timed("ping round trip", time.perf_counter() - sent)
+        result = handlers.ping_answered(
+            state,
+            member_id=member_id,
+            epoch=reply.member_epoch,
+            positions=positions_from_wire(reply.positions),
+            load=sorted(reply.load.items()),
+            now=self.clock(),
+            high_watermarks=[((h.topic, h.partition), h.offset) for h in reply.high_watermarks],
+        )
+        if result.error is not None and result.error[0] != ErrorCode.STALE_EPOCH:
+            log.info("ping reply of %s rejected: %s", member_id, result.error[1])
+        self._run(group, result)
+
+    def _ping_interval_ms(self, state: GroupState, session_timeout_ms: int) -> int:
+        return state.config.ping_interval_ms or max(100, session_timeout_ms // 3)
+
+    # ---- housekeeping -------------------------------------------------------------
+
+    def _gauges(self) -> dict[str, int]:
+        phases = Counter(m.phase for s in self._groups.values() for m in s.members.values())
+        return {
+            "members": sum(phases.values()),
+            "waiting for flush": self.writer.waiting,
+            "draining": phases[MemberPhase.DRAINING],
+            "starting": phases[MemberPhase.STARTING],
+        }
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+
+def _removes_a_member(result: Result) -> bool:
+    return any(isinstance(r, MemberRemoved) for r in result.records)

@@ -1,0 +1,175 @@
+"""StopFetcher and StartFetcher to one member, in the order they were decided.
+
+A StopFetcher overtaking an earlier StartFetcher to the same member would start slots
+already handed on, so every request to a member waits for the ones decided before it
+(one lock per member). A StartFetcher also waits until the positions it carries are
+durable: a range always starts from a stored position, even if the coordinator dies
+right after. The replies go back through the runtime's apply path as handler results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from coordinator.group import handlers
+from coordinator.group.effects import Result, SendStart, SendStop
+from coordinator.group.state import GroupState
+from coordinator.model.ranges import RangeSet
+from coordinator.protocol.channel import Channel, ChannelClosed, RemoteError
+from coordinator.protocol.messages import (
+    ErrorCode,
+    Message,
+    StartFetcherRequest,
+    StartFetcherResponse,
+    StopFetcherRequest,
+    StopFetcherResponse,
+)
+from coordinator.protocol.wire import positions_from_wire, positions_to_wire, ranges_to_wire
+from coordinator.runtime.activity import Activity
+from coordinator.runtime.durability import PositionWriter
+from coordinator.runtime.timers import Clock
+from coordinator.runtime.verdicts import PendingReplies
+
+log = logging.getLogger(__name__)
+MemberKey = tuple[str, str]  # (group, member id)
+
+
+def reply_timeout(session_timeout_ms: int) -> float:
+    """How long to wait for a reply before dropping it: a safety net only. The session
+    timer judges silence, after reading what already arrived; a reply timeout as short
+    as the session would drop a reply that sat unread on a busy coordinator, and the
+    member would then be judged silent."""
+    return 2 * session_timeout_ms / 1000
+
+
+class OrderedSender:
+    def __init__(
+        self,
+        *,
+        groups: Mapping[str, GroupState],
+        channels: Mapping[MemberKey, Channel],
+        writer: PositionWriter,
+        replies: PendingReplies,
+        activity: Activity,
+        clock: Clock,
+        run: Callable[[str, Result], None],
+        contacted: Callable[[str, str], None],
+    ) -> None:
+        self._groups = groups
+        self._channels = channels
+        self._writer = writer
+        self._replies = replies
+        self._activity = activity
+        self._clock = clock
+        self._run = run  # the runtime's apply path: replay, reconcile, effects
+        self._contacted = contacted  # records that we are sending the member a request
+        self._locks: dict[MemberKey, asyncio.Lock] = {}
+
+    def forget(self, group: str, member_id: str) -> None:
+        """The member's channel is gone: nothing more will be sent to it."""
+        self._locks.pop((group, member_id), None)
+
+    async def send_stop(self, group: str, effect: SendStop, decided: float) -> None:
+        request = StopFetcherRequest(
+            correlation_id=0, member_epoch=effect.epoch, ranges=ranges_to_wire(effect.ranges)
+        )
+        # No timeout on the reply: the drain deadline timer fences a member that never answers.
+        reply = await self._send_in_order(
+            group, effect.member_id, request, decided=decided, bounded=False, stops=effect.ranges
+        )
+        if reply is None:
+            return
+        if not isinstance(reply, StopFetcherResponse):
+            self._fail_member(group, effect.member_id, reply)
+            return
+        state = self._groups[group]
+        self._run(
+            group,
+            handlers.stop_completed(
+                state,
+                member_id=effect.member_id,
+                ranges=effect.ranges,
+                positions=positions_from_wire(reply.positions),
+                now=self._clock(),
+            ),
+        )
+
+    async def send_start(self, group: str, effect: SendStart, decided: float) -> None:
+        request = StartFetcherRequest(
+            correlation_id=0,
+            member_epoch=effect.epoch,
+            ranges=ranges_to_wire(effect.ranges),
+            positions=positions_to_wire(effect.positions),
+        )
+        reply = await self._send_in_order(
+            group, effect.member_id, request, decided=decided, durable=effect.durable_version
+        )
+        if reply is None:
+            return
+        if not isinstance(reply, StartFetcherResponse):
+            self._fail_member(group, effect.member_id, reply)
+            return
+        state = self._groups[group]
+        self._run(
+            group,
+            handlers.start_completed(
+                state, member_id=effect.member_id, ranges=effect.ranges, now=self._clock()
+            ),
+        )
+
+    async def _send_in_order(
+        self,
+        group: str,
+        member_id: str,
+        request: StopFetcherRequest | StartFetcherRequest,
+        *,
+        decided: float,
+        durable: int | None = None,
+        bounded: bool = True,
+        stops: RangeSet | None = None,
+    ) -> Message | None:
+        """Write `request` after every request decided before it, then await the reply.
+
+        A StartFetcher first waits until positions up to `durable` (where the previous
+        owners stopped) are stored. A bounded request waits for its reply at most
+        `reply_timeout`. None: the member is gone.
+        """
+        lock = self._locks.setdefault((group, member_id), asyncio.Lock())
+        async with lock:
+            if durable is not None:
+                await self._writer.flush(group, durable)
+            channel = self._channels.get((group, member_id))
+            member = self._groups[group].members.get(member_id)
+            if channel is None or member is None or channel.is_closed:
+                return None
+            self._contacted(group, member_id)
+            future = channel.submit(request)
+            written = time.perf_counter()
+            self._activity.timed(f"{request.type[:-8]} queued", written - decided)
+            if stops is not None:
+                state = self._groups[group]
+                self._run(
+                    group,
+                    handlers.stop_written(
+                        state, member_id=member_id, ranges=stops, now=self._clock()
+                    ),
+                )
+        timeout = reply_timeout(member.session_timeout_ms) if bounded else None
+        # Until the caller has handled the reply (synchronously after this returns), a
+        # timer verdict on this member waits for it (coordinator.runtime.verdicts).
+        with self._replies.awaiting(group, member_id, future):
+            try:
+                reply = await channel.response(future, timeout=timeout)
+            except (ChannelClosed, RemoteError, TimeoutError) as err:
+                log.info("%s to %s failed: %s", request.type, member_id, err)
+                return None
+            self._activity.timed(f"{request.type[:-8]} round trip", time.perf_counter() - written)
+            return reply
+
+    def _fail_member(self, group: str, member_id: str, reply: Message) -> None:
+        channel = self._channels.get((group, member_id))
+        if channel is not None:
+            channel.fail(ErrorCode.UNEXPECTED_MESSAGE, f"unexpected reply {reply.type}")

@@ -1,0 +1,128 @@
+"""One consumer connection: what it may send, in which order, and what ends it.
+
+A connection may ask Metadata any time, must Register before anything else, and ends
+with a Leave or by closing. Every bad input is answered with an ErrorResponse naming the
+problem, then the connection is closed; nothing else in the group is disturbed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from enum import StrEnum
+from typing import Any
+
+from coordinator.protocol.channel import Channel
+from coordinator.protocol.messages import (
+    ErrorCode,
+    LeaveRequest,
+    LeaveResponse,
+    Message,
+    MetadataRequest,
+    MetadataResponse,
+    RegisterRequest,
+)
+from coordinator.runtime.runtime import CoordinatorError, CoordinatorRuntime
+
+log = logging.getLogger(__name__)
+
+
+class ConnectionState(StrEnum):
+    """Where one consumer connection stands; each request is checked against it."""
+
+    OPEN = "open"  # may ask Metadata; must Register before anything else
+    REGISTERING = "registering"  # a Register is being validated
+    REGISTERED = "registered"  # a member of `group`: pinged, may Leave
+    LEFT = "left"  # it sent Leave: its member is gone
+    CLOSED = "closed"
+
+
+class MemberSession:
+    def __init__(self, runtime: CoordinatorRuntime, channel: Channel) -> None:
+        self.runtime = runtime
+        self.channel = channel
+        self.state = ConnectionState.OPEN
+        self.group: str | None = None
+        self.member_id: str | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def on_request(self, channel: Channel, message: Message) -> None:
+        match message:
+            case MetadataRequest():
+                channel.reply(
+                    message,
+                    MetadataResponse(
+                        correlation_id=0,
+                        coordinator_id=self.runtime.settings.coordinator_id,
+                        coordinator=self.runtime.settings.advertised_address,
+                        active=self.runtime.ready,
+                    ),
+                )
+            case RegisterRequest():
+                if self.state is not ConnectionState.OPEN:
+                    channel.fail(
+                        ErrorCode.UNEXPECTED_MESSAGE,
+                        "this connection is already registered; open a new one to register again",
+                        message.correlation_id,
+                    )
+                    return
+                self.state = ConnectionState.REGISTERING
+                task = asyncio.create_task(self._register(message))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            case LeaveRequest():
+                if (
+                    self.state is not ConnectionState.REGISTERED
+                    or self.group is None
+                    or message.member_id != self.member_id
+                ):
+                    channel.fail(
+                        ErrorCode.UNKNOWN_MEMBER,
+                        f"member {message.member_id!r} is not registered on this connection",
+                        message.correlation_id,
+                    )
+                    return
+                self.state = ConnectionState.LEFT
+                error = self.runtime.leave(self.group, message.member_id, message.positions)
+                if error is None:
+                    channel.reply(message, LeaveResponse(correlation_id=0))
+                else:
+                    channel.fail(
+                        error, f"leave of {message.member_id!r} failed", message.correlation_id
+                    )
+            case _:
+                channel.fail(
+                    ErrorCode.UNEXPECTED_MESSAGE,
+                    f"a consumer may not send {message.type}",
+                    message.correlation_id,
+                )
+
+    async def _register(self, request: RegisterRequest) -> None:
+        try:
+            response = await self.runtime.register(self.channel, request)
+        except CoordinatorError as err:
+            log.warning("register from %s refused: %s", self.channel.peer, err)
+            self.channel.fail(err.code, err.message, request.correlation_id)
+            return
+        except Exception as err:
+            log.exception("register from %s failed", self.channel.peer)
+            self.channel.fail(ErrorCode.INTERNAL, f"register failed: {err}", request.correlation_id)
+            return
+        self.group, self.member_id = request.group, response.member_id
+        if self.channel.is_closed:  # closed while we were validating
+            self.state = ConnectionState.CLOSED
+            self.runtime.channel_closed(self.group, self.member_id, "closed during register")
+            return
+        self.state = ConnectionState.REGISTERED
+        self.channel.reply(request, response)
+
+    def closed(self) -> None:
+        """The channel is gone: a registered member is lost (not left)."""
+        for task in self._tasks:
+            task.cancel()
+        if self.state is ConnectionState.REGISTERED:
+            assert self.group is not None and self.member_id is not None
+            reason = self.channel.close_reason or "closed"
+            self.runtime.channel_closed(self.group, self.member_id, reason)
+        log.debug("connection from %s closed (%s)", self.channel.peer, self.state)
+        self.state = ConnectionState.CLOSED

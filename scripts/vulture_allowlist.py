@@ -1,0 +1,47 @@
+"""Names vulture cannot see being used, each with who uses it. Never executed: vulture
+only reads it (`vulture`, configured in pyproject.toml, run by scripts/test.sh).
+
+Keep it short: code nobody uses is deleted, not listed here.
+"""
+
+# Public API of the consumer library (README, "Using the consumer"), called by users.
+_.run_sync
+_.request_stop
+_.wait_registered
+
+# Spark's Python Data Source API calls these; a pipeline's result row is printed as JSON.
+_.streamReader
+_.initialOffset
+_.latestOffset
+_.read_partitions
+# Sessions are written to Parquet field by field; parse_click and reference_sessions are
+# the plain-Python reference the tests hold the Spark job equal to (README, "Spark").
+_.session_id, _.end_ms, _.duration_s, _.distinct_pages, _.entry_page, _.exit_page
+_.purchases
+_.parse_click
+_.reference_sessions
+# Handlers of executor consumers call it to log which member ran them.
+_.current_member
+
+# Serialized by pydantic and FastAPI: fields of the wire messages and of admin API views.
+_.model_config
+_.consumer_id
+_.deadline_in_s, _.blocking_offsets, _.high_watermark, _.processed_per_s
+_.last_heard_s_ago, _.range_lag, _.released_after_s, _.until_in_s, _.target_pending
+_.imbalanced_for_s, _.unowned_slots, _.draining_ranges, _.fenced
+# ConsumerStats fields, read through as_dict() (asdict) by the benchmarks.
+_.fetched, _.replayed, _.rewinds
+
+# The sans-IO codec's interface for a transport, exercised by its tests: messages decoded
+# before a bad frame, the answer to send, the partial frame held; the request types.
+_.decoded
+_.to_response
+_.buffered_bytes
+_.REQUEST_TYPES
+
+# Called by asyncio (the channel's Protocol) and uvicorn (the in-loop server).
+_.connection_made, _.data_received, _.eof_received
+_.capture_signals, _.should_exit
+
+# Settings of the libraries bench/_worker.py compares against.
+_.dlq_enabled, _.ordering_mode, _.max_in_flight, _.process_count

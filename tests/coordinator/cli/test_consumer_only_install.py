@@ -1,0 +1,73 @@
+"""`pip install keyshard` without extras: the consumer works and `keyshard` explains itself.
+
+The `keyshard` command comes with every install, but the daemon, the admin client and
+the demo need `keyshard[server]`. On a consumer-only install `--help` must work and a
+server command must say in one line which extra to install (exit 2), not fail on an
+import. Replayed as a user would: the source (what the Dockerfile copies) installed
+with pip into a fresh virtualenv, as tests/deploy/test_dockerfile.py does.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.chart import ROOT
+from tests.deploy.dockerfile import host_environment
+
+SOURCES = ("pyproject.toml", "setup.py", "README.md")
+PACKAGES = ("coordinator", "consumer_client", "api", "spark_jobs")
+
+
+def run(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+
+
+@pytest.mark.packaging
+@pytest.mark.timeout(900)
+def test_keyshard_on_a_consumer_only_install(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in SOURCES:
+        shutil.copy2(ROOT / name, source / name)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so")
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, source / package, ignore=skip)
+    env = host_environment(tmp_path, getattr(sys, "_base_executable", sys.executable))
+    venv = tmp_path / "venv"
+    created = run(["python", "-m", "venv", str(venv)], env, tmp_path)
+    assert created.returncode == 0, created.stderr
+    installed = run([str(venv / "bin" / "python"), "-m", "pip", "install", "."], env, source)
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    keyshard = str(venv / "bin" / "keyshard")
+
+    server_only = run(
+        [str(venv / "bin" / "python"), "-c", "import fastapi"], env, tmp_path
+    )  # the premise: no server extra here
+    assert server_only.returncode != 0
+
+    helped = run([keyshard, "--help"], env, tmp_path)
+    assert helped.returncode == 0, helped.stderr
+    assert "coordinator" in helped.stdout and helped.stderr == ""
+    assert run([keyshard, "coordinator", "--help"], env, tmp_path).returncode == 0
+
+    for command in (["coordinator"], ["groups"], ["demo"], ["broker"]):
+        refused = run([keyshard, *command], env, tmp_path)
+        assert refused.returncode == 2, (command, refused.stdout, refused.stderr)
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1, (command, refused.stderr)
+        assert "pip install 'keyshard[server]'" in lines[0], lines[0]
+        assert lines[0].startswith(f"keyshard {command[0]}:"), lines[0]
+
+    consumer = run(
+        [str(venv / "bin" / "python"), "-c", "from consumer_client import CoordinatedConsumer"],
+        env,
+        tmp_path,
+    )
+    assert consumer.returncode == 0, consumer.stderr

@@ -1,0 +1,139 @@
+"""When and where targets are recomputed (coordinator/runtime/recompute.py), through the runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from api.models import group_view
+from coordinator.group.state import GroupConfig
+from coordinator.runtime.runtime import CoordinatorRuntime
+from coordinator.runtime.settings import RuntimeSettings
+from coordinator.strategies import registry
+from coordinator.strategies.balanced import BalancedAssignor
+from coordinator.strategies.base import Assignment, AssignmentSpec, Strategy
+from tests.coordinator.runtime.test_runtime import (
+    HeldStore,
+    RecordingChannel,
+    answer,
+    eventually,
+    register,
+    runtime_on,
+)
+
+
+class SlowAssignor:
+    """Balanced, after burning `seconds` of CPU in Python (holding the GIL as a large
+    load-aware recompute does)."""
+
+    name = "test-slow-balanced"
+    seconds = 0.5
+
+    def assign(self, spec: AssignmentSpec) -> Assignment:
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+        return BalancedAssignor().assign(spec)
+
+
+@pytest.fixture(autouse=True)
+def slow_assignor() -> Iterator[None]:
+    """Registered only while this module's tests run: the registry is global, and other
+    tests (tests/deploy/test_parity.py) hold the chart's list equal to it."""
+    registry.register(Strategy(SlowAssignor()))
+    yield
+    registry.STRATEGIES.pop(SlowAssignor.name, None)
+
+
+def runtime_with(assignor: str = "balanced", quiet_ms: int = 100) -> CoordinatorRuntime:
+    settings = RuntimeSettings(
+        "unused:1",
+        startup_grace_ms=0,
+        group_defaults=GroupConfig(assignor=assignor),
+        recompute_quiet_ms=quiet_ms,
+    )
+    return runtime_on(settings, HeldStore())
+
+
+async def test_a_storm_of_joins_shares_one_recompute() -> None:
+    """Twenty joins 10 ms apart: the first is assigned at once (a lone join waits for
+    nothing), the other nineteen share one recompute after they stop, not one per wave
+    (each wave moved what the previous one had placed: thousands of StopFetchers at
+    5,000 members). Only the first member gives slots back. A stall of this machine
+    longer than the quiet time could split the storm: one more of each is tolerated."""
+    runtime = runtime_with(quiet_ms=300)
+    await runtime.start()
+    try:
+        channels = [RecordingChannel() for _ in range(20)]
+        for i, channel in enumerate(channels):
+            await runtime.register(channel, register(f"m{i}"))  # type: ignore[arg-type]
+            await asyncio.sleep(0.01)
+
+        def granted() -> bool:
+            for c in channels:
+                answer(c)  # StopFetchers too, so m0's slots can move on
+            return all("start_fetcher_request" in c.kinds() for c in channels)
+
+        await eventually(granted, "everyone granted")
+        assert 2 <= runtime.activity.totals["recompute"] <= 3
+        stopped = [i for i, c in enumerate(channels) if "stop_fetcher_request" in c.kinds()]
+        assert stopped[:1] == [0] and len(stopped) <= 2, stopped
+    finally:
+        await runtime.stop()
+
+
+async def test_the_loop_keeps_running_during_a_recompute() -> None:
+    """A 0.5 s recompute runs beside the loop, not on it: replies, timers and new
+    connections are not held up for its whole duration."""
+    runtime = runtime_with(assignor=SlowAssignor.name, quiet_ms=0)
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        longest, last = 0.0, time.perf_counter()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        while not a.kinds():
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+        assert runtime.activity.totals["recompute"] == 1
+        assert longest < 0.25, f"the loop stood still for {longest * 1000:.0f} ms"
+    finally:
+        await runtime.stop()
+
+
+async def test_a_lone_join_is_assigned_without_waiting_for_quiet() -> None:
+    """Nothing else changed recently: the recompute starts at once, not after the quiet
+    time a storm would wait for."""
+    runtime = runtime_with(quiet_ms=1_000)
+    await runtime.start()
+    try:
+        a, b = RecordingChannel(), RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a granted")
+        answer(a)
+        await asyncio.sleep(1.1)  # quiet for longer than the quiet time
+        began = time.perf_counter()
+        await runtime.register(b, register("b"))  # type: ignore[arg-type]
+        await eventually(lambda: "stop_fetcher_request" in a.kinds(), "a asked to give half")
+        assert time.perf_counter() - began < 0.5
+    finally:
+        await runtime.stop()
+
+
+async def test_the_admin_view_says_a_recompute_is_pending() -> None:
+    """While a join waits for its recompute, every slot is owned and nothing drains, yet
+    slots are about to move: tools waiting for a settled group must be able to tell."""
+    runtime = runtime_with(assignor=SlowAssignor.name, quiet_ms=0)
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        state = runtime.group_states()["g"]
+        assert group_view(state, runtime.clock()).target_pending
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a granted")
+        assert not group_view(state, runtime.clock()).target_pending
+    finally:
+        await runtime.stop()

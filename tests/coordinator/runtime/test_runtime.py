@@ -1,0 +1,348 @@
+"""The runtime shell with a fake store and fake channels: ordering guarantees that do not
+need a broker to show, and that a real broker shows only by chance."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from coordinator.group.state import GroupConfig
+from coordinator.model.positions import RangePositionMap
+from coordinator.protocol.messages import (
+    Message,
+    PartitionPositions,
+    PositionModel,
+    RangePosition,
+    RegisterRequest,
+    StartFetcherRequest,
+    StartFetcherResponse,
+    StopFetcherRequest,
+    StopFetcherResponse,
+)
+from coordinator.runtime.metadata import CoalescedPartitionCounts
+from coordinator.runtime.runtime import CoordinatorRuntime
+from coordinator.runtime.settings import RuntimeSettings
+
+TIMEOUT = 5.0
+
+
+class HeldStore:
+    """A state store whose writes wait until `released` is set."""
+
+    def __init__(self) -> None:
+        self.released = asyncio.Event()
+        self.released.set()
+        self.saves = 0
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+    async def load(self) -> dict[str, dict[tuple[str, int], RangePositionMap]]:
+        return {}
+
+    async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
+        return dict.fromkeys(topics, 1)
+
+    async def save(self, group: str, positions: Any) -> None:
+        await self.released.wait()
+        self.saves += 1
+
+    async def commit_low_watermarks(self, group: str, positions: Any) -> None: ...
+
+    async def probe(self) -> None: ...
+
+
+def runtime_on(settings: RuntimeSettings, store: HeldStore) -> CoordinatorRuntime:
+    """A runtime whose state store also answers the metadata calls (as Kafka's does)."""
+    return CoordinatorRuntime(settings, store, metadata=store)
+
+
+class RecordingChannel:
+    """Records requests in wire order; the test answers them."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Message, asyncio.Future[Message]]] = []
+        self.is_closed = False
+        self.peer = "test"
+
+    def submit(self, message: Message) -> asyncio.Future[Message]:
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self.sent.append((message, future))
+        return future
+
+    async def response(self, future: asyncio.Future[Message], *, timeout: float | None) -> Message:
+        return await future
+
+    async def request(self, message: Message, *, timeout: float | None = None) -> Message:
+        return await asyncio.Future()  # pings stay unanswered: irrelevant here
+
+    def fail(self, *args: Any) -> None:
+        self.is_closed = True
+
+    def has_unread_input(self) -> bool:
+        return False
+
+    def close(self, reason: str = "") -> None:
+        self.is_closed = True
+
+    def kinds(self) -> list[str]:
+        return [m.type for m, _ in self.sent if not m.type.startswith("ping")]
+
+
+async def eventually(predicate: Any, what: str) -> None:
+    """Let the runtime's tasks run until `predicate` holds (bounded)."""
+    async with asyncio.timeout(TIMEOUT):
+        while not predicate():  # noqa: ASYNC110 - yielding to the loop is the point
+            await asyncio.sleep(0)
+    assert predicate(), what
+
+
+def register(name: str) -> RegisterRequest:
+    return RegisterRequest(
+        correlation_id=1, group="g", topics=["t"], consumer_name=name, session_timeout_ms=10_000
+    )
+
+
+def answer(channel: RecordingChannel) -> None:
+    """Answer every unanswered Start/Stop; a stop reports progress (dirty positions)."""
+    for message, future in channel.sent:
+        if future.done():
+            continue
+        if isinstance(message, StartFetcherRequest):
+            future.set_result(
+                StartFetcherResponse(correlation_id=0, member_epoch=message.member_epoch)
+            )
+        elif isinstance(message, StopFetcherRequest):
+            done = [
+                RangePosition(range=r, position=PositionModel(next_offset=5))
+                for r in message.ranges
+            ]
+            positions = [PartitionPositions(topic="t", partition=0, ranges=done)]
+            future.set_result(
+                StopFetcherResponse(
+                    correlation_id=0, member_epoch=message.member_epoch, positions=positions
+                )
+            )
+
+
+async def test_stop_never_overtakes_an_earlier_start_held_by_a_slow_store() -> None:
+    store = HeldStore()
+    runtime = runtime_on(RuntimeSettings("unused:1", startup_grace_ms=0), store)
+    await runtime.start()
+    try:
+        a, b, c = RecordingChannel(), RecordingChannel(), RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+        answer(a)
+
+        store.released.clear()  # position writes now hang, as a slow broker would
+        await runtime.register(b, register("b"))  # type: ignore[arg-type]
+        await eventually(lambda: len(a.kinds()) == 2, "a is asked to stop half")
+        answer(a)  # a hands over: b's StartFetcher now waits for the held write
+        await asyncio.sleep(0.01)
+        await runtime.register(c, register("c"))  # type: ignore[arg-type]
+        # c's arrival takes slots back from b, whose StartFetcher is still unsent.
+        await eventually(
+            lambda: any(
+                st.members[m].draining for st in runtime.group_states().values() for m in st.members
+            ),
+            "a revoke from b",
+        )
+        await asyncio.sleep(0.01)
+        assert b.kinds() == [], "nothing may reach b before its StartFetcher"
+
+        store.released.set()
+        await eventually(lambda: len(b.kinds()) == 2, "b gets its start, then its stop")
+        assert b.kinds() == ["start_fetcher_request", "stop_fetcher_request"]
+    finally:
+        store.released.set()
+        await runtime.stop()
+
+
+class CountingStore:
+    """Metadata fetches that wait until released, counted."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.release = asyncio.Event()
+
+    async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
+        self.calls.append(topics)
+        await self.release.wait()
+        return dict.fromkeys(topics, 3)
+
+
+async def test_concurrent_registrations_share_one_metadata_fetch() -> None:
+    """Callers arriving together share a fetch; one arriving while it runs gets the next
+    (it must see topics created after the first fetch started), never a third."""
+    store = CountingStore()
+    counts = CoalescedPartitionCounts(store)  # type: ignore[arg-type]
+    first = [asyncio.ensure_future(counts.get(("a",))) for _ in range(50)]
+    first.append(asyncio.ensure_future(counts.get(("b",))))
+    await eventually(lambda: len(store.calls) == 1, "the first fetch")
+    later = [asyncio.ensure_future(counts.get(("c",))) for _ in range(50)]
+    await asyncio.sleep(0.01)
+    assert store.calls == [("a", "b")], "callers of one moment share one fetch"
+    store.release.set()
+    assert await first[0] == {"a": 3} and await first[-1] == {"b": 3}
+    assert await asyncio.gather(*later) == [{"c": 3}] * 50
+    assert store.calls == [("a", "b"), ("c",)]
+
+
+class StoreWithOldGroup(HeldStore):
+    async def load(self) -> dict[str, dict[tuple[str, int], RangePositionMap]]:
+        return {"old": {("t", 0): RangePositionMap()}}
+
+
+async def test_a_group_replayed_without_members_schedules_no_recompute() -> None:
+    """A group known only from the state topic has no members: nothing to recompute,
+    so nothing may be scheduled for it (rescheduling it spun the event loop)."""
+    runtime = runtime_on(RuntimeSettings("unused:1", startup_grace_ms=0), StoreWithOldGroup())
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+        runtime.apply_records("old", [])  # e.g. its balance timer: a reconcile
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert runtime._recomputer.scheduled == set()
+    finally:
+        await runtime.stop()
+
+
+class BusyStore(HeldStore):
+    """Positions keep moving while a write is in flight, as pings do under load."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_save: Any = None
+        self.entered = 0
+
+    async def save(self, group: str, positions: Any) -> None:
+        self.entered += 1
+        if self.on_save is not None:
+            self.on_save()
+        await super().save(group, positions)
+
+
+async def test_flushes_waiting_behind_a_write_share_the_next_one() -> None:
+    """Group commit: ten StartFetchers waiting for durable positions cost two writes, not
+    ten, even though positions change during every write (a burst of grants under load
+    otherwise queued one write each and stalled every StartFetcher behind them)."""
+    store = BusyStore()
+    runtime = runtime_on(RuntimeSettings("unused:1", startup_grace_ms=0), store)
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+        state = runtime.group_states()["g"]
+
+        def moved() -> None:
+            state.positions_version += 1
+
+        store.on_save = moved
+        store.released.clear()
+        moved()
+        before, entered = store.saves, store.entered
+        first = asyncio.create_task(runtime.writer.flush("g"))
+        await eventually(lambda: store.entered > entered, "a write in flight")
+        waiting = [asyncio.create_task(runtime.writer.flush("g")) for _ in range(10)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        store.released.set()
+        await asyncio.wait_for(asyncio.gather(first, *waiting), TIMEOUT)
+        assert store.saves - before == 2
+    finally:
+        store.released.set()
+        await runtime.stop()
+
+
+async def test_writers_waiting_for_a_flush_all_resume_in_the_same_loop_turn() -> None:
+    """A thousand StartFetchers waiting for one position write are released together when
+    it lands. Queued on a lock they resumed one per loop turn: in a 5,000-member join storm
+    each turn was long, and StartFetchers waited seconds after their positions were
+    durable."""
+    store = HeldStore()
+    runtime = runtime_on(RuntimeSettings("unused:1", startup_grace_ms=0), store)
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+        state = runtime.group_states()["g"]
+        store.released.clear()
+        state.positions_version += 1
+        saves = store.saves
+        waiting = [asyncio.create_task(runtime.writer.flush("g")) for _ in range(1000)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not any(t.done() for t in waiting), "the write is held"
+        store.released.set()
+        turns = 0
+        while not all(t.done() for t in waiting):
+            await asyncio.sleep(0)
+            turns += 1
+            assert turns <= 10, f"{sum(t.done() for t in waiting)} of 1000 resumed in 10 turns"
+        assert store.saves == saves + 1
+    finally:
+        store.released.set()
+        await runtime.stop()
+
+
+class PingClock(RecordingChannel):
+    """Notes when each ping is sent; never answers it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pinged: list[float] = []
+
+    def submit(self, message: Message) -> asyncio.Future[Message]:
+        if message.type == "ping_request":
+            self.pinged.append(asyncio.get_running_loop().time())
+        return super().submit(message)
+
+
+async def test_members_registering_together_are_not_pinged_together() -> None:
+    """First pings are spread over the interval: 5,000 members pinged in one burst every
+    interval stalled the loop for ~1 s each time, delaying every reply and timer."""
+    settings = RuntimeSettings(
+        "unused:1", startup_grace_ms=0, group_defaults=GroupConfig(ping_interval_ms=200)
+    )
+    runtime = runtime_on(settings, HeldStore())
+    await runtime.start()
+    try:
+        channels = [PingClock() for _ in range(30)]
+        began = asyncio.get_running_loop().time()
+        await asyncio.gather(
+            *(runtime.register(c, register(f"m{i}")) for i, c in enumerate(channels))
+        )  # type: ignore[arg-type]
+        await eventually(lambda: all(c.pinged for c in channels), "everyone pinged once")
+        first = sorted(c.pinged[0] - began for c in channels)
+        assert first[0] >= 0.1 and first[-1] <= 0.3 + 0.1, "within half an interval of it"
+        assert first[-1] - first[0] > 0.06, f"first pings not spread: {first}"
+        # ...but in batches, on 10 ms ticks (a twentieth of the interval): one loop turn
+        # serves several, which halves the CPU of steady pings against one per turn.
+        late = [c.pinged[0] % 0.01 for c in channels]  # after the tick they were sent on
+        on_tick = [t for t in late if t < 0.004]
+        assert len(on_tick) >= 20, f"first pings not sent on ticks: {sorted(late)}"
+    finally:
+        await runtime.stop()
+
+
+async def test_first_grants_of_a_new_group_do_not_wait_for_a_position_write() -> None:
+    """Slots nobody owned before start where the store already says (nowhere): a join
+    storm's first StartFetchers need no write, so a slow broker does not hold them."""
+    store = HeldStore()
+    store.released.clear()
+    runtime = runtime_on(RuntimeSettings("unused:1", startup_grace_ms=0), store)
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts at once")
+        assert store.saves == 0
+    finally:
+        store.released.set()
+        await runtime.stop()
