@@ -230,7 +230,8 @@ def timer_fired(state: GroupState, *, key: TimerKey, now: float) -> Result:
 
     Timers may fire late or for a deadline that has moved since they were armed, so each
     one judges again with what is known now:
-    - session: the member is lost only if nothing was heard for its session timeout;
+    - session: the member is lost only if nothing was heard for its session timeout
+      (else the timer is re-armed for when it would be);
     - drain: the member is fenced only if a StopFetcher deadline really passed (else the
       timer is re-armed for the earliest one left);
     - quarantine: lost members' ranges whose wait is over become free;
@@ -239,8 +240,14 @@ def timer_fired(state: GroupState, *, key: TimerKey, now: float) -> Result:
     match key:
         case SessionTimer(member_id):
             member = state.members.get(member_id)
-            if member is None or now < member.last_heard + member.session_timeout_ms / 1000:
+            if member is None:
                 return Result()
+            expires = member.last_heard + member.session_timeout_ms / 1000
+            if now < expires:
+                # Heard since the timer was armed (a Stop/StartFetcher reply renews the
+                # session too, without re-arming): judge again then, or a member that
+                # goes silent after such a reply would never expire.
+                return Result(effects=[SetTimer(key, expires)])
             return _remove(
                 state,
                 member_id,

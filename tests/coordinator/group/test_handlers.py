@@ -318,7 +318,7 @@ def test_session_expiry(group3: GroupState) -> None:
     run(state, ping(state, "m1", 4.0), 4.0)
     for now in (SESSION, 4.0 + SESSION - 0.01):  # the originally armed time, and just before
         res = h.timer_fired(state, key=SessionTimer("m1"), now=now)
-        assert res.records == [] and res.effects == []
+        assert res.records == [] and res.effects == [SetTimer(SessionTimer("m1"), 4.0 + SESSION)]
     now = 4.0 + SESSION
     res = h.timer_fired(state, key=SessionTimer("m1"), now=now)
     (removed,) = res.records  # quarantine length: see the test above
@@ -330,6 +330,21 @@ def test_session_expiry(group3: GroupState) -> None:
     assert SetTimer(QuarantineTimer("m1"), removed.quarantine_until) in effects
     assert h.timer_fired(state, key=SessionTimer("m1"), now=now + 100).records == []
     assert h.timer_fired(state, key=SessionTimer("nobody"), now=now).records == []
+
+
+def test_a_member_silent_after_a_stop_reply_still_expires(group3: GroupState) -> None:
+    """A StopFetcher reply renews the session without re-arming its timer (only pings
+    re-arm it): the timer that fires too early must re-arm itself, or a member that goes
+    silent right after such a reply (host lost, no TCP reset) is never expired."""
+    state = group3
+    (stop,) = [
+        s for s in of(run(state, join(state, "m4", 2.0), 2.0), SendStop) if s.member_id == "m1"
+    ]
+    run(state, stopped(state, stop, 3.0), 3.0)  # m1's last word: t=3; its pings stop
+    res = h.timer_fired(state, key=SessionTimer("m1"), now=1.0 + SESSION)  # armed by t=1 ping
+    assert res.records == [] and res.effects == [SetTimer(SessionTimer("m1"), 3.0 + SESSION)]
+    (removed,) = h.timer_fired(state, key=SessionTimer("m1"), now=3.0 + SESSION).records
+    assert isinstance(removed, MemberRemoved) and removed.reason == "lost"
 
 
 def test_ping_epochs_and_ownership(group3: GroupState) -> None:
