@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.abc import AbstractTokenProvider
 
 from consumer_client.dead_letters import DeadLetters
 from consumer_client.dispatch import Dispatcher
@@ -29,6 +30,8 @@ from consumer_client.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy
 from consumer_client.membership import ConsumerError, Membership
 from consumer_client.progress import ConsumerProgress
 from consumer_client.stats import ConsumerStats
+from coordinator.kafka.connect import KafkaUnreachable, start_client
+from coordinator.kafka.settings import KafkaSettings
 from coordinator.model.addresses import parse_host_ports
 from coordinator.model.hashing import ORDERING_KEY_HEADER
 from coordinator.model.positions import PositionUpdate
@@ -39,6 +42,7 @@ log = logging.getLogger(__name__)
 
 AsyncHandler = Callable[[Any], Awaitable[None]]
 CLIENT_STOP_TIMEOUT_S = 10.0
+KAFKA_START_TIMEOUT_S = 30.0
 
 __all__ = ["ConsumerError", "ConsumerStats", "CoordinatedConsumer"]
 
@@ -50,7 +54,9 @@ class CoordinatedConsumer:
         group: str,
         topics: list[str],
         coordinator: str,
-        bootstrap_servers: str,
+        bootstrap_servers: str | None = None,
+        kafka_config: Mapping[str, str] | KafkaSettings | None = None,
+        kafka_token_provider: AbstractTokenProvider | None = None,
         name: str = "consumer",
         max_concurrency: int = 64,
         session_timeout_ms: int = 10_000,
@@ -78,10 +84,18 @@ class CoordinatedConsumer:
             coordinators = parse_host_ports(coordinator)
         except ValueError as err:
             raise ValueError(f"coordinator address {err}") from None
+        # Kafka's own setting names (security.protocol, sasl.*, ssl.*, ...), checked now:
+        # a bad file or a contradiction is a KafkaConfigError (a ValueError) here, not a
+        # failed fetch later.
+        self.kafka = (
+            kafka_config
+            if isinstance(kafka_config, KafkaSettings)
+            else KafkaSettings.parse(kafka_config, token_provider=kafka_token_provider)
+        )
         self.group = group
         self.topics = list(topics)
         self.coordinators = coordinators
-        self.bootstrap_servers = bootstrap_servers
+        self.bootstrap_servers = self.kafka.with_bootstrap(bootstrap_servers)
         self.name = name
         self.max_concurrency = max_concurrency
         self.session_timeout_ms = session_timeout_ms
@@ -142,7 +156,9 @@ class CoordinatedConsumer:
         """Consume until `close()` (or `request_stop()`); a normal return acknowledges."""
         self._loop = asyncio.get_running_loop()
         if self.dead_letter_topic:
-            self._dead_letters = DeadLetters(self.bootstrap_servers, self.dead_letter_topic)
+            self._dead_letters = DeadLetters(
+                self.bootstrap_servers, self.dead_letter_topic, self.kafka.client_options()
+            )
         self._dispatcher.lanes = KeyLanes(
             handler,
             max_concurrency=self.max_concurrency,
@@ -155,10 +171,17 @@ class CoordinatedConsumer:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=self.fetch_max_wait_ms,
+            **self.kafka.consumer_options(),
         )
-        await kafka.start()
-        if self._dead_letters is not None:
-            await self._dead_letters.start()
+        try:
+            await start_client(
+                kafka, self.bootstrap_servers, self.kafka, "consumer", KAFKA_START_TIMEOUT_S
+            )
+            if self._dead_letters is not None:
+                await self._dead_letters.start()
+        except KafkaUnreachable as err:
+            self._fetcher.kafka = None
+            raise ConsumerError(str(err)) from None
         connector = asyncio.create_task(self._membership.run(), name=f"{self.name}-connector")
         self._fetcher.start()
         assert self._fetcher.failed is not None

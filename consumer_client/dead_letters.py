@@ -18,13 +18,16 @@ STOP_TIMEOUT_S = 10.0
 class DeadLetters:
     """A producer for one dead-letter topic, started and stopped with the consumer."""
 
-    def __init__(self, bootstrap_servers: str, topic: str) -> None:
+    def __init__(self, bootstrap_servers: str, topic: str, options: dict[str, Any]) -> None:
         self.topic = topic
         self._bootstrap_servers = bootstrap_servers
+        self._options = options  # the consumer's Kafka client settings (security, client id)
         self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
-        self._producer = AIOKafkaProducer(bootstrap_servers=self._bootstrap_servers)
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self._bootstrap_servers, **self._options
+        )
         await self._producer.start()
 
     async def send(self, record: Any, error: BaseException) -> None:

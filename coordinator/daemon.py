@@ -20,6 +20,7 @@ import uvicorn
 
 from api.app import create_app
 from coordinator.group.state import GroupConfig
+from coordinator.kafka.settings import KafkaSettings
 from coordinator.protocol.codec import DEFAULT_MAX_FRAME_BYTES
 from coordinator.runtime.runtime import CoordinatorRuntime
 from coordinator.runtime.settings import DEFAULT_STARTUP_GRACE_MS, RuntimeSettings
@@ -45,6 +46,7 @@ class DaemonConfig:
     startup_grace_ms: int = DEFAULT_STARTUP_GRACE_MS
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     group_assignors: Mapping[str, str] = field(default_factory=dict)
+    kafka: KafkaSettings = field(default_factory=KafkaSettings.parse)
 
 
 class _InLoopUvicorn(uvicorn.Server):
@@ -92,7 +94,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     bootstrap = config.bootstrap_servers
-    store = KafkaStateStore(bootstrap, config.state_topic)
+    store = KafkaStateStore(bootstrap, config.state_topic, settings=config.kafka)
     settings = RuntimeSettings(
         bootstrap_servers=bootstrap,
         advertised_address=f"{config.listen_host}:{config.listen_port}",

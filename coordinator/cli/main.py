@@ -9,12 +9,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from coordinator.cli.extras import require_server_extra
 from coordinator.cli.parser import ADMIN_COMMANDS, build_parser
 from coordinator.group.state import GroupConfig
+from coordinator.kafka.settings import (
+    KafkaConfigError,
+    KafkaSettings,
+    from_environment,
+    load_properties,
+)
 
 # Commands that run a server part or call the admin API: they need `keyshard[server]`.
 SERVER_COMMANDS = {"broker", "coordinator", "demo", *ADMIN_COMMANDS}
@@ -60,26 +67,47 @@ def _run(args: argparse.Namespace) -> int:
     return 2
 
 
+def kafka_settings(config_file: str | None, environ: Mapping[str, str]) -> KafkaSettings:
+    """The coordinator's Kafka client settings: the --kafka-config file, then the
+    KEYSHARD_KAFKA_* variables over it (a Secret's password wins over a ConfigMap's file)."""
+    from_file = load_properties(config_file) if config_file else {}
+    return KafkaSettings.parse({**from_file, **from_environment(environ)})
+
+
 def _run_coordinator(args: argparse.Namespace) -> int:
-    """Run the daemon until SIGINT/SIGTERM; without --bootstrap-servers on an embedded
-    broker, started first and stopped last."""
+    """Run the daemon until SIGINT/SIGTERM; with no Kafka named (--bootstrap-servers or
+    bootstrap.servers) on an embedded broker, started first and stopped last."""
     from coordinator.local.broker import EmbeddedBroker
 
-    if args.bootstrap_servers:
-        return _serve(args, args.bootstrap_servers)
+    try:
+        kafka = kafka_settings(args.kafka_config, os.environ)
+        bootstrap = args.bootstrap_servers or kafka.bootstrap_servers
+        if bootstrap:
+            return _serve(args, kafka.with_bootstrap(bootstrap), kafka)
+    except KafkaConfigError as err:
+        print(f"keyshard coordinator: bad Kafka settings: {err}", file=sys.stderr)
+        return 2
+    if kafka.properties:
+        print(
+            "keyshard coordinator: Kafka settings given but no Kafka: add --bootstrap-servers "
+            "(or bootstrap.servers); without one the coordinator starts an embedded broker",
+            file=sys.stderr,
+        )
+        return 2
     broker = EmbeddedBroker()
     broker.start()
     logging.getLogger(__name__).info(
         "embedded broker started on %s (pid %s)", broker.bootstrap_servers, broker.pid
     )
     try:
-        return _serve(args, broker.bootstrap_servers)
+        return _serve(args, broker.bootstrap_servers, kafka)
     finally:
         broker.stop()
 
 
-def _serve(args: argparse.Namespace, bootstrap_servers: str) -> int:
+def _serve(args: argparse.Namespace, bootstrap_servers: str, settings: KafkaSettings) -> int:
     from coordinator.daemon import DaemonConfig, run_daemon
+    from coordinator.storage.base import StoreError
 
     listen_host, listen_port = args.listen
     admin_host, admin_port = args.admin_listen
@@ -104,6 +132,7 @@ def _serve(args: argparse.Namespace, bootstrap_servers: str) -> int:
         ),
         group_assignors=dict(args.group_assignor),
         startup_grace_ms=int(args.startup_grace_ms),
+        kafka=settings,
     )
     kafka = args.bootstrap_servers or "the embedded broker"
     try:
@@ -112,7 +141,7 @@ def _serve(args: argparse.Namespace, bootstrap_servers: str) -> int:
         print(f"keyshard coordinator: cannot start: Kafka at {kafka} did not answer in time",
               file=sys.stderr)  # fmt: skip
         return 1
-    except OSError as err:
+    except (OSError, StoreError) as err:
         print(f"keyshard coordinator: cannot start: {err}", file=sys.stderr)
         return 1
     except Exception as err:

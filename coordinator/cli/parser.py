@@ -134,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_ADMIN_LISTEN,
         help="admin API HOST:PORT",
     )
+    _add(
+        coord,
+        "--kafka-config",
+        default=None,
+        help="Kafka client settings, Java .properties format (security.protocol, sasl.*, "
+        "ssl.*, client.id, ...); KEYSHARD_KAFKA_<NAME> variables (sasl.password -> "
+        "KEYSHARD_KAFKA_SASL_PASSWORD) win over the file",
+    )
     _add(coord, "--state-topic", default=DEFAULT_STATE_TOPIC, help="internal topic for positions")
     _add(coord, "--auth-token", default=None, help="token consumers must present at Register")
     _add(

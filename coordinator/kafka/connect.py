@@ -10,7 +10,9 @@ name, never its secret value. Callers use it on their failure path only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.conn import create_conn
@@ -27,54 +29,83 @@ from coordinator.model.addresses import parse_host_port
 
 
 class KafkaUnreachable(ConnectionError):
-    """Kafka could not be used with these settings; the message says which to check."""
+    """Kafka could not be used with these settings; the message says which to check.
+    `lasting`: retrying with the same settings cannot help (credentials, TLS, protocol)."""
+
+    def __init__(self, message: str, *, lasting: bool) -> None:
+        super().__init__(message)
+        self.lasting = lasting
 
 
-def _sentence(err: BaseException, settings: KafkaSettings, address: str) -> str:
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """Why one bootstrap address failed; `lasting` as in KafkaUnreachable."""
+
+    address: str
+    sentence: str
+    lasting: bool
+
+
+def _diagnose(err: BaseException, settings: KafkaSettings, address: str) -> Diagnosis:
     user, _ = settings.credentials()
     mechanism = settings.sasl_mechanism
     if isinstance(err, SaslAuthenticationFailed):
         who = f"sasl.username={user!r}" if user else "the OAUTHBEARER token"
-        return (
+        return Diagnosis(
+            address,
             f"Kafka at {address} refused the SASL {mechanism} credentials ({who}): "
-            "check sasl.username and sasl.password (or the token provider)"
+            "check sasl.username and sasl.password (or the token provider)",
+            lasting=True,
         )
     if isinstance(err, UnsupportedSaslMechanismError | IllegalSaslStateError):
-        return (
+        return Diagnosis(
+            address,
             f"Kafka at {address} does not accept sasl.mechanism={mechanism} on this listener: "
-            "check sasl.mechanism and security.protocol against the broker's listener"
+            "check sasl.mechanism and security.protocol against the broker's listener",
+            lasting=True,
         )
     if isinstance(err, ssl.SSLCertVerificationError):
-        return (
+        return Diagnosis(
+            address,
             f"the TLS certificate of Kafka at {address} is not trusted "
-            f"({err.verify_message}): check ssl.ca.location"
-        )
-    if isinstance(err, ssl.SSLError):
-        return (
-            f"TLS with Kafka at {address} failed ({err.reason or err}): does the listener "
-            "speak TLS (security.protocol), and does it want a client certificate "
-            "(ssl.certificate.location / ssl.key.location)?"
+            f"({err.verify_message}): check ssl.ca.location",
+            lasting=True,
         )
     if isinstance(err, KafkaConnectionError | ConnectionResetError | ssl.SSLEOFError):
-        return (
+        return Diagnosis(
+            address,
             f"Kafka at {address} closed the connection during the handshake: does the "
-            f"listener speak security.protocol={settings.security_protocol}?"
+            f"listener speak security.protocol={settings.security_protocol}?",
+            lasting=True,
+        )
+    if isinstance(err, ssl.SSLError):
+        return Diagnosis(
+            address,
+            f"TLS with Kafka at {address} failed ({err.reason or err}): does the listener "
+            "speak TLS (security.protocol), and does it want a client certificate "
+            "(ssl.certificate.location / ssl.key.location)?",
+            lasting=True,
         )
     if isinstance(err, TimeoutError):
-        return (
+        return Diagnosis(
+            address,
             f"no answer from Kafka at {address} in time: is security.protocol "
-            f"({settings.security_protocol}) the listener's?"
+            f"({settings.security_protocol}) the listener's?",
+            lasting=False,
         )
     if isinstance(err, OSError):
-        return f"cannot reach Kafka at {address}: {err.strerror or err or type(err).__name__}"
-    return f"cannot use Kafka at {address}: {type(err).__name__}: {err}"
+        reason = err.strerror or str(err) or type(err).__name__
+        return Diagnosis(address, f"cannot reach Kafka at {address}: {reason}", lasting=False)
+    return Diagnosis(
+        address, f"cannot use Kafka at {address}: {type(err).__name__}: {err}", lasting=False
+    )
 
 
-async def explain_failure(
+async def diagnose(
     bootstrap_servers: str, settings: KafkaSettings, timeout: float = 10.0
-) -> str:
-    """One line per bootstrap address that failed, joined; '' if every address works now
-    (the failure was passing, or lies beyond connecting: the caller's own error stands)."""
+) -> list[Diagnosis]:
+    """One connection attempt per bootstrap address with `settings`: what failed, each
+    as a sentence; empty if every address works now."""
     options: dict[str, Any] = {
         k: v
         for k, v in settings.client_options().items()
@@ -87,7 +118,7 @@ async def explain_failure(
         try:
             host, port = parse_host_port(address)
         except ValueError as err:
-            problems.append(str(err))
+            problems.append(Diagnosis(address, f"bootstrap server {err}", lasting=True))
             continue
         try:
             conn = await asyncio.wait_for(
@@ -95,7 +126,37 @@ async def explain_failure(
                 timeout,
             )
         except (KafkaError, OSError, TimeoutError) as err:
-            problems.append(_sentence(err, settings, address))
+            problems.append(_diagnose(err, settings, address))
         else:
             conn.close()
-    return "; ".join(problems)
+    return problems
+
+
+async def explain_failure(
+    bootstrap_servers: str, settings: KafkaSettings, timeout: float = 10.0
+) -> str:
+    """The sentences of `diagnose`, joined; '' if every address works now (the failure
+    was passing, or lies beyond connecting: the caller's own error stands)."""
+    return "; ".join(d.sentence for d in await diagnose(bootstrap_servers, settings, timeout))
+
+
+async def start_client(
+    client: Any, bootstrap_servers: str, settings: KafkaSettings, what: str, timeout: float
+) -> None:
+    """`await client.start()` (any aiokafka client), bounded by `timeout`; on failure a
+    KafkaUnreachable saying why, in words naming the setting to check (the client is
+    stopped first)."""
+    try:
+        await asyncio.wait_for(client.start(), timeout)
+        return
+    except (KafkaError, OSError, TimeoutError) as err:
+        failure: BaseException = err
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(client.stop(), timeout)
+    found = await diagnose(bootstrap_servers, settings, timeout)
+    if not found:
+        raise KafkaUnreachable(f"{what}: {failure!r}", lasting=False) from failure
+    sentences = "; ".join(d.sentence for d in found)
+    raise KafkaUnreachable(
+        f"{what}: {sentences}", lasting=all(d.lasting for d in found)
+    ) from failure
