@@ -132,14 +132,6 @@ async def diagnose(
     return problems
 
 
-async def explain_failure(
-    bootstrap_servers: str, settings: KafkaSettings, timeout: float = 10.0
-) -> str:
-    """The sentences of `diagnose`, joined; '' if every address works now (the failure
-    was passing, or lies beyond connecting: the caller's own error stands)."""
-    return "; ".join(d.sentence for d in await diagnose(bootstrap_servers, settings, timeout))
-
-
 async def start_client(
     client: Any, bootstrap_servers: str, settings: KafkaSettings, what: str, timeout: float
 ) -> None:

@@ -413,11 +413,3 @@ def from_environment(
         for name, value in environ.items()
         if name.startswith(prefix) and len(name) > len(prefix) and name not in exclude
     }
-
-
-def merge(*sources: Mapping[str, str]) -> dict[str, str]:
-    """Later sources win (a file, then the environment, then explicit flags)."""
-    merged: dict[str, str] = {}
-    for source in sources:
-        merged.update(source)
-    return merged

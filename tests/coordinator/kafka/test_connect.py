@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.kafka.connect import explain_failure
+from coordinator.kafka.connect import diagnose
 from coordinator.kafka.settings import KafkaSettings
 from coordinator.local.processes import free_port
 from tests.conftest import SecuredKafka
@@ -12,9 +12,13 @@ from tests.conftest import SecuredKafka
 pytestmark = pytest.mark.integration
 
 
+async def explain_failure(address: str, settings: KafkaSettings) -> str:
+    return "; ".join(d.sentence for d in await diagnose(address, settings, timeout=5))
+
+
 async def explain(secured: SecuredKafka, address: str, **props: str) -> str:
     settings = KafkaSettings.parse({**secured.client_config(), **props})
-    message = await explain_failure(address, settings, timeout=5)
+    message = await explain_failure(address, settings)
     assert secured.users["app"] not in message
     return message
 
@@ -47,11 +51,11 @@ async def test_each_mistake_names_its_setting(
 
 
 async def test_plaintext_client_on_the_tls_listener(secured_kafka: SecuredKafka) -> None:
-    message = await explain_failure(secured_kafka.address, KafkaSettings.parse(), timeout=5)
+    message = await explain_failure(secured_kafka.address, KafkaSettings.parse())
     assert "security.protocol=PLAINTEXT?" in message
 
 
 async def test_nothing_listening() -> None:
     port = free_port()
-    message = await explain_failure(f"127.0.0.1:{port}", KafkaSettings.parse(), timeout=5)
+    message = await explain_failure(f"127.0.0.1:{port}", KafkaSettings.parse())
     assert message.startswith(f"cannot reach Kafka at 127.0.0.1:{port}")
