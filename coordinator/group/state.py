@@ -155,6 +155,11 @@ class GroupState:
     next_handoff_id: int = 1
     inputs_version: int = 0  # bumped by whatever should make the target be recomputed
     target_version: int = -1
+    # The inputs_version of the latest join: a target computed from older inputs has not
+    # placed every member, and the one that does will move slots of every target.
+    joined_version: int = 0
+    # Since when `reconcile` holds grants back for such a target (GrantsHeld), if it does.
+    grants_held_since: float | None = None
     positions_version: int = 0
     # The positions_version when slots last stopped being owned: a StartFetcher needs the
     # positions durable up to here (where the previous owners stopped), not up to the

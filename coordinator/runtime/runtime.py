@@ -318,7 +318,13 @@ class CoordinatorRuntime:
         self._apply(
             group,
             state,
-            handlers.reconcile(state, now=self.clock(), assignor=assignor, recompute=False),
+            handlers.reconcile(
+                state,
+                now=self.clock(),
+                assignor=assignor,
+                recompute=False,
+                hold_s=self.settings.recompute_max_defer_ms / 1000,
+            ),
         )
         # A group without members has nothing to recompute: scheduling it anyway would
         # spin the loop for a group replayed from the store.

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from api.models import group_view
-from coordinator.group.state import GroupConfig
+from coordinator.group.records import TargetComputed
+from coordinator.group.state import GroupConfig, GroupState
 from coordinator.runtime.runtime import CoordinatorRuntime
 from coordinator.runtime.settings import RuntimeSettings
 from coordinator.strategies import registry
@@ -81,6 +82,44 @@ async def test_a_storm_of_joins_shares_one_recompute() -> None:
         assert 2 <= runtime.activity.totals["recompute"] <= 3
         stopped = [i for i, c in enumerate(channels) if "stop_fetcher_request" in c.kinds()]
         assert stopped[:1] == [0] and len(stopped) <= 2, stopped
+    finally:
+        await runtime.stop()
+
+
+async def test_a_pause_in_a_storm_does_not_grant_under_a_target_that_misses_joiners() -> None:
+    """Ten joins at once, a pause longer than the quiet time (the recompute for them
+    starts), ten more while it runs. Its target gives the second ten nothing: granted,
+    the first ten would own every slot and the next target would revoke a piece from
+    each of them (the slow coord_scale runs: 4,000+ StopFetchers). The grants wait for
+    the target that places everyone: one StartFetcher each, no StopFetcher."""
+    runtime = runtime_with(assignor=SlowAssignor.name, quiet_ms=100)
+    await runtime.start()
+    try:
+        channels = [RecordingChannel() for _ in range(20)]
+        adopted: list[tuple[int, int]] = []  # (members in the target, members in the group)
+        adopt = runtime._recomputer._adopt
+
+        def recording(group: str, state: GroupState, record: TargetComputed) -> None:
+            adopted.append((len(record.target), len(state.members)))
+            adopt(group, state, record)
+
+        runtime._recomputer._adopt = recording
+
+        async def wave(members: list[RecordingChannel]) -> None:
+            await asyncio.gather(*(runtime.register(c, register("m")) for c in members))  # type: ignore[arg-type]
+
+        await wave(channels[:10])
+        await asyncio.sleep(0.25)  # the recompute for the first ten is running (0.5 s)
+        await wave(channels[10:])
+
+        def granted() -> bool:
+            for c in channels:
+                answer(c)
+            return all("start_fetcher_request" in c.kinds() for c in channels)
+
+        await eventually(granted, "everyone granted")
+        assert adopted == [(10, 20), (20, 20)]
+        assert [c.kinds() for c in channels] == [["start_fetcher_request"]] * 20
     finally:
         await runtime.stop()
 
