@@ -55,8 +55,10 @@ from coordinator.strategies.base import (
 )
 
 # How long grants wait at most for the recompute that places members who joined after the
-# current target's inputs (the runtime passes its recompute_max_defer_ms).
-GRANT_HOLD_S = 2.0
+# current target's inputs. That recompute starts within the recomputer's max defer (2 s)
+# of the change, or one recompute's duration after the previous one ended, and takes its
+# own duration: the runtime passes twice its recompute_max_defer_ms.
+GRANT_HOLD_S = 4.0
 
 
 def register(
@@ -415,8 +417,8 @@ def reconcile(
     defer) and reads targets, not ownership, so holding changes no outcome; a lone join
     or leave is not held (its target is current when adopted). Bounded: at most `hold_s`
     from the first grant held back (a `HoldTimer` reconciles then), after which slots
-    go to their owner under the current target anyway, so a storm that never pauses
-    still has its slots running.
+    go to their owner under the current target anyway, so in a storm that never pauses
+    no slot waits longer than that.
 
     The cost is what changed, not the group's size: step 2 visits only the members
     `replay` marked as owning slots outside their target (`state.excess`), step 3 only the

@@ -323,7 +323,7 @@ class CoordinatorRuntime:
                 now=self.clock(),
                 assignor=assignor,
                 recompute=False,
-                hold_s=self.settings.recompute_max_defer_ms / 1000,
+                hold_s=2 * self.settings.recompute_max_defer_ms / 1000,
             ),
         )
         # A group without members has nothing to recompute: scheduling it anyway would
