@@ -454,11 +454,9 @@ def reconcile(
                 result.effects.append(SetTimer(DrainTimer(mid), now + drain_timeout))
     if now < state.grants_allowed_at or not free:
         return result
-    if target is state.target:
-        owners = state.target_owners(free)
-    else:
-        owners = {mid: t & free for mid, t in target.items() if mid in state.members}
-    if hold_s > 0 and target_version < state.joined_version and any(owners.values()):
+    # (Decided before looking up the owners of every free slot: while a hold lasts, each
+    # event of a storm reconciles, and with all slots free that lookup is O(members).)
+    if hold_s > 0 and target_version < state.joined_version and state.has_target_owner(free):
         since = state.grants_held_since
         if since is None:
             since = now
@@ -466,6 +464,10 @@ def reconcile(
         if now < since + hold_s:
             result.effects.append(SetTimer(HoldTimer(), since + hold_s))
             return result
+    if target is state.target:
+        owners = state.target_owners(free)
+    else:
+        owners = {mid: t & free for mid, t in target.items() if mid in state.members}
     for mid in sorted(owners):
         grant = owners[mid] & free
         if grant:

@@ -204,3 +204,15 @@ class GroupState:
                     parts.setdefault(mid, []).append(SlotRange(lo, hi))
                 i += 1
         return {mid: RangeSet(rs) for mid, rs in parts.items()}
+
+    def has_target_owner(self, slots: RangeSet) -> bool:
+        """Whether any of `slots` is in a present member's target: stops at the first."""
+        index = self.target_index
+        for r in slots:
+            i = max(0, bisect_right(index, (r.start, MAX_SLOT + 1, "")) - 1)
+            while i < len(index) and index[i][0] <= r.end:
+                start, end, mid = index[i]
+                if max(start, r.start) <= min(end, r.end) and mid in self.members:
+                    return True
+                i += 1
+        return False

@@ -69,6 +69,7 @@ def check_indexes(state: GroupState) -> None:
     assert state.target_owners(RangeSet.full()) == {
         mid: t for mid, t in state.target.items() if mid in state.members and t
     }
+    assert state.has_target_owner(state.free) == bool(state.target_owners(state.free))
 
 
 def run(state: GroupState, result: Result, now: float) -> list[Effect]:
