@@ -122,6 +122,7 @@ class CoordinatorRuntime:
             clock,
             quiet_s=settings.recompute_quiet_ms / 1000,
             max_defer_s=settings.recompute_max_defer_ms / 1000,
+            idle_quiet_s=settings.recompute_idle_quiet_ms / 1000,
         )
         self._replies = PendingReplies()
         self._sender = OrderedSender(
