@@ -68,11 +68,16 @@ class GraceTimer:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldTimer:
+    """Grants held for a target that has not placed every member may wait no longer."""
+
+
+@dataclass(frozen=True, slots=True)
 class BalanceTimer:
     """The periodic load check of a strategy that places by load."""
 
 
-TimerKey = SessionTimer | DrainTimer | QuarantineTimer | GraceTimer | BalanceTimer
+TimerKey = SessionTimer | DrainTimer | QuarantineTimer | GraceTimer | HoldTimer | BalanceTimer
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from coordinator.group.effects import (
     CloseMember,
     DrainTimer,
     GraceTimer,
+    HoldTimer,
     QuarantineTimer,
     Result,
     SendStart,
@@ -26,6 +27,7 @@ from coordinator.group.effects import (
 from coordinator.group.records import (
     DrainStarted,
     GrantAcknowledged,
+    GrantsHeld,
     ImbalanceObserved,
     MemberContacted,
     MemberHeard,
@@ -51,6 +53,12 @@ from coordinator.strategies.base import (
     MemberSpec,
     RangeValidator,
 )
+
+# How long grants wait at most for the recompute that places members who joined after the
+# current target's inputs. That recompute starts within the recomputer's max defer (2 s)
+# of the change, or one recompute's duration after the previous one ended, and takes its
+# own duration: the runtime passes twice its recompute_max_defer_ms.
+GRANT_HOLD_S = 4.0
 
 
 def register(
@@ -226,7 +234,7 @@ def connection_lost(state: GroupState, *, member_id: str, now: float) -> Result:
 
 
 def timer_fired(state: GroupState, *, key: TimerKey, now: float) -> Result:
-    """A session, drain, quarantine or grace timer fired (`balance_check` has its own).
+    """A session, drain, quarantine, grace or hold timer fired (`balance_check` has its own).
 
     Timers may fire late or for a deadline that has moved since they were armed, so each
     one judges again with what is known now:
@@ -235,7 +243,9 @@ def timer_fired(state: GroupState, *, key: TimerKey, now: float) -> Result:
     - drain: the member is fenced only if a StopFetcher deadline really passed (else the
       timer is re-armed for the earliest one left);
     - quarantine: lost members' ranges whose wait is over become free;
-    - grace: nothing to record; the reconcile that follows may now grant.
+    - grace: nothing to record; the reconcile that follows may now grant;
+    - hold: nothing to record; the reconcile that follows grants what the hold kept back
+      if it has lasted its longest (`reconcile`).
     """
     match key:
         case SessionTimer(member_id):
@@ -280,7 +290,7 @@ def timer_fired(state: GroupState, *, key: TimerKey, now: float) -> Result:
             if any(q.until <= now for q in state.quarantined):
                 return Result(records=[QuarantineLifted(now)])
             return Result()
-        case GraceTimer() | BalanceTimer():
+        case GraceTimer() | HoldTimer() | BalanceTimer():
             return Result()
 
 
@@ -381,7 +391,12 @@ def balance_check(
 
 
 def reconcile(
-    state: GroupState, *, now: float, assignor: Assignor, recompute: bool = True
+    state: GroupState,
+    *,
+    now: float,
+    assignor: Assignor,
+    recompute: bool = True,
+    hold_s: float = GRANT_HOLD_S,
 ) -> Result:
     """Drive ownership toward the target, in the order that keeps every key with one owner.
 
@@ -393,7 +408,17 @@ def reconcile(
        everything else they own keeps flowing.
     3. Slots nobody owns, drains or quarantines are granted to their target owner with
        the positions where the previous owner stopped.
-    Grants wait while the coordinator is in its start-up grace period.
+    Grants wait while the coordinator is in its start-up grace period, and while members
+    joined after the inputs of the target (a storm of joins with a pause in it: the
+    target for the first wave lands after the second wave joined). That target gives the
+    joiners nothing, so the one that places them takes a piece of every member's target:
+    a grant now would be revoked moments later (at 5,000 members, thousands of
+    StopFetchers). The recompute that places them is already due (the recomputer's max
+    defer) and reads targets, not ownership, so holding changes no outcome; a lone join
+    or leave is not held (its target is current when adopted). Bounded: at most `hold_s`
+    from the first grant held back (a `HoldTimer` reconciles then), after which slots
+    go to their owner under the current target anyway, so in a storm that never pauses
+    no slot waits longer than that.
 
     The cost is what changed, not the group's size: step 2 visits only the members
     `replay` marked as owning slots outside their target (`state.excess`), step 3 only the
@@ -405,7 +430,9 @@ def reconcile(
     target = state.target
     excess = state.excess
     free = state.free
+    target_version = state.target_version
     if recompute and state.target_version != state.inputs_version:
+        target_version = state.inputs_version
         record = target_computed(
             state, assignor.assign(assignment_spec(state, now)), state.inputs_version
         )
@@ -427,6 +454,16 @@ def reconcile(
                 result.effects.append(SetTimer(DrainTimer(mid), now + drain_timeout))
     if now < state.grants_allowed_at or not free:
         return result
+    # (Decided before looking up the owners of every free slot: while a hold lasts, each
+    # event of a storm reconciles, and with all slots free that lookup is O(members).)
+    if hold_s > 0 and target_version < state.joined_version and state.has_target_owner(free):
+        since = state.grants_held_since
+        if since is None:
+            since = now
+            result.records.append(GrantsHeld(now))
+        if now < since + hold_s:
+            result.effects.append(SetTimer(HoldTimer(), since + hold_s))
+            return result
     if target is state.target:
         owners = state.target_owners(free)
     else:

@@ -133,6 +133,15 @@ class GrantsDeferred:
 
 
 @dataclass(frozen=True, slots=True)
+class GrantsHeld:
+    """Free slots are not granted under a target that has not placed every member yet
+    (members joined after its inputs): the recompute that places them is due and would
+    revoke a piece of each grant. Held from `at`, for a bounded time."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class PositionsLoaded:
     tp: TopicPartition
     positions: RangePositionMap
@@ -162,6 +171,7 @@ Record = (
     | MemberRemoved
     | QuarantineLifted
     | GrantsDeferred
+    | GrantsHeld
     | PositionsLoaded
     | GroupConfigChanged
 )

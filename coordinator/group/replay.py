@@ -13,6 +13,7 @@ from coordinator.group.records import (
     DrainStarted,
     GrantAcknowledged,
     GrantsDeferred,
+    GrantsHeld,
     GroupConfigChanged,
     ImbalanceObserved,
     MemberContacted,
@@ -49,6 +50,7 @@ def replay(state: GroupState, record: Record) -> None:
             state.topics = record.topics
             state.partitions = record.partitions
             state.inputs_version += 1
+            state.joined_version = state.inputs_version
         case MemberHeard():
             member = state.members.get(record.member_id)
             if member is not None:
@@ -83,6 +85,8 @@ def replay(state: GroupState, record: Record) -> None:
                 (r.start, r.end, mid) for mid, ranges in record.target for r in ranges
             )
             state.excess = {mid for mid in state.members if _has_excess(state, mid)}
+            if state.target_version >= state.joined_version:
+                state.grants_held_since = None
         case RebalanceRequested():
             state.inputs_version += 1
             state.imbalanced_since = None
@@ -127,6 +131,7 @@ def replay(state: GroupState, record: Record) -> None:
             member.epoch = record.epoch
             member.last_contacted = max(member.last_contacted, record.at)
             state.free = state.free - record.ranges
+            state.grants_held_since = None
             _refresh_excess(state, record.member_id)
             for h in state.open:
                 if h.waiting.overlaps(record.ranges) and record.member_id not in h.to_members:
@@ -167,6 +172,8 @@ def replay(state: GroupState, record: Record) -> None:
                 _mark_released(state, q.ranges, record.at)
         case GrantsDeferred():
             state.grants_allowed_at = record.until
+        case GrantsHeld():
+            state.grants_held_since = record.at
         case PositionsLoaded():
             state.positions[record.tp] = record.positions.copy()
         case GroupConfigChanged():

@@ -155,6 +155,11 @@ class GroupState:
     next_handoff_id: int = 1
     inputs_version: int = 0  # bumped by whatever should make the target be recomputed
     target_version: int = -1
+    # The inputs_version of the latest join: a target computed from older inputs has not
+    # placed every member, and the one that does will move slots of every target.
+    joined_version: int = 0
+    # Since when `reconcile` holds grants back for such a target (GrantsHeld), if it does.
+    grants_held_since: float | None = None
     positions_version: int = 0
     # The positions_version when slots last stopped being owned: a StartFetcher needs the
     # positions durable up to here (where the previous owners stopped), not up to the
@@ -199,3 +204,15 @@ class GroupState:
                     parts.setdefault(mid, []).append(SlotRange(lo, hi))
                 i += 1
         return {mid: RangeSet(rs) for mid, rs in parts.items()}
+
+    def has_target_owner(self, slots: RangeSet) -> bool:
+        """Whether any of `slots` is in a present member's target: stops at the first."""
+        index = self.target_index
+        for r in slots:
+            i = max(0, bisect_right(index, (r.start, MAX_SLOT + 1, "")) - 1)
+            while i < len(index) and index[i][0] <= r.end:
+                start, end, mid = index[i]
+                if max(start, r.start) <= min(end, r.end) and mid in self.members:
+                    return True
+                i += 1
+        return False

@@ -8,7 +8,9 @@ sets is equality of ownership, and set algebra is how the coordinator computes h
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
+from operator import attrgetter
 from typing import NamedTuple
 
 from coordinator.model.hashing import MAX_SLOT, SLOT_COUNT
@@ -54,6 +56,12 @@ class RangeSet:
 
     def __init__(self, ranges: Iterable[SlotRange] = ()) -> None:
         self._ranges: tuple[SlotRange, ...] = _normalize(ranges)
+
+    @classmethod
+    def _of(cls, normalized: tuple[SlotRange, ...]) -> RangeSet:
+        rs = cls.__new__(cls)
+        rs._ranges = normalized
+        return rs
 
     @classmethod
     def full(cls) -> RangeSet:
@@ -114,6 +122,17 @@ class RangeSet:
         out: list[SlotRange] = []
         i = j = 0
         a, b = self._ranges, other._ranges
+        if len(a) > len(b):
+            a, b = b, a
+        if len(a) * _LOPSIDED < len(b):
+            # A few ranges against many (a grant against the free slots of a group with
+            # thousands of members): look up only the window each one touches.
+            for r in a:
+                j = bisect_left(b, r.start, key=_END)
+                while j < len(b) and b[j].start <= r.end:
+                    out.append(SlotRange(max(r.start, b[j].start), min(r.end, b[j].end)))
+                    j += 1
+            return RangeSet._of(tuple(out))
         while i < len(a) and j < len(b):
             lo = max(a[i].start, b[j].start)
             hi = min(a[i].end, b[j].end)
@@ -126,6 +145,21 @@ class RangeSet:
         return RangeSet(out)
 
     def __sub__(self, other: RangeSet) -> RangeSet:
+        if len(other._ranges) * _LOPSIDED < len(self._ranges):
+            # Many minus a few: cut each one out of its window, not a walk over all.
+            out = list(self._ranges)
+            for r in other._ranges:
+                i = bisect_left(out, r.start, key=_END)
+                j, kept = i, []
+                while j < len(out) and out[j].start <= r.end:
+                    x = out[j]
+                    if x.start < r.start:
+                        kept.append(SlotRange(x.start, r.start - 1))
+                    if x.end > r.end:
+                        kept.append(SlotRange(r.end + 1, x.end))
+                    j += 1
+                out[i:j] = kept
+            return RangeSet._of(tuple(out))
         return self & other.complement()
 
     def complement(self) -> RangeSet:
@@ -141,6 +175,10 @@ class RangeSet:
 
     def overlaps(self, other: RangeSet) -> bool:
         return bool(self & other)
+
+
+_LOPSIDED = 8  # one operand this many times shorter than the other: bisect, don't walk
+_END = attrgetter("end")
 
 
 def _normalize(ranges: Iterable[SlotRange]) -> tuple[SlotRange, ...]:

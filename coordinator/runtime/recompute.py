@@ -7,7 +7,12 @@ from hurting a busy coordinator:
   storm of joins) once membership has been quiet for `quiet_s`, so the storm shares one
   recompute instead of paying one per wave, each wave moving what the last one placed;
   no later than `max_defer_s` after the target went stale; and never sooner than the
-  last recompute's own duration after it ended.
+  last recompute's own duration after it ended. A storm into a group where nothing runs
+  yet (no slot owned: a new group) waits for `idle_quiet_s` of quiet instead: it loses
+  nothing by waiting, and its tail often comes later (connections that overflowed the
+  listen queue, at most `somaxconn` = 4096 on Linux, complete only when TCP retransmits,
+  0.2-1.3 s later); placed after the first wave was granted, the tail takes a piece from
+  every member (4,096 StopFetchers at 5,000 members).
 - **Where**: in a worker thread, on a frozen snapshot of the inputs (`AssignmentSpec`).
   Inline it blocked the loop for its whole duration: no reply read, no timer on time,
   no connection accepted. In a thread the loop keeps its share of the GIL every switch
@@ -31,11 +36,13 @@ from functools import partial
 from coordinator.group import handlers
 from coordinator.group.records import TargetComputed
 from coordinator.group.state import GroupState
+from coordinator.model.ranges import RangeSet
 from coordinator.runtime.activity import Activity
 from coordinator.strategies.registry import strategy_named
 
 log = logging.getLogger(__name__)
 Adopt = Callable[[str, GroupState, TargetComputed], None]
+_ALL = RangeSet.full()
 
 
 @dataclass
@@ -55,12 +62,14 @@ class TargetRecomputer:
         *,
         quiet_s: float = 0.1,
         max_defer_s: float = 2.0,
+        idle_quiet_s: float = 1.5,
     ) -> None:
         self._adopt = adopt
         self._activity = activity
         self._clock = clock
         self.quiet_s = quiet_s
         self.max_defer_s = max_defer_s
+        self.idle_quiet_s = idle_quiet_s
         self._pending: dict[str, _Schedule] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ended: dict[str, float] = {}
@@ -104,16 +113,20 @@ class TargetRecomputer:
         for task in self._tasks.values():
             task.cancel()
 
-    def _due_in(self, group: str, schedule: _Schedule) -> float:
+    def _due_in(self, group: str, schedule: _Schedule, state: GroupState) -> float:
         now = time.perf_counter()
-        quiet = schedule.changed_at + (self.quiet_s if schedule.burst else 0.0)
+        quiet_s = 0.0
+        if schedule.burst:
+            idle = state.free == _ALL  # nothing owned, nothing quarantined
+            quiet_s = max(self.quiet_s, self.idle_quiet_s) if idle else self.quiet_s
+        quiet = schedule.changed_at + quiet_s
         latest = schedule.stale_since + self.max_defer_s
         spaced = self._ended.get(group, 0.0) + self._took.get(group, 0.0)
         return max(min(quiet, latest), spaced) - now
 
     async def _run(self, group: str, state: GroupState) -> None:
         while (schedule := self._pending.get(group)) is not None:
-            wait = self._due_in(group, schedule)
+            wait = self._due_in(group, schedule, state)
             if wait > 0:
                 await asyncio.sleep(wait)
                 continue

@@ -122,6 +122,7 @@ class CoordinatorRuntime:
             clock,
             quiet_s=settings.recompute_quiet_ms / 1000,
             max_defer_s=settings.recompute_max_defer_ms / 1000,
+            idle_quiet_s=settings.recompute_idle_quiet_ms / 1000,
         )
         self._replies = PendingReplies()
         self._sender = OrderedSender(
@@ -318,7 +319,13 @@ class CoordinatorRuntime:
         self._apply(
             group,
             state,
-            handlers.reconcile(state, now=self.clock(), assignor=assignor, recompute=False),
+            handlers.reconcile(
+                state,
+                now=self.clock(),
+                assignor=assignor,
+                recompute=False,
+                hold_s=2 * self.settings.recompute_max_defer_ms / 1000,
+            ),
         )
         # A group without members has nothing to recompute: scheduling it anyway would
         # spin the loop for a group replayed from the store.

@@ -29,6 +29,9 @@ class RuntimeSettings:
     # joins shares one recompute), but at most this long after it went stale.
     recompute_quiet_ms: int = 100
     recompute_max_defer_ms: int = 2_000
+    # ... and once quiet this long when nothing in the group runs yet (a new group):
+    # waiting costs nothing there, and a storm's tail may come a TCP retransmit later.
+    recompute_idle_quiet_ms: int = 1_500
     coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     # Per-group strategy overrides: group -> assignor name (the rest use group_defaults).
     group_assignors: Mapping[str, str] = field(default_factory=dict)

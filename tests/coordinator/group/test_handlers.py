@@ -17,6 +17,7 @@ from coordinator.group.effects import (
     DrainTimer,
     Effect,
     GraceTimer,
+    HoldTimer,
     QuarantineTimer,
     Result,
     SendStart,
@@ -37,6 +38,7 @@ from coordinator.model.positions import Position, PositionUpdate
 from coordinator.model.ranges import EMPTY, RangeSet
 from coordinator.protocol.messages import ErrorCode
 from coordinator.strategies.balanced import BalancedAssignor
+from coordinator.strategies.base import Assignment
 
 ASSIGNOR = BalancedAssignor()
 Upd = PositionUpdate
@@ -67,6 +69,7 @@ def check_indexes(state: GroupState) -> None:
     assert state.target_owners(RangeSet.full()) == {
         mid: t for mid, t in state.target.items() if mid in state.members and t
     }
+    assert state.has_target_owner(state.free) == bool(state.target_owners(state.free))
 
 
 def run(state: GroupState, result: Result, now: float) -> list[Effect]:
@@ -470,6 +473,88 @@ def test_reconcile_without_recompute_keeps_a_stale_target_and_still_hands_off() 
     grants = run(state, stopped(state, stop, 2.0), 2.0)
     (grant,) = [e for e in grants if isinstance(e, SendStart)]
     assert grant.member_id == "b" and grant.ranges == stop.ranges
+
+
+def later(state: GroupState, result: Result, now: float) -> list[Effect]:
+    """What the runtime does on an event: apply, reconcile against the current target
+    (the recompute runs later, off the loop)."""
+    effects = apply(state, result)
+    return effects + apply(state, h.reconcile(state, now=now, assignor=ASSIGNOR, recompute=False))
+
+
+def recomputed(state: GroupState, version: int, assignment: Assignment, now: float) -> list[Effect]:
+    """What the runtime does when a recompute for inputs `version` lands (_adopt_target)."""
+    effects = apply(state, Result(records=[h.target_computed(state, assignment, version)]))
+    return effects + apply(state, h.reconcile(state, now=now, assignor=ASSIGNOR, recompute=False))
+
+
+def test_a_target_that_lands_after_more_joins_grants_nothing_until_they_are_placed() -> None:
+    """A storm of joins with a pause longer than the recompute's quiet time in it: the
+    recompute for the first wave lands after the second wave joined. Granting under that
+    target hands the whole slot space to the first wave, and the next target takes a
+    piece back from each of them (at 5,000 members: 4,000+ StopFetchers, 10,000+
+    StartFetchers, a run settling in 10-20 s instead of 3-4). Grants wait until the
+    joiners are placed: every member gets one StartFetcher, nobody a StopFetcher."""
+    state = GroupState("g")
+    effects: list[Effect] = []
+    for i, mid in enumerate(("a", "b", "c")):
+        effects += later(state, join(state, mid, 0.01 * i), 0.01 * i)
+    first = state.inputs_version  # the pause: the recompute for a, b, c starts...
+    wave1 = ASSIGNOR.assign(h.assignment_spec(state, 0.15))
+    for i, mid in enumerate(("d", "e")):  # ...and the storm goes on while it runs
+        effects += later(state, join(state, mid, 0.2 + 0.01 * i), 0.2 + 0.01 * i)
+    effects += recomputed(state, first, wave1, 0.3)
+    assert set(state.target) == {"a", "b", "c"} and state.free == RangeSet.full()
+    assert not of(effects, SendStart) and not of(effects, SendStop)
+    assert SetTimer(HoldTimer(), 0.3 + h.GRANT_HOLD_S) in effects
+    second = state.inputs_version
+    effects += recomputed(state, second, ASSIGNOR.assign(h.assignment_spec(state, 0.4)), 0.9)
+    starts = of(effects, SendStart)
+    assert not of(effects, SendStop)
+    assert sorted(s.member_id for s in starts) == ["a", "b", "c", "d", "e"]
+    assert union([s.ranges for s in starts]) == RangeSet.full()
+    assert {s.member_id: s.ranges for s in starts} == state.target
+    owned_disjoint(state)
+
+
+def test_grants_held_for_a_target_that_misses_joiners_are_bounded(group3: GroupState) -> None:
+    """A join during a handoff: slots freed by the drains wait for the target that places
+    the joiner rather than going to their owner under the old one; but at most `hold_s`
+    (a storm that never pauses still gets its slots running), after which the hold timer
+    grants them under the current target."""
+    state = group3
+    stops = of(run(state, join(state, "m4", 2.0), 2.0), SendStop)  # lone: recomputed at once
+    assert len(stops) == 3
+    assert of(later(state, join(state, "m5", 2.1), 2.1), SendStart) == []
+    effects: list[Effect] = []
+    for s in stops:
+        effects += later(state, stopped(state, s, 2.2, report(s.ranges, P_OLD)), 2.2)
+    freed = union([s.ranges for s in stops])
+    assert not of(effects, SendStart) and state.free == freed
+    deadline = 2.2 + h.GRANT_HOLD_S
+    assert SetTimer(HoldTimer(), deadline) in effects
+    early = h.timer_fired(state, key=HoldTimer(), now=deadline - 0.01)
+    assert not of(later(state, early, deadline - 0.01), SendStart)
+    (start,) = of(later(state, h.timer_fired(state, key=HoldTimer(), now=deadline), deadline),
+                  SendStart)  # fmt: skip
+    assert start.member_id == "m4" and start.ranges == freed
+    assert_start_positions(start, P_OLD)
+    assert state.grants_held_since is None
+    owned_disjoint(state)
+
+
+def test_a_lone_join_is_not_held(group3: GroupState) -> None:
+    """Its target is current when it lands: the handoff goes on without waiting."""
+    state = group3
+    apply(state, join(state, "m4", 2.0))
+    version = state.inputs_version
+    assignment = ASSIGNOR.assign(h.assignment_spec(state, 2.0))
+    stops = of(recomputed(state, version, assignment, 2.5), SendStop)
+    effects = [e for s in stops for e in later(state, stopped(state, s, 2.6), 2.6)]
+    starts = of(effects, SendStart)  # each drain's slots as soon as they are free
+    assert len(starts) == 3 and {s.member_id for s in starts} == {"m4"}
+    assert union([s.ranges for s in starts]) == union([s.ranges for s in stops])
+    assert state.grants_held_since is None
 
 
 def test_a_start_waits_only_for_the_positions_it_hands_over(group3: GroupState) -> None:

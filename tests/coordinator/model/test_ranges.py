@@ -80,6 +80,28 @@ def test_set_algebra_agrees_with_python_sets(a: list[SlotRange], b: list[SlotRan
     assert ra.overlaps(rb) == bool(sa & sb)
 
 
+@st.composite
+def many_ranges(draw: st.DrawFn) -> RangeSet:
+    """Up to 64 separate runs in the probe window: free slots of a large group."""
+    slots = draw(st.sets(st.sampled_from(WINDOW), max_size=len(WINDOW)))
+    return RangeSet(SlotRange(s, s) for s in slots)
+
+
+@given(many_ranges(), st.lists(slot_ranges(), max_size=3))
+def test_set_algebra_of_a_few_ranges_against_many(big: RangeSet, few: list[SlotRange]) -> None:
+    """The bisecting paths (one operand much shorter) agree with Python sets."""
+    small = RangeSet(few)
+    sb, ss = as_set(big), from_list(few)
+    for result, expected in (
+        (big & small, sb & ss),
+        (small & big, sb & ss),
+        (big - small, sb - ss),
+    ):
+        assert_normalized(result)
+        assert as_set(result) == expected
+        assert result == RangeSet(result.ranges)
+
+
 @given(range_lists)
 def test_complement(ranges: list[SlotRange]) -> None:
     rs = RangeSet(ranges)

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from api.models import group_view
-from coordinator.group.state import GroupConfig
+from coordinator.group.records import TargetComputed
+from coordinator.group.state import GroupConfig, GroupState
 from coordinator.runtime.runtime import CoordinatorRuntime
 from coordinator.runtime.settings import RuntimeSettings
 from coordinator.strategies import registry
@@ -48,12 +49,15 @@ def slow_assignor() -> Iterator[None]:
     registry.STRATEGIES.pop(SlowAssignor.name, None)
 
 
-def runtime_with(assignor: str = "balanced", quiet_ms: int = 100) -> CoordinatorRuntime:
+def runtime_with(
+    assignor: str = "balanced", quiet_ms: int = 100, idle_quiet_ms: int = 1_500
+) -> CoordinatorRuntime:
     settings = RuntimeSettings(
         "unused:1",
         startup_grace_ms=0,
         group_defaults=GroupConfig(assignor=assignor),
         recompute_quiet_ms=quiet_ms,
+        recompute_idle_quiet_ms=idle_quiet_ms,
     )
     return runtime_on(settings, HeldStore())
 
@@ -63,7 +67,8 @@ async def test_a_storm_of_joins_shares_one_recompute() -> None:
     nothing), the other nineteen share one recompute after they stop, not one per wave
     (each wave moved what the previous one had placed: thousands of StopFetchers at
     5,000 members). Only the first member gives slots back. A stall of this machine
-    longer than the quiet time could split the storm: one more of each is tolerated."""
+    longer than the quiet time could split the storm: one more of each is tolerated (and
+    a stall before m0's target lands holds its grants: then nobody gives any back)."""
     runtime = runtime_with(quiet_ms=300)
     await runtime.start()
     try:
@@ -78,9 +83,81 @@ async def test_a_storm_of_joins_shares_one_recompute() -> None:
             return all("start_fetcher_request" in c.kinds() for c in channels)
 
         await eventually(granted, "everyone granted")
-        assert 2 <= runtime.activity.totals["recompute"] <= 3
+        assert 1 <= runtime.activity.totals["recompute"] <= 3
         stopped = [i for i, c in enumerate(channels) if "stop_fetcher_request" in c.kinds()]
-        assert stopped[:1] == [0] and len(stopped) <= 2, stopped
+        assert stopped[:1] in ([], [0]) and len(stopped) <= 2, stopped
+    finally:
+        await runtime.stop()
+
+
+async def test_a_pause_in_a_storm_does_not_grant_under_a_target_that_misses_joiners() -> None:
+    """Ten joins at once, a pause longer than the quiet time (the recompute for them
+    starts), ten more while it runs. Its target gives the second ten nothing: granted,
+    the first ten would own every slot and the next target would revoke a piece from
+    each of them (the slow coord_scale runs: 4,000+ StopFetchers). The grants wait for
+    the target that places everyone: one StartFetcher each, no StopFetcher. (The pause is
+    shorter than the quiet time of a new group: shortened here to test the hold.)"""
+    runtime = runtime_with(assignor=SlowAssignor.name, quiet_ms=100, idle_quiet_ms=100)
+    await runtime.start()
+    try:
+        channels = [RecordingChannel() for _ in range(20)]
+        adopted: list[tuple[int, int]] = []  # (members in the target, members in the group)
+        adopt = runtime._recomputer._adopt
+
+        def recording(group: str, state: GroupState, record: TargetComputed) -> None:
+            adopted.append((len(record.target), len(state.members)))
+            adopt(group, state, record)
+
+        runtime._recomputer._adopt = recording
+
+        async def wave(members: list[RecordingChannel]) -> None:
+            await asyncio.gather(*(runtime.register(c, register("m")) for c in members))  # type: ignore[arg-type]
+
+        await wave(channels[:10])
+        await asyncio.sleep(0.25)  # the recompute for the first ten is running (0.5 s)
+        await wave(channels[10:])
+
+        def granted() -> bool:
+            for c in channels:
+                answer(c)
+            return all("start_fetcher_request" in c.kinds() for c in channels)
+
+        await eventually(granted, "everyone granted")
+        assert adopted == [(10, 20), (20, 20)]
+        assert [c.kinds() for c in channels] == [["start_fetcher_request"]] * 20
+    finally:
+        await runtime.stop()
+
+
+async def test_a_storm_into_a_new_group_waits_for_its_tail() -> None:
+    """Ten joins, then ten more 0.5 s later (connections that overflowed the listen
+    queue complete a TCP retransmit later): in a group where nothing runs yet, waiting
+    costs nothing, so one recompute places all twenty. In a running group a burst still
+    waits only the ordinary quiet time."""
+    runtime = runtime_with(quiet_ms=100, idle_quiet_ms=1_000)
+    await runtime.start()
+    try:
+        channels = [RecordingChannel() for _ in range(22)]
+
+        async def wave(members: list[RecordingChannel]) -> None:
+            await asyncio.gather(*(runtime.register(c, register("m")) for c in members))  # type: ignore[arg-type]
+
+        await wave(channels[:10])
+        await asyncio.sleep(0.5)
+        await wave(channels[10:20])
+
+        def granted(members: list[RecordingChannel]) -> bool:
+            for c in members:
+                answer(c)
+            return all("start_fetcher_request" in c.kinds() for c in members)
+
+        await eventually(lambda: granted(channels[:20]), "everyone granted")
+        assert runtime.activity.totals["recompute"] == 1
+        assert [c.kinds() for c in channels[:20]] == [["start_fetcher_request"]] * 20
+        began = time.perf_counter()
+        await wave(channels[20:])  # a burst of two into the running group
+        await eventually(lambda: granted(channels), "the two granted")
+        assert time.perf_counter() - began < 0.9
     finally:
         await runtime.stop()
 
