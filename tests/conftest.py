@@ -25,7 +25,7 @@ from tests.integration.harness import CoordinatorProcess, Workers
 from tests.tls_files import TlsFiles, make_tls_files
 
 #: Brokers a test using the `broker` fixture runs on, unless marked `brokers(...)`.
-DEFAULT_BROKERS = ("tansu",)
+DEFAULT_BROKERS = ("tansu", "kafka")
 
 # CI explores a fixed sequence of examples (a red CI then means a change broke something,
 # not that chance found an old case); local runs keep exploring at random.

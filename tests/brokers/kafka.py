@@ -238,6 +238,8 @@ class KafkaBroker:
         if self._workdir is None:
             self._workdir = Path(tempfile.mkdtemp(prefix="keyshard-kafka-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # A start after a stop formats afresh: a restarted test broker is an empty one.
+        shutil.rmtree(self.workdir / "data", ignore_errors=True)
         props = self.workdir / "server.properties"
         props.write_text(_properties(self.config()))
         log4j = self.workdir / "log4j2.properties"

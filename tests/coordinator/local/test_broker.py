@@ -20,7 +20,8 @@ from coordinator.local import broker as broker_mod
 from coordinator.local.broker import BrokerError, EmbeddedBroker
 from coordinator.local.processes import free_port
 
-pytestmark = pytest.mark.integration
+# These test the embedded broker itself (coordinator.local.broker): Tansu only.
+pytestmark = [pytest.mark.integration, pytest.mark.brokers("tansu")]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
