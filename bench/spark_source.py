@@ -37,7 +37,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
 from coordinator.local.broker import EmbeddedBroker  # noqa: E402
 from coordinator.model.positions import Position  # noqa: E402
 from coordinator.model.ranges import SlotRange  # noqa: E402
-from spark_jobs.kafka_io import read_slice, read_watermarks  # noqa: E402
+from spark_jobs.kafka_io import SparkKafka, read_slice, read_watermarks  # noqa: E402
 from spark_jobs.planning import ReadSlice  # noqa: E402
 from spark_jobs.session import local_session  # noqa: E402
 from spark_jobs.source import register  # noqa: E402
@@ -82,7 +82,7 @@ def time_spark(spark: object, bootstrap: str, ranges: int) -> float:
 def time_in_process(bootstrap: str, records: int) -> float:
     piece = ReadSlice(TOPIC, 0, ((SlotRange(0, 65535), Position(0), Position(records)),))
     began = time.perf_counter()
-    count = sum(len(rows) for rows in read_slice(piece, bootstrap))
+    count = sum(len(rows) for rows in read_slice(piece, SparkKafka(bootstrap, {})))
     elapsed = time.perf_counter() - began
     assert count == records, (count, records)
     return elapsed
@@ -101,7 +101,7 @@ def main() -> None:
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap_servers
         asyncio.run(preload(bootstrap, records, args.keys))
-        marks = asyncio.run(read_watermarks(bootstrap, [TOPIC]))
+        marks = asyncio.run(read_watermarks(SparkKafka(bootstrap, {}), [TOPIC]))
         assert marks[(TOPIC, 0)] == (0, records), marks
         spark = local_session("keyshard-bench", threads=args.threads)
         try:

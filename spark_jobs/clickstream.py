@@ -21,7 +21,10 @@ import asyncio
 import json
 import random
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from coordinator.kafka.settings import KafkaSettings, load_properties
 
 START_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 PAGES = ["/", "/search", "/cart", "/checkout", "/account", *(f"/product/{n}" for n in range(40))]
@@ -85,11 +88,17 @@ def events(users: int, count: int, seed: int, bad: int = 0) -> list[ClickRecord]
     return out
 
 
-async def produce(bootstrap_servers: str, topic: str, records: list[ClickRecord]) -> int:
+async def produce(
+    bootstrap_servers: str,
+    topic: str,
+    records: list[ClickRecord],
+    kafka_config: Mapping[str, str] | None = None,
+) -> int:
     """Send `records` in order (keyed: a user's records land in one partition, in order)."""
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, linger_ms=5)
+    options = KafkaSettings.parse(kafka_config).client_options()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers, linger_ms=5, **options)
     await producer.start()
     try:
         futures = [await producer.send(topic, key=r.key, value=r.value) for r in records]
@@ -100,11 +109,17 @@ async def produce(bootstrap_servers: str, topic: str, records: list[ClickRecord]
     return len(records)
 
 
-async def ensure_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:
+async def ensure_topic(
+    bootstrap_servers: str,
+    topic: str,
+    partitions: int,
+    kafka_config: Mapping[str, str] | None = None,
+) -> None:
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    options = KafkaSettings.parse(kafka_config).admin_options()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **options)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, partitions, 1)])
@@ -127,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--partitions", type=int, default=None, help="create the topic with this many partitions"
     )
+    p.add_argument("--kafka-config", default=None, help="Kafka client settings (.properties)")
     return p
 
 
@@ -134,12 +150,13 @@ async def _main(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaConnectionError
 
     records = events(args.users, args.events, args.seed, args.bad)
+    config = load_properties(args.kafka_config) if args.kafka_config else {}
     try:
         if args.partitions is not None:
             await asyncio.wait_for(
-                ensure_topic(args.bootstrap_servers, args.topic, args.partitions), 30
+                ensure_topic(args.bootstrap_servers, args.topic, args.partitions, config), 30
             )
-        sent = await produce(args.bootstrap_servers, args.topic, records)
+        sent = await produce(args.bootstrap_servers, args.topic, records, config)
     except (KafkaConnectionError, TimeoutError) as err:
         print(f"error: Kafka at {args.bootstrap_servers} is unreachable: {err}", file=sys.stderr)
         return 2

@@ -32,11 +32,12 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from coordinator.kafka.settings import KafkaSettings, load_properties
 from coordinator.model.addresses import parse_host_port
 from coordinator.model.ranges import RangeSet
 from spark_jobs.launch import job_session
@@ -117,6 +118,9 @@ class ConsumerSettings:
     max_concurrency: int = 16
     session_timeout_ms: int = 10_000
     capacity: int = 1
+    # Kafka client settings in Kafka's own names (security, SASL, TLS file paths that
+    # exist on every executor): strings, so they pickle; each task checks them.
+    kafka_config: dict[str, str] = field(default_factory=dict)
 
 
 _current: CoordinatedConsumer | None = None
@@ -178,6 +182,7 @@ async def consume_until(
         topics=settings.topics,
         coordinator=settings.coordinator,
         bootstrap_servers=settings.bootstrap_servers,
+        kafka_config=settings.kafka_config,
         name=f"{settings.name}-{task}",
         max_concurrency=settings.max_concurrency,
         session_timeout_ms=settings.session_timeout_ms,
@@ -276,6 +281,7 @@ def run_executor_consumers(
     session_timeout_ms: int = 10_000,
     capacity: int = 1,
     name: str = "spark",
+    kafka_config: Mapping[str, str] | None = None,
 ) -> list[TaskReport]:
     """Run `consumers` tasks (default: one per task slot), each a member of `group` calling
     `handler(record)` (an aiokafka ConsumerRecord; sync or async) per record, keys in order.
@@ -303,6 +309,7 @@ def run_executor_consumers(
         )
     _probe(coordinator, "coordinator")
     _probe(bootstrap_servers, "Kafka bootstrap server")
+    KafkaSettings.parse(kafka_config)  # a bad setting fails here, not in every task
     settings = ConsumerSettings(
         group=group,
         topics=list(topics),
@@ -313,6 +320,7 @@ def run_executor_consumers(
         max_concurrency=max_concurrency,
         session_timeout_ms=session_timeout_ms,
         capacity=capacity,
+        kafka_config=dict(kafka_config or {}),
     )
     sc = spark.sparkContext
     sc.setJobGroup(f"keyshard-{group}", f"keyshard consumers of {group}", interruptOnCancel=True)
@@ -356,6 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--session-timeout-ms", type=int, default=10_000)
     p.add_argument("--master", default=None, help="default: spark-submit's, else local[consumers]")
     p.add_argument("--stats", default=None, help="also write the per-task stats here (JSON)")
+    p.add_argument(
+        "--kafka-config", default=None,
+        help="Kafka client settings, Java .properties format (security.protocol, sasl.*, ssl.*)",
+    )  # fmt: skip
     return p
 
 
@@ -386,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             until=until,
             max_concurrency=args.max_concurrency,
             session_timeout_ms=args.session_timeout_ms,
+            kafka_config=load_properties(args.kafka_config) if args.kafka_config else None,
         )
     except (ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)

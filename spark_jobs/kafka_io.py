@@ -13,15 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaError
 
+from coordinator.kafka.connect import (
+    KafkaUnreachable,
+    quiet_bootstrap,
+    start_client,
+    unreachable,
+)
 from coordinator.kafka.metadata import TopicMetadataError, partitions_of
+from coordinator.kafka.settings import KafkaConfigError, KafkaSettings
 from coordinator.model.hashing import ORDERING_KEY_HEADER, slot_for_record
 from coordinator.model.positions import TopicPartition
 from spark_jobs.planning import ReadSlice, SourceError
@@ -29,37 +38,84 @@ from spark_jobs.planning import ReadSlice, SourceError
 Watermarks = dict[TopicPartition, tuple[int, int]]
 
 
-def make_consumer(bootstrap_servers: str, **extra: Any) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
-        bootstrap_servers=bootstrap_servers,
-        enable_auto_commit=False,
-        auto_offset_reset="none",  # a read below the log start is an error, not a jump
-        fetch_max_wait_ms=50,
+@dataclass(frozen=True)
+class SparkKafka:
+    """The cluster and its client settings, from a read's options: `bootstrap_servers`
+    (or `kafka.bootstrap.servers`) and every `kafka.`-prefixed option as a Kafka setting
+    in Kafka's own name (`kafka.security.protocol`, `kafka.sasl.mechanism`, ...), the way
+    Spark's own Kafka source takes them. Plain strings, so it pickles to executors; each
+    side builds (and checks) the aiokafka settings from them."""
+
+    bootstrap_servers: str
+    properties: dict[str, str]
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> SparkKafka:
+        properties = {k[len(KAFKA_PREFIX) :]: str(v) for k, v in options.items()
+                      if k.startswith(KAFKA_PREFIX)}  # fmt: skip
+        given = str(options.get("bootstrap_servers") or "").strip() or None
+        if given is None and not properties.get("bootstrap.servers"):
+            raise SourceError("option 'bootstrap_servers' is required")
+        try:
+            bootstrap = cls("", properties).settings().with_bootstrap(given)
+        except KafkaConfigError as err:
+            raise SourceError(f"Kafka options: {err}") from None
+        return cls(bootstrap, properties)
+
+    def as_options(self) -> dict[str, str]:
+        """The same as reader options again (a job handing its Kafka on to a read)."""
+        return {"bootstrap_servers": self.bootstrap_servers,
+                **{KAFKA_PREFIX + k: v for k, v in self.properties.items()}}  # fmt: skip
+
+    def settings(self) -> KafkaSettings:
+        try:
+            return _parsed(tuple(sorted(self.properties.items())))
+        except KafkaConfigError as err:
+            raise SourceError(f"Kafka options: {err}") from None
+
+
+KAFKA_PREFIX = "kafka."
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(properties: tuple[tuple[str, str], ...]) -> KafkaSettings:
+    """One TLS context per distinct settings per process, not one per slice."""
+    return KafkaSettings.parse(dict(properties))
+
+
+def make_consumer(kafka: SparkKafka, **extra: Any) -> AIOKafkaConsumer:
+    options = {
+        "enable_auto_commit": False,
+        "auto_offset_reset": "none",  # a read below the log start is an error, not a jump
+        "fetch_max_wait_ms": 50,
+        **kafka.settings().consumer_options(),
         **extra,
-    )
+    }
+    return AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, **options)
 
 
-async def start_consumer(
-    consumer: AIOKafkaConsumer, bootstrap_servers: str, timeout: float
-) -> None:
+async def start_consumer(consumer: AIOKafkaConsumer, kafka: SparkKafka, timeout: float) -> None:
     try:
-        await asyncio.wait_for(consumer.start(), timeout)
-    except (KafkaError, OSError, TimeoutError) as err:
-        with contextlib.suppress(Exception):
-            await consumer.stop()
-        raise SourceError(f"cannot reach Kafka at {bootstrap_servers!r}: {err!r}") from err
+        await start_client(
+            consumer, kafka.bootstrap_servers, kafka.settings(), "keyshard source", timeout
+        )
+    except KafkaUnreachable as err:
+        raise SourceError(str(err)) from None
 
 
 async def topic_partitions(
-    bootstrap_servers: str, topics: Sequence[str], timeout: float
+    kafka: SparkKafka, topics: Sequence[str], timeout: float
 ) -> list[TopicPartition]:
     """Every partition of `topics`, from a fresh metadata answer (coordinator.kafka.metadata);
     an unknown topic is an error (never auto-created), and so is one showing no partitions."""
+    bootstrap, settings = kafka.bootstrap_servers, kafka.settings()
     try:
-        answer = await partitions_of(bootstrap_servers, topics, timeout)
-        found = answer.require(repr(bootstrap_servers))
+        with quiet_bootstrap():
+            answer = await partitions_of(bootstrap, topics, timeout, **settings.client_options())
+        found = answer.require(repr(bootstrap))
     except (KafkaError, OSError, TimeoutError) as err:
-        raise SourceError(f"cannot reach Kafka at {bootstrap_servers!r}: {err!r}") from err
+        explained = await unreachable(err, bootstrap, settings, "keyshard source", timeout)
+        raise SourceError(str(explained)) from err
     except TopicMetadataError as err:
         raise SourceError(str(err)) from err
     return [(topic, p) for topic in topics for p in found[topic]]
@@ -92,12 +148,12 @@ async def probe_high_watermarks(
 
 
 async def read_watermarks(
-    bootstrap_servers: str, topics: Sequence[str], timeout: float = 15.0
+    kafka: SparkKafka, topics: Sequence[str], timeout: float = 15.0
 ) -> Watermarks:
     """(low, high) offsets of every partition of `topics`, high = the fetch high watermark."""
-    tps = await topic_partitions(bootstrap_servers, topics, timeout)
-    consumer = make_consumer(bootstrap_servers)
-    await start_consumer(consumer, bootstrap_servers, timeout)
+    tps = await topic_partitions(kafka, topics, timeout)
+    consumer = make_consumer(kafka)
+    await start_consumer(consumer, kafka, timeout)
     try:
         ktps = [KafkaTP(*tp) for tp in tps]
         low = await asyncio.wait_for(consumer.beginning_offsets(ktps), timeout)
@@ -114,7 +170,7 @@ async def read_watermarks(
 
 def read_slice(
     piece: ReadSlice,
-    bootstrap_servers: str,
+    kafka: SparkKafka,
     *,
     ordering_header: str = ORDERING_KEY_HEADER,
     batch_rows: int = 8192,
@@ -129,7 +185,7 @@ def read_slice(
     if piece.is_empty:
         return
     loop = asyncio.new_event_loop()
-    rows = aread_slice(piece, bootstrap_servers, ordering_header, batch_rows, stall_timeout)
+    rows = aread_slice(piece, kafka, ordering_header, batch_rows, stall_timeout)
     try:
         while True:
             try:
@@ -143,13 +199,13 @@ def read_slice(
 
 async def aread_slice(
     piece: ReadSlice,
-    bootstrap_servers: str,
+    kafka: SparkKafka,
     ordering_header: str,
     batch_rows: int,
     stall_timeout: float,
 ) -> AsyncGenerator[list[tuple[Any, ...]], None]:
-    consumer = make_consumer(bootstrap_servers, max_partition_fetch_bytes=4 * 1024 * 1024)
-    await start_consumer(consumer, bootstrap_servers, stall_timeout)
+    consumer = make_consumer(kafka, max_partition_fetch_bytes=4 * 1024 * 1024)
+    await start_consumer(consumer, kafka, stall_timeout)
     try:
         ktp = KafkaTP(piece.topic, piece.partition)
         consumer.assign([ktp])

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
@@ -28,6 +29,8 @@ from spark_jobs.sessionize import DEFAULT_GAP_MS, classify_clicks, sessionize
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from spark_jobs.kafka_io import SparkKafka
 
 WRITE_MODES = ("errorifexists", "overwrite")
 
@@ -47,14 +50,14 @@ class PipelineResult:
 
 
 def read_records(
-    spark: SparkSession, bootstrap_servers: str, topics: list[str], ranges: int
+    spark: SparkSession, kafka: SparkKafka, topics: list[str], ranges: int
 ) -> DataFrame:
     from spark_jobs.source import register
 
     register(spark)
     return (
         spark.read.format("keyshard")
-        .option("bootstrap_servers", bootstrap_servers)
+        .options(**kafka.as_options())
         .option("topics", ",".join(topics))
         .option("ranges", str(ranges))
         .load()
@@ -71,15 +74,20 @@ def run_pipeline(
     ranges: int = 8,
     gap_ms: int = DEFAULT_GAP_MS,
     mode: str = "errorifexists",
+    kafka_config: Mapping[str, str] | None = None,
 ) -> PipelineResult:
-    """Sessionize `topics` into Parquet at `output`; rejected records to `rejects` if given."""
+    """Sessionize `topics` into Parquet at `output`; rejected records to `rejects` if given.
+    `kafka_config`: Kafka client settings in Kafka's names (security, SASL, TLS)."""
     if mode not in WRITE_MODES:
         raise ValueError(f"mode must be one of {WRITE_MODES}, got {mode!r}")
     if gap_ms <= 0:
         raise ValueError(f"the session gap must be > 0, got {gap_ms} ms")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    promised = count_offsets(bootstrap_servers, topics)
-    raw = read_records(spark, bootstrap_servers, topics, ranges)
+    from spark_jobs.kafka_io import SparkKafka
+
+    kafka = SparkKafka(bootstrap_servers, dict(kafka_config or {}))
+    promised = count_offsets(kafka, topics)
+    raw = read_records(spark, kafka, topics, ranges)
     # One read of Kafka: everything after this works from the cached, classified records
     # (a second read would plan again, against a newer high watermark).
     checked = classify_clicks(raw).persist()
@@ -123,17 +131,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gap-minutes", type=float, default=DEFAULT_GAP_MS / 60_000)
     p.add_argument("--mode", choices=WRITE_MODES, default="errorifexists")
     p.add_argument("--master", default=None, help="default: spark-submit's, else local[2]")
+    p.add_argument(
+        "--kafka-config", default=None,
+        help="Kafka client settings, Java .properties format (security.protocol, sasl.*, ssl.*)",
+    )  # fmt: skip
     return p
 
 
-def count_offsets(bootstrap_servers: str, topics: list[str]) -> int:
+def count_offsets(kafka: SparkKafka, topics: list[str]) -> int:
     """Offsets between the low and high watermarks of every partition of `topics`; fails
     (SourceError) when Kafka or a topic is not there, before any JVM starts."""
     from spark_jobs.kafka_io import read_watermarks
 
     # In a thread of its own: the caller may be inside an event loop (a notebook, a test).
     with ThreadPoolExecutor(1) as pool:
-        job = pool.submit(asyncio.run, read_watermarks(bootstrap_servers, topics, timeout=10))
+        job = pool.submit(asyncio.run, read_watermarks(kafka, topics, timeout=10))
         marks = job.result()
     return sum(high - low for low, high in marks.values())
 
@@ -148,11 +160,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--ranges {args.ranges} is outside 1..65536")
     if not args.gap_minutes > 0:
         parser.error(f"--gap-minutes must be > 0, got {args.gap_minutes}")
+    from coordinator.kafka.settings import KafkaConfigError, load_properties
+    from spark_jobs.kafka_io import SparkKafka
     from spark_jobs.planning import SourceError
 
     try:
-        count_offsets(args.bootstrap_servers, topics)
-    except SourceError as err:
+        kafka_config = load_properties(args.kafka_config) if args.kafka_config else {}
+        kafka = SparkKafka.from_options(
+            {"bootstrap_servers": args.bootstrap_servers,
+             **{f"kafka.{k}": v for k, v in kafka_config.items()}}
+        )  # fmt: skip
+        count_offsets(kafka, topics)
+    except (SourceError, KafkaConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     spark = job_session("keyshard-sessionize", args.master)
@@ -160,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_pipeline(
             spark,
             bootstrap_servers=args.bootstrap_servers,
+            kafka_config=kafka_config,
             topics=topics,
             output=args.output,
             rejects=args.rejects,

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import InputPartition
 
 from coordinator.model.hashing import ORDERING_KEY_HEADER
-from spark_jobs.kafka_io import read_slice
-from spark_jobs.planning import ReadSlice, parse_int, require
+from spark_jobs.kafka_io import SparkKafka, read_slice
+from spark_jobs.planning import ReadSlice, parse_int
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -28,7 +28,7 @@ class ReadSettings:
     """What every executor needs besides its slice."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
-        self.bootstrap_servers = require(options, "bootstrap_servers")
+        self.kafka = SparkKafka.from_options(options)
         self.ordering_header = options.get("ordering_header", ORDERING_KEY_HEADER)
         self.batch_rows = parse_int(options, "batch_rows", 8192, 1)
         self.stall_timeout = float(parse_int(options, "stall_timeout_s", 30, 1))
@@ -41,7 +41,7 @@ def arrow_batches(piece: ReadSlice, settings: ReadSettings) -> Iterator[pa.Recor
     schema = arrow_schema()
     for rows in read_slice(
         piece,
-        settings.bootstrap_servers,
+        settings.kafka,
         ordering_header=settings.ordering_header,
         batch_rows=settings.batch_rows,
         stall_timeout=settings.stall_timeout,

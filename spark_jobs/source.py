@@ -61,9 +61,7 @@ class BatchReader(DataSourceReader):
         self.timeout = float(parse_int(options, "timeout_s", 15, 1))
 
     def partitions(self) -> list[InputPartition]:
-        watermarks = asyncio.run(
-            read_watermarks(self.settings.bootstrap_servers, self.topics, self.timeout)
-        )
+        watermarks = asyncio.run(read_watermarks(self.settings.kafka, self.topics, self.timeout))
         bounds = resolve_start(watermarks, self.starting)
         return [SlicePartition(piece) for piece in plan_batch(bounds, self.ranges)]
 

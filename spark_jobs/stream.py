@@ -68,6 +68,7 @@ from coordinator.model.positions import PositionUpdate, TopicPartition
 from coordinator.model.ranges import RangeSet
 from coordinator.protocol.messages import HighWatermark
 from spark_jobs.kafka_io import (
+    SparkKafka,
     make_consumer,
     probe_high_watermarks,
     start_consumer,
@@ -94,7 +95,7 @@ class StreamSettings:
             self.coordinators = parse_host_ports(self.coordinator)
         except ValueError as err:
             raise SourceError(f"option 'coordinator': coordinator address {err}") from None
-        self.bootstrap_servers = require(options, "bootstrap_servers")
+        self.kafka = SparkKafka.from_options(options)
         self.auth_token = options.get("auth_token")
         self.capacity = parse_int(options, "capacity", default_parallelism, 1, 100_000)
         self.pieces = parse_int(options, "ranges", self.capacity, 1, 65536)
@@ -136,10 +137,10 @@ class MemberRuntime:
     async def _open(self) -> None:
         s = self.settings
         self._changed = asyncio.Event()
-        consumer = make_consumer(s.bootstrap_servers, max_partition_fetch_bytes=64 * 1024)
-        await start_consumer(consumer, s.bootstrap_servers, s.connect_timeout)
+        consumer = make_consumer(s.kafka, max_partition_fetch_bytes=64 * 1024)
+        await start_consumer(consumer, s.kafka, s.connect_timeout)
         self.consumer = consumer
-        self.partitions = await topic_partitions(s.bootstrap_servers, s.topics, s.connect_timeout)
+        self.partitions = await topic_partitions(s.kafka, s.topics, s.connect_timeout)
         ktps = [KafkaTP(*tp) for tp in self.partitions]
         ends = await asyncio.wait_for(consumer.end_offsets(ktps), s.connect_timeout)
         self.high_watermarks = {(k.topic, k.partition): int(v) for k, v in ends.items()}

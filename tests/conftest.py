@@ -19,6 +19,7 @@ from tests.brokers.kafka import (
     KafkaBroker,
     KafkaUnavailable,
     missing_tools,
+    run_tool,
     secured_broker,
 )
 from tests.integration.harness import CoordinatorProcess, Workers
@@ -96,6 +97,7 @@ class SecuredKafka:
         return self.broker.listener(SASL_SSL)
 
     def client_config(self, user: str = "app", **overrides: str) -> dict[str, str]:
+        """What a client of `user` puts in its Kafka settings (Kafka's own names)."""
         return {
             "security.protocol": "SASL_SSL",
             "sasl.mechanism": "SCRAM-SHA-512",
@@ -108,16 +110,64 @@ class SecuredKafka:
 
 @pytest.fixture(scope="session")
 def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredKafka]:
-    """One SASL_SSL Kafka node for the session (its own JVM: the plain node stays plain)."""
+    """One SASL_SSL Kafka node for the session (its own JVM: the plain node stays plain),
+    with the authorizer on and the ACLs README 'Running on Apache Kafka' lists: `keyshard`
+    has the coordinator's, `app` a consumer's, `limited` the coordinator's but Write on
+    the state topic; `admin` and the PLAINTEXT listener are super users."""
     _require_kafka_tools()
     tls = make_tls_files(tmp_path_factory.mktemp("kafka-tls"))
-    users = {"app": "app-secret-1", "admin": "admin-secret-2"}
-    broker = secured_broker(ca=tls.ca, cert=tls.server.cert, key=tls.server.key, users=users)
+    users = {name: f"{name}-secret-{i}" for i, name in enumerate(SECURED_USERS)}
+    broker = secured_broker(
+        ca=tls.ca, cert=tls.server.cert, key=tls.server.key, users=users, authorizer=True
+    )
     broker.start()
     try:
+        for principal, grants in ACLS.items():
+            for resource, name, operations in grants:
+                grant(broker, principal, resource, name, operations)
         yield SecuredKafka(broker, tls, users)
     finally:
         broker.stop()
+
+
+#: What each test principal may do; the README's ACL table says the same in prose.
+SECURED_USERS = ("admin", "keyshard", "app", "limited")
+SECURED_PREFIX = "secure."  # topics and groups of the secured tests start with this
+_COORDINATOR_ACLS = [
+    ("topic", "__keyshard", ("Create", "Describe", "DescribeConfigs", "Read", "Write")),
+    # Read: committing a group's low watermark as a Kafka offset needs it (Describe alone
+    # gives partition counts, not offset commits).
+    ("topic", SECURED_PREFIX, ("Describe", "Read")),
+    ("group", SECURED_PREFIX, ("Read", "Describe")),
+]
+ACLS = {
+    "keyshard": _COORDINATOR_ACLS,
+    "app": [("topic", SECURED_PREFIX, ("Read", "Describe", "Write"))],
+    "limited": [
+        ("topic", "__keyshard", ("Create", "Describe", "DescribeConfigs", "Read")),
+        *_COORDINATOR_ACLS[1:],
+    ],
+}
+
+
+def grant(
+    broker: KafkaBroker, principal: str, resource: str, prefix: str, operations: tuple[str, ...]
+) -> None:
+    args = [
+        "--bootstrap-server",
+        broker.bootstrap_servers,
+        "--add",
+        "--allow-principal",
+        f"User:{principal}",
+        f"--{resource}",
+        prefix,
+        "--resource-pattern-type",
+        "prefixed",
+    ]
+    for operation in operations:
+        args += ["--operation", operation]
+    done = run_tool("org.apache.kafka.tools.AclCommand", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.fixture

@@ -226,12 +226,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--partitions", type=int, default=1)
     demo.add_argument("--rate", type=float, default=2000.0, help="records per second produced")
     demo.add_argument("--output", default="demo-output", help="folder for every component's logs")
+    demo.add_argument(
+        "--bootstrap-servers",
+        type=_servers,
+        default=None,
+        help="run on this Kafka instead of an embedded broker (a fresh topic and state "
+        "topic of its own, deleted afterwards)",
+    )
+    demo.add_argument("--kafka-config", default=None, help="Kafka client settings (.properties)")
 
     worker = sub.add_parser("demo-worker", help=argparse.SUPPRESS)
     worker.add_argument("--group", required=True)
     worker.add_argument("--topics", required=True)
     worker.add_argument("--coordinator", required=True)
     worker.add_argument("--bootstrap-servers", required=True)
+    worker.add_argument("--kafka-config", default=None)
     worker.add_argument("--name", required=True)
     worker.add_argument("--out", required=True)
     worker.add_argument("--max-concurrency", type=int, default=64)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +134,26 @@ async def diagnose(
     return problems
 
 
+class _QuietBootstrap(logging.Filter):
+    """Drops aiokafka's per-address 'Unable connect to ...' while a client starts: a
+    failure is explained by `start_client` in one line of its own, and the same cause
+    logged first as a bare ERROR (with the password's setting unnamed) only confuses."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Unable connect to")
+
+
+@contextlib.contextmanager
+def quiet_bootstrap() -> Iterator[None]:
+    quiet = _QuietBootstrap()
+    logger = logging.getLogger("aiokafka")
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
 async def start_client(
     client: Any, bootstrap_servers: str, settings: KafkaSettings, what: str, timeout: float
 ) -> None:
@@ -139,16 +161,24 @@ async def start_client(
     KafkaUnreachable saying why, in words naming the setting to check (the client is
     stopped first)."""
     try:
-        await asyncio.wait_for(client.start(), timeout)
+        with quiet_bootstrap():
+            await asyncio.wait_for(client.start(), timeout)
         return
     except (KafkaError, OSError, TimeoutError) as err:
         failure: BaseException = err
     with contextlib.suppress(Exception):
         await asyncio.wait_for(client.stop(), timeout)
+    raise await unreachable(failure, bootstrap_servers, settings, what, timeout) from failure
+
+
+async def unreachable(
+    failure: BaseException, bootstrap_servers: str, settings: KafkaSettings, what: str,
+    timeout: float,
+) -> KafkaUnreachable:  # fmt: skip
+    """The KafkaUnreachable to raise for `failure` of `what`: the diagnosis of every
+    bootstrap address, or the failure itself when connecting works now."""
     found = await diagnose(bootstrap_servers, settings, timeout)
     if not found:
-        raise KafkaUnreachable(f"{what}: {failure!r}", lasting=False) from failure
+        return KafkaUnreachable(f"{what}: {failure!r}", lasting=False)
     sentences = "; ".join(d.sentence for d in found)
-    raise KafkaUnreachable(
-        f"{what}: {sentences}", lasting=all(d.lasting for d in found)
-    ) from failure
+    return KafkaUnreachable(f"{what}: {sentences}", lasting=all(d.lasting for d in found))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
@@ -27,22 +29,40 @@ from rich.table import Table
 
 from coordinator.daemon import DaemonConfig, start_daemon
 from coordinator.group.state import GroupConfig, GroupState
+from coordinator.kafka.settings import KafkaSettings, load_properties
 from coordinator.local.broker import EmbeddedBroker
 from coordinator.local.processes import free_port
 from coordinator.local.verify import Produced, Report, check, read_processed
 from coordinator.model.addresses import LOOPBACK
+from coordinator.storage.base import DEFAULT_STATE_TOPIC
 
 GROUP = "demo"
 TOPIC = "demo.events"
 
 
+@dataclass(frozen=True)
+class DemoKafka:
+    """Where the demo runs: the embedded broker, or a Kafka the user named (then with a
+    topic and a state topic of its own, so nothing of theirs is read or written)."""
+
+    bootstrap_servers: str
+    settings: KafkaSettings
+    config_file: str | None
+    topic: str
+    state_topic: str
+    external: bool
+
+
 def worker_command(
-    *, name: str, coordinator: str, bootstrap: str, out: Path, extra: list[str] | None = None
-) -> list[str]:
+    *, name: str, coordinator: str, bootstrap: str, out: Path, extra: list[str] | None = None,
+    topic: str = TOPIC, group: str = GROUP, kafka_config: str | None = None,
+) -> list[str]:  # fmt: skip
+    config = ["--kafka-config", kafka_config] if kafka_config else []
     return [
         sys.executable, "-m", "coordinator.cli", "--log-level", "WARNING", "demo-worker",
-        "--group", GROUP, "--topics", TOPIC, "--coordinator", coordinator,
-        "--bootstrap-servers", bootstrap, "--name", name, "--out", str(out), *(extra or []),
+        "--group", group, "--topics", topic, "--coordinator", coordinator,
+        "--bootstrap-servers", bootstrap, *config, "--name", name,
+        "--out", str(out), *(extra or []),
     ]  # fmt: skip
 
 
@@ -61,30 +81,46 @@ async def _demo(args: argparse.Namespace) -> int:
     for old in [*out_dir.glob("*.jsonl"), *out_dir.glob("*.log")]:
         old.unlink()
     _log_to(out_dir / "coordinator.log")
-    broker = EmbeddedBroker(log_path=out_dir / "broker.log")
-    broker.start()
+    broker: EmbeddedBroker | None = None
+    settings = KafkaSettings.parse(load_properties(args.kafka_config) if args.kafka_config else {})
+    if args.bootstrap_servers:
+        run_id = time.strftime("%Y%m%d-%H%M%S")
+        kafka = DemoKafka(
+            args.bootstrap_servers, settings, args.kafka_config, f"{TOPIC}.{run_id}",
+            f"__keyshard_demo_state.{run_id}", external=True,
+        )  # fmt: skip
+    else:
+        broker = EmbeddedBroker(log_path=out_dir / "broker.log")
+        broker.start()
+        kafka = DemoKafka(
+            broker.bootstrap_servers, settings, None, TOPIC, DEFAULT_STATE_TOPIC, external=False
+        )
     workers: dict[str, subprocess.Popen[bytes]] = {}
     daemon = None
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=kafka.bootstrap_servers, **settings.admin_options()
+    )
     try:
-        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
         await admin.start()
-        await admin.create_topics([NewTopic(TOPIC, args.partitions, 1)])
-        await admin.close()
+        await admin.create_topics([NewTopic(kafka.topic, args.partitions, 1)])
         listen, admin_port = free_port(), free_port()
         daemon = await start_daemon(
             DaemonConfig(
-                bootstrap_servers=broker.bootstrap_servers,
+                bootstrap_servers=kafka.bootstrap_servers,
                 listen_host=LOOPBACK,
                 listen_port=listen,
                 admin_host=LOOPBACK,
                 admin_port=admin_port,
-                startup_grace_ms=300,  # a fresh broker: no earlier coordinator to wait for
+                state_topic=kafka.state_topic,
+                startup_grace_ms=300,  # a fresh state topic: no earlier coordinator to wait for
                 group_defaults=GroupConfig(drain_timeout_ms=5000),
+                kafka=settings,
             )
         )
         coordinator = f"{LOOPBACK}:{listen}"
         console.print(
-            f"broker [bold]{broker.bootstrap_servers}[/], coordinator [bold]{coordinator}[/], "
+            f"kafka [bold]{kafka.bootstrap_servers}[/] (topic {kafka.topic}), "
+            f"coordinator [bold]{coordinator}[/], "
             f"admin [bold]http://{LOOPBACK}:{admin_port}/v1/groups/{GROUP}[/], "
             f"logs [bold]{out_dir}/[/]"
         )
@@ -95,8 +131,10 @@ async def _demo(args: argparse.Namespace) -> int:
                     worker_command(
                         name=name,
                         coordinator=coordinator,
-                        bootstrap=broker.bootstrap_servers,
+                        bootstrap=kafka.bootstrap_servers,
                         out=out_dir / f"{name}.jsonl",
+                        topic=kafka.topic,
+                        kafka_config=kafka.config_file,
                     ),
                     stdout=log,
                     stderr=log,
@@ -104,9 +142,7 @@ async def _demo(args: argparse.Namespace) -> int:
 
         for i in range(args.consumers):
             spawn(f"consumer-{i}")
-        produced = await _produce_with_events(
-            args, console, broker.bootstrap_servers, spawn, workers, out_dir
-        )
+        produced = await _produce_with_events(args, console, kafka, spawn, workers, out_dir)
         report = check(produced, read_processed(out_dir.glob("*.jsonl")))
         _print_report(console, report, daemon.runtime.group_states().get(GROUP))
         await _stop_workers(workers)
@@ -115,7 +151,13 @@ async def _demo(args: argparse.Namespace) -> int:
         await _stop_workers(workers, graceful=False)
         if daemon is not None:
             await daemon.stop()
-        broker.stop()
+        if kafka.external:  # leave the user's cluster as it was
+            with contextlib.suppress(Exception):
+                await admin.delete_topics([kafka.topic, kafka.state_topic])
+        with contextlib.suppress(Exception):
+            await admin.close()
+        if broker is not None:
+            broker.stop()
 
 
 def _log_to(path: Path) -> None:
@@ -147,12 +189,14 @@ async def _stop_workers(
 async def _produce_with_events(
     args: argparse.Namespace,
     console: Console,
-    bootstrap: str,
+    kafka: DemoKafka,
     spawn: object,
     workers: dict[str, subprocess.Popen[bytes]],
     out_dir: Path,
 ) -> list[Produced]:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=kafka.bootstrap_servers, linger_ms=5, **kafka.settings.client_options()
+    )
     await producer.start()
     produced: list[Produced] = []
     join_at, leave_at = int(args.records * 0.35), int(args.records * 0.65)
@@ -168,7 +212,7 @@ async def _produce_with_events(
         for i in range(args.records):
             key = f"key-{i % args.keys}"
             pending.append(
-                (key, await producer.send(TOPIC, key=key.encode(), value=str(i).encode()))
+                (key, await producer.send(kafka.topic, key=key.encode(), value=str(i).encode()))
             )
             if i == join_at:
                 spawn(f"consumer-{args.consumers}")  # type: ignore[operator]

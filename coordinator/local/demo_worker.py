@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from consumer_client import CoordinatedConsumer, RetryPolicy
+from coordinator.kafka.settings import load_properties
 from coordinator.model.hashing import slot_for_record
 
 
@@ -29,6 +30,7 @@ async def _main(args: argparse.Namespace) -> int:
         topics=args.topics.split(","),
         coordinator=args.coordinator,
         bootstrap_servers=args.bootstrap_servers,
+        kafka_config=load_properties(args.kafka_config) if args.kafka_config else None,
         name=args.name,
         max_concurrency=args.max_concurrency,
         session_timeout_ms=args.session_timeout_ms,

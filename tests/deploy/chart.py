@@ -46,6 +46,16 @@ FULL: dict[str, Any] = {
         "logLevel": "DEBUG",
         "listenHost": "0.0.0.0",
     },
+    "kafka": {
+        "config": {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "keyshard",
+            "ssl.ca.location": "/etc/keyshard/kafka-tls/ca.crt",
+        },
+        "secretRefs": {"sasl.password": {"name": "kafka-credentials", "key": "password"}},
+        "tlsSecret": "kafka-tls",
+    },
     "auth": {"consumerToken": "consumer-secret", "adminToken": "admin-secret"},
     "ports": {"consumer": 9171, "admin": 9172},
     "service": {
@@ -120,6 +130,11 @@ def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
     found = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
     assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
     return found[0]
+
+
+def settings_map(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ConfigMap of the daemon's KEYSHARD_* settings (not the Kafka settings file's)."""
+    return find(objects, "ConfigMap", f"{RELEASE}-keyshard")
 
 
 def service(objects: list[dict[str, Any]], suffix: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from tests.deploy.chart import (
     notes,
     render,
     service,
+    settings_map,
     validate_custom,
     validate_object,
 )
@@ -77,6 +78,7 @@ def test_full_values_render_the_optional_objects() -> None:
     kinds = sorted(o["kind"] for o in manifests(FULL))
     assert kinds == [
         "ConfigMap",
+        "ConfigMap",  # the Kafka client settings file
         "Deployment",
         "PodDisruptionBudget",
         "Secret",
@@ -140,7 +142,7 @@ def test_tokens_go_to_a_secret_never_the_configmap() -> None:
     secret = find(objects, "Secret")
     decoded = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert decoded == {"consumer-token": "consumer-secret", "admin-token": "admin-secret"}
-    assert "secret" not in yaml.safe_dump(find(objects, "ConfigMap")["data"])
+    assert "secret" not in yaml.safe_dump(settings_map(objects)["data"])
     env = {e["name"]: e for e in container(objects)["env"]}
     tokens = {"KEYSHARD_AUTH_TOKEN": "consumer-token", "KEYSHARD_ADMIN_TOKEN": "admin-token"}
     for var, key in tokens.items():
@@ -241,6 +243,16 @@ BAD_VALUES = [
         merged(MINIMAL, {"serviceMonitor": {"interval": "15 seconds"}}),
         r"/serviceMonitor/interval': '15 seconds' does not match pattern",
         id="bad-duration",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"kafka": {"config": {"sasl.password": "in-a-configmap"}}}),
+        r"/kafka/config': 'not' failed",
+        id="kafka-secret-in-config",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"kafka": {"secretRefs": {"sasl.password": {"name": "s"}}}}),
+        r"/kafka/secretRefs/sasl.password': missing property 'key'",
+        id="kafka-secret-ref-without-key",
     ),
 ]
 

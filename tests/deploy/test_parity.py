@@ -15,9 +15,20 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from coordinator.cli.parser import build_parser
+from coordinator.kafka.settings import from_environment, parse_properties
 from coordinator.strategies.registry import known_assignors
 from tests.api.fake_runtime import fake_runtime
-from tests.deploy.chart import CHART, FULL, MINIMAL, ROOT, container, find, manifests, service
+from tests.deploy.chart import (
+    CHART,
+    FULL,
+    MINIMAL,
+    ROOT,
+    container,
+    find,
+    manifests,
+    service,
+    settings_map,
+)
 
 # values.yaml key (under config/auth) -> argparse dest of `keyshard coordinator`. A new
 # flag without a chart value fails test_every_flag_is_reachable_from_values.
@@ -39,7 +50,9 @@ VALUE_FOR_DEST = {
     "balance_check_ms": ("config", "balanceCheckMs"),
     "load_half_life_ms": ("config", "loadHalfLifeMs"),
     "log_level": ("config", "logLevel"),
+    "kafka_config": ("kafka", "config"),
 }
+KAFKA_CONFIG_PATH = "/etc/keyshard/kafka/kafka.properties"
 
 
 def _coordinator_parser() -> argparse.ArgumentParser:
@@ -82,7 +95,7 @@ def pod_environment(values: dict[str, Any]) -> dict[str, str]:
     """The environment the coordinator container gets: the ConfigMap (envFrom) plus the
     env entries, with secretKeyRefs resolved through the rendered Secret."""
     objects = manifests(values)
-    env = dict(find(objects, "ConfigMap")["data"])
+    env = dict(settings_map(objects)["data"])
     secrets = {
         o["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in o["data"].items()}
         for o in objects
@@ -93,8 +106,16 @@ def pod_environment(values: dict[str, Any]) -> dict[str, str]:
             env[entry["name"]] = entry["value"]
         else:
             ref = entry["valueFrom"]["secretKeyRef"]
-            env[entry["name"]] = secrets[ref["name"]][ref["key"]]
+            # A Secret the user manages is not rendered: stand in a marked value.
+            env[entry["name"]] = secrets.get(ref["name"], {}).get(
+                ref["key"], f"<{ref['name']}/{ref['key']}>"
+            )
     return env
+
+
+def is_kafka_setting(variable: str) -> bool:
+    """KEYSHARD_KAFKA_<SETTING> variables carry Kafka settings, not daemon flags."""
+    return variable.startswith("KEYSHARD_KAFKA_") and variable != "KEYSHARD_KAFKA_CONFIG"
 
 
 def parse_with_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> argparse.Namespace:
@@ -122,7 +143,7 @@ def test_full_values_set_every_variable_and_the_daemon_reads_them(
     clean_env: pytest.MonkeyPatch,
 ) -> None:
     env = pod_environment(FULL)
-    keyshard_env = {k for k in env if k.startswith("KEYSHARD_")}
+    keyshard_env = {k for k in env if k.startswith("KEYSHARD_") and not is_kafka_setting(k)}
     assert keyshard_env == {env_name(flag) for flag in daemon_flags()}
 
     clean = build_parser().parse_args(["coordinator"])  # before the pod's environment
@@ -146,6 +167,7 @@ def test_full_values_set_every_variable_and_the_daemon_reads_them(
         "balance_check_ms": config["balanceCheckMs"],
         "load_half_life_ms": config["loadHalfLifeMs"],
         "log_level": config["logLevel"],
+        "kafka_config": KAFKA_CONFIG_PATH,
     }
     actual = {dest: getattr(args, dest) for dest in expected}
     actual["group_assignor"] = sorted(actual["group_assignor"])
@@ -153,6 +175,24 @@ def test_full_values_set_every_variable_and_the_daemon_reads_them(
     # Every value differs from the daemon's default, so none passed by accident.
     for dest in expected:
         assert getattr(clean, dest) != getattr(args, dest), dest
+
+
+def test_the_pods_kafka_settings_are_the_values_with_secrets_from_their_secret(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    """kafka.config becomes the file --kafka-config reads, kafka.secretRefs the variables
+    that win over it: together, what the daemon parses (coordinator.cli.main)."""
+    objects = manifests(FULL)
+    (kafka_map,) = [o for o in objects if o["kind"] == "ConfigMap" and "kafka.properties"
+                    in o.get("data", {})]  # fmt: skip
+    from_file = parse_properties(kafka_map["data"]["kafka.properties"].splitlines())
+    env = pod_environment(FULL)
+    settings = {**from_file, **from_environment(env)}
+    assert settings == {**FULL["kafka"]["config"], "sasl.password": "<kafka-credentials/password>"}
+    mounts = {m["mountPath"]: m["name"] for m in container(objects)["volumeMounts"]}
+    assert mounts["/etc/keyshard/kafka"] == "kafka-config"
+    assert mounts["/etc/keyshard/kafka-tls"] == "kafka-tls"
+    assert env["KEYSHARD_KAFKA_CONFIG"] == KAFKA_CONFIG_PATH
 
 
 def test_chart_defaults_are_the_daemons_defaults(clean_env: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +20,7 @@ import httpx
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from coordinator.kafka.settings import KafkaSettings
 from coordinator.local.demo import worker_command
 from coordinator.local.processes import free_port, stop_process
 from coordinator.local.verify import Processed, Produced, read_processed
@@ -129,6 +130,9 @@ class Workers:
     coordinator: CoordinatorProcess
     out_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    topic: str = TOPIC
+    group: str = GROUP
+    kafka_config: str | None = None  # a .properties file of Kafka client settings
 
     def spawn(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
         err = open(self.out_dir / f"{name}.err", "wb")  # noqa: SIM115
@@ -139,6 +143,9 @@ class Workers:
                 bootstrap=self.coordinator.bootstrap,
                 out=self.out_dir / f"{name}.jsonl",
                 extra=list(extra),
+                topic=self.topic,
+                group=self.group,
+                kafka_config=self.kafka_config,
             ),
             stdout=err,
             stderr=subprocess.STDOUT,
@@ -164,8 +171,15 @@ class Workers:
             stop_process(proc)
 
 
-async def create_topic(bootstrap: str, topic: str = TOPIC, partitions: int = 1) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+async def create_topic(
+    bootstrap: str,
+    topic: str = TOPIC,
+    partitions: int = 1,
+    kafka_config: Mapping[str, str] | None = None,
+) -> None:
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, **KafkaSettings.parse(kafka_config).admin_options()
+    )
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, partitions, 1)])
@@ -182,10 +196,17 @@ async def produce(
     start: int = 0,
     rate: float | None = None,
     key_of: Callable[[int], str] | None = None,
+    kafka_config: Mapping[str, str] | None = None,
+    compression: str | None = None,
 ) -> list[Produced]:
     """Produce `count` keyed records (key = record index mod `keys`, or `key_of(index)`),
-    optionally paced to `rate` records per second."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=2)
+    optionally paced to `rate` records per second, with Kafka settings and a codec."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        linger_ms=2,
+        compression_type=compression,
+        **KafkaSettings.parse(kafka_config).client_options(),
+    )
     await producer.start()
     try:
         began = time.monotonic()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -10,6 +11,7 @@ from aiokafka import AIOKafkaProducer
 from coordinator.model.hashing import SLOT_COUNT, slot_for_key
 from spark_jobs.source import register
 from tests.brokers import Broker
+from tests.conftest import SECURED_PREFIX, SecuredKafka
 from tests.integration.harness import create_topic, produce
 
 if TYPE_CHECKING:
@@ -24,7 +26,11 @@ async def test_batch_read_returns_exactly_what_was_produced(
     bootstrap = broker.bootstrap_servers
     await create_topic(bootstrap, "orders", partitions=2)
     await create_topic(bootstrap, "clicks", partitions=1)
-    produced = await produce(bootstrap, 1200, 40, topic="orders")
+    produced = []
+    for i, codec in enumerate(("gzip", "snappy", "lz4", "zstd")):  # every codec, read back
+        produced += await produce(
+            bootstrap, 300, 40, topic="orders", start=300 * i, compression=codec
+        )
     produced += await produce(bootstrap, 300, 7, topic="clicks")
     register(spark)
     df = (
@@ -78,3 +84,33 @@ async def test_unkeyed_records_spread_by_offset_and_the_ordering_header_wins(
     assert all(r.key is None and r.slot == r.offset % SLOT_COUNT for r in rows[:6])
     assert rows[6].slot == slot_for_key(b"user-7")
     assert read("empty") == []
+
+
+@pytest.mark.brokers()  # its own broker: the session's SASL_SSL node
+async def test_a_batch_read_over_sasl_ssl_takes_kafka_options(
+    spark: SparkSession, secured_kafka: SecuredKafka, tmp_path: Path
+) -> None:
+    """`kafka.`-prefixed options are Kafka settings, as in Spark's own Kafka source; the
+    principal `app` holds only a consumer's ACLs. A wrong password is a clear error."""
+    topic = f"{SECURED_PREFIX}{tmp_path.name}"
+    admin = secured_kafka.client_config("admin")
+    await create_topic(secured_kafka.address, topic, partitions=2, kafka_config=admin)
+    produced = await produce(secured_kafka.address, 500, 20, topic=topic, kafka_config=admin)
+    register(spark)
+
+    def read(password: str) -> list[Any]:
+        config = secured_kafka.client_config("app", **{"sasl.password": password})
+        reader = spark.read.format("keyshard").option("topics", topic).option("ranges", "2")
+        reader = reader.option("kafka.bootstrap.servers", secured_kafka.address)
+        for name, value in config.items():
+            reader = reader.option(f"kafka.{name}", value)
+        return reader.load().collect()
+
+    rows = read(secured_kafka.users["app"])
+    assert sorted((r.partition, r.offset) for r in rows) == sorted(
+        (p.partition, p.offset) for p in produced
+    )
+    from pyspark.errors import AnalysisException
+
+    with pytest.raises(AnalysisException, match=r"refused the SASL SCRAM-SHA-512 credentials"):
+        read("wrong")

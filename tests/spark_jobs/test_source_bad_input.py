@@ -40,6 +40,18 @@ async def topic(spark: SparkSession, broker: Broker) -> str:
             {"bootstrap_servers": "{broker}", "topics": "present", "ranges": "0"},
             r"option 'ranges'=0 is outside 1\.\.65536",
         ),
+        (
+            {
+                "bootstrap_servers": "{broker}",
+                "topics": "present",
+                "kafka.security.protocol": "TLS",
+            },
+            r"Kafka options: security.protocol='TLS': expected one of",
+        ),
+        (
+            {"bootstrap_servers": "{broker}", "topics": "present", "kafka.group.id": "g"},
+            r"Kafka options: group.id cannot be set here",
+        ),
     ],
 )
 def test_bad_batch_reads_are_refused(

@@ -104,3 +104,17 @@ the same rules as values.schema.json, with the reason.
 {{- fail "config.adminAuthReads needs an admin token: set auth.adminToken, or auth.existingSecret with auth.adminTokenKey" }}
 {{- end }}
 {{- end }}
+
+{{/* The ConfigMap holding the Kafka client settings file, and where the pod sees it. */}}
+{{- define "keyshard.kafkaConfigName" -}}
+{{- printf "%s-kafka" (include "keyshard.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "keyshard.kafkaConfigPath" -}}
+/etc/keyshard/kafka/kafka.properties
+{{- end }}
+
+{{/* The variable a secret Kafka setting arrives in: sasl.password -> KEYSHARD_KAFKA_SASL_PASSWORD. */}}
+{{- define "keyshard.kafkaEnvName" -}}
+{{- printf "KEYSHARD_KAFKA_%s" (. | replace "." "_" | upper) }}
+{{- end }}
