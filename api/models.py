@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
@@ -49,6 +49,9 @@ class RangeLag(BaseModel):
     partition: int
     next_offset: int
     high_watermark: int
+    # What lag counts to: the last stable offset (members read committed data, the
+    # default) or the high watermark (read_uncommitted members).
+    counted_to: Literal["last_stable_offset", "high_watermark"]
     lag: int
 
 
@@ -147,6 +150,8 @@ def _lag_of(state: GroupState, owned: RangeSet) -> dict[str, Any]:
                 RangeLag(
                     start=slots.start, end=slots.end, topic=tp[0], partition=tp[1],
                     next_offset=next_offset, high_watermark=high,
+                    counted_to="last_stable_offset" if state.stable_ends.get(tp)
+                    else "high_watermark",
                     lag=max(0, high - next_offset),
                 )
             )  # fmt: skip

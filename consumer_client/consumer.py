@@ -173,6 +173,7 @@ class CoordinatedConsumer:
             fetch_max_wait_ms=self.fetch_max_wait_ms,
             **self.kafka.consumer_options(),
         )
+        self._fetcher.read_committed = self.kafka.isolation_level == "read_committed"
         try:
             await start_client(
                 kafka, self.bootstrap_servers, self.kafka, "consumer", KAFKA_START_TIMEOUT_S

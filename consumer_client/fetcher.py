@@ -70,6 +70,9 @@ class Fetcher:
         self.replay_window = replay_window
         self._session = session  # the current registration: older work is stale
         self.kafka: AIOKafkaConsumer | None = None  # set by `CoordinatedConsumer.run`
+        # Reading committed data only (the default): the partition end that bounds what
+        # can be read is the last stable offset (see `high_watermarks`).
+        self.read_committed = True
         self.closing = False
         self.windows: dict[TopicPartition, ReplayWindow] = {}
         # Set whenever a fetcher held back by `max_pending` should look again: an ack, a
@@ -175,8 +178,28 @@ class Fetcher:
                 turn = clock()
             if fetch.task.done():
                 self._inflight = None
-                self.queue_fetched(fetch.task.result(), fetch.generations, fetch.session)
+                fetched = fetch.task.result()
+                self.queue_fetched(fetched, fetch.generations, fetch.session)
+                if not any(fetched.values()):
+                    await self._step_over_gaps()
         return None
+
+    async def _step_over_gaps(self) -> None:
+        """After a fetch that brought nothing: move each caught-up partition's cursor to
+        the client's fetch position. Offsets a fetch steps over without a record for us
+        (transaction markers; aborted records when reading committed data) are otherwise
+        only passed once a later record arrives, so a partition ending in a commit
+        marker would keep its positions one short of the end: lag that never clears,
+        and a position that is not the partition's end in the tools."""
+        assert self.kafka is not None
+        queued = {chunk.tp for chunk in self.backlog}
+        for tp, progress in list(self.progress.partitions.items()):
+            if not progress.grants or tp in queued:
+                continue
+            generation = progress.generation
+            position = await self.kafka.position(KafkaTP(*tp))
+            if progress.generation == generation and position > progress.cursor:
+                progress.cursor = position
 
     def _fit_batch(self, took: float) -> None:
         """Handlers that finish inline run synchronously, a whole batch in one turn of the
@@ -283,12 +306,19 @@ class Fetcher:
                 window.reset(offset)
 
     def high_watermarks(self) -> list[HighWatermark]:
-        """Each assigned partition's end as the last fetch saw it (the lag reference)."""
+        """Each assigned partition's end as the last fetch saw it (the lag reference): the
+        last stable offset when reading committed data (records after an open transaction
+        are not readable yet, so they are not lag this consumer could work off)."""
         if self.kafka is None:
             return []
+        stable = self.read_committed
         marks = []
         for tp in self.kafka.assignment():
-            offset = self.kafka.highwater(tp)
+            offset = self.kafka.last_stable_offset(tp) if stable else self.kafka.highwater(tp)
             if offset is not None:
-                marks.append(HighWatermark(topic=tp.topic, partition=tp.partition, offset=offset))
+                marks.append(
+                    HighWatermark(
+                        topic=tp.topic, partition=tp.partition, offset=offset, stable=stable
+                    )
+                )
         return marks

@@ -123,9 +123,17 @@ async def topic_partitions(
 
 async def probe_high_watermarks(
     consumer: AIOKafkaConsumer, tps: Sequence[TopicPartition], seek_to: dict[KafkaTP, int],
-    timeout: float,
+    timeout: float, *, stable: bool = False,
 ) -> dict[TopicPartition, int]:  # fmt: skip
-    """Fetch once per partition (from `seek_to`) and read the high watermark of the answer."""
+    """Fetch once per partition (from `seek_to`) and read the high watermark of the answer,
+    or with `stable` its last stable offset: reading committed data, nothing at or past
+    an open transaction can be read yet, so a read planned up to the high watermark
+    would wait for its commit."""
+
+    def end(ktp: KafkaTP) -> int | None:
+        offset = consumer.last_stable_offset(ktp) if stable else consumer.highwater(ktp)
+        return None if offset is None else int(offset)
+
     ktps = [KafkaTP(*tp) for tp in tps]
     consumer.assign(ktps)
     for ktp in ktps:
@@ -137,11 +145,10 @@ async def probe_high_watermarks(
         fresh = [
             ktp
             for ktp in ktps
-            if consumer.highwater(ktp) is not None
-            and (consumer.last_poll_timestamp(ktp) or 0) >= since
+            if end(ktp) is not None and (consumer.last_poll_timestamp(ktp) or 0) >= since
         ]
         if len(fresh) == len(ktps):
-            return {(k.topic, k.partition): int(consumer.highwater(k)) for k in ktps}
+            return {(k.topic, k.partition): int(end(k) or 0) for k in ktps}
         if time.monotonic() > deadline:
             late = sorted(set(ktps) - set(fresh))
             raise SourceError(f"no fetch answer within {timeout} s for {late}")
@@ -150,15 +157,17 @@ async def probe_high_watermarks(
 async def read_watermarks(
     kafka: SparkKafka, topics: Sequence[str], timeout: float = 15.0
 ) -> Watermarks:
-    """(low, high) offsets of every partition of `topics`, high = the fetch high watermark."""
+    """(low, high) offsets of every partition of `topics`: high is the fetch high watermark,
+    or the last stable offset when reading committed data (the default)."""
     tps = await topic_partitions(kafka, topics, timeout)
     consumer = make_consumer(kafka)
     await start_consumer(consumer, kafka, timeout)
+    stable = kafka.settings().isolation_level == "read_committed"
     try:
         ktps = [KafkaTP(*tp) for tp in tps]
         low = await asyncio.wait_for(consumer.beginning_offsets(ktps), timeout)
         end = await asyncio.wait_for(consumer.end_offsets(ktps), timeout)
-        high = await probe_high_watermarks(consumer, tps, end, timeout)
+        high = await probe_high_watermarks(consumer, tps, end, timeout, stable=stable)
         return {tp: (int(low[KafkaTP(*tp)]), max(high[tp], int(end[KafkaTP(*tp)]))) for tp in tps}
     finally:
         with contextlib.suppress(Exception):

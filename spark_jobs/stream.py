@@ -207,8 +207,9 @@ class MemberRuntime:
     async def probe(self) -> dict[TopicPartition, int]:
         assert self.consumer is not None
         seek = {KafkaTP(*tp): self.high_watermarks.get(tp, 0) for tp in self.partitions}
+        stable = self.settings.kafka.settings().isolation_level == "read_committed"
         fresh = await probe_high_watermarks(
-            self.consumer, self.partitions, seek, self.settings.connect_timeout
+            self.consumer, self.partitions, seek, self.settings.connect_timeout, stable=stable
         )
         for tp, offset in fresh.items():
             self.high_watermarks[tp] = max(offset, self.high_watermarks.get(tp, 0))

@@ -115,7 +115,7 @@ def ping_answered(
     positions: PositionUpdate,
     load: Iterable[tuple[int, int]],
     now: float,
-    high_watermarks: Iterable[tuple[TopicPartition, int]] = (),
+    high_watermarks: Iterable[tuple[TopicPartition, int, bool]] = (),
 ) -> Result:
     """A Ping reply: proof of life, progress, load and the partition ends it sees.
 

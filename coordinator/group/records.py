@@ -31,7 +31,8 @@ class MemberHeard:
     member_id: str
     at: float
     load: tuple[tuple[int, int], ...] = ()
-    high_watermarks: tuple[tuple[TopicPartition, int], ...] = ()
+    # (partition, offset, stable): stable when the offset is a last stable offset.
+    high_watermarks: tuple[tuple[TopicPartition, int, bool], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

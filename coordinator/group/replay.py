@@ -59,8 +59,9 @@ def replay(state: GroupState, record: Record) -> None:
                     member.load = dict(record.load)
                     member.processed += sum(c for _, c in record.load)
                     state.load.add(record.load, record.at)
-                for tp, offset in record.high_watermarks:
+                for tp, offset, stable in record.high_watermarks:
                     state.high_watermarks[tp] = max(state.high_watermarks.get(tp, 0), offset)
+                    state.stable_ends[tp] = stable
         case MemberContacted():
             member = state.members.get(record.member_id)
             if member is not None:

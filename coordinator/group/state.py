@@ -148,6 +148,8 @@ class GroupState:
     last_rebalance_imbalance: float | None = None
     # Partition ends as the members' fetches last saw them: what lag is measured against.
     high_watermarks: dict[TopicPartition, int] = field(default_factory=dict)
+    # Partitions whose reported end is a last stable offset (read_committed members).
+    stable_ends: dict[TopicPartition, bool] = field(default_factory=dict)
     quarantined: list[Quarantine] = field(default_factory=list)
     positions: dict[TopicPartition, RangePositionMap] = field(default_factory=dict)
     handoffs: deque[Handoff] = field(default_factory=lambda: deque(maxlen=MAX_HANDOFF_HISTORY))

@@ -183,11 +183,15 @@ class PingRequest(_WireMessage):
 
 class HighWatermark(_WireModel):
     """A partition's end as the consumer's own fetches last saw it: the lag reference
-    (ListOffsets can under-report on some brokers, the fetch response does not)."""
+    (ListOffsets can under-report on some brokers, the fetch response does not).
+
+    `stable`: the offset is the last stable offset, the end a read_committed consumer can
+    read to while a transaction is open (the high watermark when `stable` is false)."""
 
     topic: str = Field(min_length=1, max_length=249)
     partition: int = Field(ge=0)
     offset: int = Field(ge=0)
+    stable: bool = False
 
 
 class PingResponse(_WireMessage):

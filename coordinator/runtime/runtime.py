@@ -495,7 +495,9 @@ class CoordinatorRuntime:
             positions=positions_from_wire(reply.positions),
             load=sorted(reply.load.items()),
             now=self.clock(),
-            high_watermarks=[((h.topic, h.partition), h.offset) for h in reply.high_watermarks],
+            high_watermarks=[
+                ((h.topic, h.partition), h.offset, h.stable) for h in reply.high_watermarks
+            ],
         )
         if result.error is not None and result.error[0] != ErrorCode.STALE_EPOCH:
             log.info("ping reply of %s rejected: %s", member_id, result.error[1])

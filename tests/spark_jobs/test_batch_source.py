@@ -114,3 +114,39 @@ async def test_a_batch_read_over_sasl_ssl_takes_kafka_options(
 
     with pytest.raises(AnalysisException, match=r"refused the SASL SCRAM-SHA-512 credentials"):
         read("wrong")
+
+
+@pytest.mark.brokers("kafka")  # transactions: Tansu has no transactional producer
+async def test_a_batch_read_skips_aborted_records_and_stops_at_an_open_transaction(
+    spark: SparkSession, broker: Broker
+) -> None:
+    """Read committed data (the default): aborted records are never rows, and a read
+    planned while a transaction is open ends where it begins instead of waiting on it."""
+    bootstrap = broker.bootstrap_servers
+    await create_topic(bootstrap, "payments", partitions=1)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id="payments-tx")
+    await producer.start()
+    committed: list[int] = []
+    try:
+        for commit in (True, False, True, None):  # None: left open
+            await producer.begin_transaction()
+            futures = [await producer.send("payments", key=f"k{i % 9}".encode(), value=b"v")
+                       for i in range(200)]  # fmt: skip
+            offsets = [(await f).offset for f in futures]
+            if commit:
+                await producer.commit_transaction()
+                committed += offsets
+            elif commit is False:
+                await producer.abort_transaction()
+            # batch 3 stays open while Spark reads
+        register(spark)
+        df = (
+            spark.read.format("keyshard")
+            .option("bootstrap_servers", bootstrap)
+            .option("topics", "payments")
+            .option("ranges", "3")
+            .load()
+        )
+        assert sorted(r.offset for r in df.collect()) == committed
+    finally:
+        await producer.stop()  # aborts the open transaction
