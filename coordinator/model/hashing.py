@@ -16,6 +16,12 @@ LOAD_BUCKET_SHIFT = 4  # 4096 load buckets of 16 slots each, reported on Ping
 LOAD_BUCKET_COUNT = SLOT_COUNT >> LOAD_BUCKET_SHIFT
 
 
+def positive_hash(data: bytes) -> int:
+    """murmur3_32 (seed 0) masked positive: Pulsar's key hash, for slots and anything
+    else keyed by a name (a group's state partition)."""
+    return int(mmh3.hash(data, 0, signed=False)) & 0x7FFFFFFF
+
+
 def slot_for_key(key: bytes) -> int:
     """Slot of an ordering key."""
     return (mmh3.hash(key, 0, signed=False) & 0x7FFFFFFF) % SLOT_COUNT

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from coordinator.model.hashing import positive_hash
 from coordinator.model.positions import RangePositionMap, TopicPartition
 
 DEFAULT_STATE_TOPIC = "__keyshard_state"
@@ -19,6 +20,12 @@ Positions = dict[TopicPartition, RangePositionMap]
 
 class StoreError(RuntimeError):
     pass
+
+
+def partition_of(group: str, partitions: int) -> int:
+    """The state partition a group lives in (murmur3 of its name, as slots are): its
+    records, and so its coordinator, follow it."""
+    return positive_hash(group.encode()) % partitions
 
 
 class StateStore(Protocol):
