@@ -12,9 +12,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from coordinator.cli.endpoints import endpoint_tls
 from coordinator.cli.extras import require_server_extra
 from coordinator.cli.parser import ADMIN_COMMANDS, build_parser
 from coordinator.group.state import GroupConfig
+from coordinator.security.tls import TlsConfigError
 
 # Commands that run a server part or call the admin API: they need `keyshard[server]`.
 SERVER_COMMANDS = {"broker", "coordinator", "demo", *ADMIN_COMMANDS}
@@ -65,6 +67,11 @@ def _run_coordinator(args: argparse.Namespace) -> int:
     broker, started first and stopped last."""
     from coordinator.local.broker import EmbeddedBroker
 
+    try:  # TLS files first: a bad one is one line naming its flag, before anything starts
+        args.tls, args.admin_tls = endpoint_tls(args)
+    except TlsConfigError as err:
+        print(f"keyshard coordinator: {err}", file=sys.stderr)
+        return 2
     if args.bootstrap_servers:
         return _serve(args, args.bootstrap_servers)
     broker = EmbeddedBroker()
@@ -104,6 +111,11 @@ def _serve(args: argparse.Namespace, bootstrap_servers: str) -> int:
         ),
         group_assignors=dict(args.group_assignor),
         startup_grace_ms=int(args.startup_grace_ms),
+        tls=args.tls,
+        admin_tls=args.admin_tls,
+        register_timeout_ms=int(args.register_timeout_ms),
+        max_connections=args.max_connections,
+        max_connections_per_peer=int(args.max_connections_per_peer),
     )
     kafka = args.bootstrap_servers or "the embedded broker"
     try:
