@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator.model.addresses import parse_host_port
 from coordinator.model.ranges import RangeSet
+from coordinator.security.tls import ClientTls, TlsNames
 from spark_jobs.launch import job_session
 
 if TYPE_CHECKING:
@@ -117,6 +118,7 @@ class ConsumerSettings:
     max_concurrency: int = 16
     session_timeout_ms: int = 10_000
     capacity: int = 1
+    coordinator_tls: ClientTls | None = None  # paths as the executors see them
 
 
 _current: CoordinatedConsumer | None = None
@@ -182,6 +184,7 @@ async def consume_until(
         max_concurrency=settings.max_concurrency,
         session_timeout_ms=settings.session_timeout_ms,
         capacity=settings.capacity,
+        coordinator_tls=settings.coordinator_tls,
     )
     counter = _Counter()
     reason = ""
@@ -276,6 +279,7 @@ def run_executor_consumers(
     session_timeout_ms: int = 10_000,
     capacity: int = 1,
     name: str = "spark",
+    coordinator_tls: ClientTls | None = None,
 ) -> list[TaskReport]:
     """Run `consumers` tasks (default: one per task slot), each a member of `group` calling
     `handler(record)` (an aiokafka ConsumerRecord; sync or async) per record, keys in order.
@@ -283,6 +287,7 @@ def run_executor_consumers(
     Blocks until every task met `until`, and returns one `TaskReport` per task (the last
     attempt's, when Spark retried a task whose executor was lost). `handler` is pickled to
     the executors: a module-level function of an importable module is the safe choice.
+    `coordinator_tls` files must exist at the same paths on every executor.
     """
     if not topics or any(not t for t in topics):
         raise ValueError(f"topics must name at least one topic, got {topics!r}")
@@ -313,6 +318,7 @@ def run_executor_consumers(
         max_concurrency=max_concurrency,
         session_timeout_ms=session_timeout_ms,
         capacity=capacity,
+        coordinator_tls=coordinator_tls,
     )
     sc = spark.sparkContext
     sc.setJobGroup(f"keyshard-{group}", f"keyshard consumers of {group}", interruptOnCancel=True)
@@ -356,7 +362,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--session-timeout-ms", type=int, default=10_000)
     p.add_argument("--master", default=None, help="default: spark-submit's, else local[consumers]")
     p.add_argument("--stats", default=None, help="also write the per-task stats here (JSON)")
+    p.add_argument(
+        "--coordinator-tls-ca-file",
+        default=None,
+        help="the coordinator's channel runs TLS: the CA file that signed it",
+    )
+    p.add_argument(
+        "--coordinator-tls-cert-file",
+        default=None,
+        help="mutual TLS: the consumers' certificate (same path on every executor)",
+    )
+    p.add_argument("--coordinator-tls-key-file", default=None, help="and its private key")
     return p
+
+
+def tls_from_flags(args: argparse.Namespace) -> ClientTls | None:
+    """The --coordinator-tls-* flags, their files read now (on the driver): a wrong path
+    is an error naming the flag before any Spark task starts."""
+    if not args.coordinator_tls_ca_file:
+        if args.coordinator_tls_cert_file or args.coordinator_tls_key_file:
+            raise ValueError("--coordinator-tls-ca-file is required with a client certificate")
+        return None
+    tls = ClientTls(
+        args.coordinator_tls_ca_file, args.coordinator_tls_cert_file, args.coordinator_tls_key_file
+    )
+    tls.context(TlsNames(*(f"--coordinator-tls-{p}-file" for p in ("ca", "cert", "key"))))
+    return tls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -365,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         handler = load_handler(args.handler)
         until = StopWhen(args.max_seconds, args.idle_seconds, args.stop_file)
+        tls = tls_from_flags(args)  # TlsConfigError is a ValueError
     except ValueError as err:
         parser.error(str(err))
     try:  # before paying for a JVM
@@ -386,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             until=until,
             max_concurrency=args.max_concurrency,
             session_timeout_ms=args.session_timeout_ms,
+            coordinator_tls=tls,
         )
     except (ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
