@@ -45,8 +45,13 @@ FULL: dict[str, Any] = {
         "adminAuthReads": True,
         "logLevel": "DEBUG",
         "listenHost": "0.0.0.0",
+        "registerTimeoutMs": 5_000,
+        "maxConnections": 5_000,
+        "maxConnectionsPerPeer": 200,
     },
     "auth": {"consumerToken": "consumer-secret", "adminToken": "admin-secret"},
+    "tls": {"existingSecret": "keyshard-tls", "requireClientCert": True},
+    "adminTls": {"existingSecret": "keyshard-admin-tls"},
     "ports": {"consumer": 9171, "admin": 9172},
     "service": {
         "consumer": {"type": "LoadBalancer", "port": 7171, "annotations": {"a/b": "c"}},

@@ -39,6 +39,15 @@ VALUE_FOR_DEST = {
     "balance_check_ms": ("config", "balanceCheckMs"),
     "load_half_life_ms": ("config", "loadHalfLifeMs"),
     "log_level": ("config", "logLevel"),
+    "register_timeout_ms": ("config", "registerTimeoutMs"),
+    "max_connections": ("config", "maxConnections"),
+    "max_connections_per_peer": ("config", "maxConnectionsPerPeer"),
+    # Files mounted from the Secret the value names.
+    "tls_cert_file": ("tls", "existingSecret"),
+    "tls_key_file": ("tls", "existingSecret"),
+    "tls_client_ca_file": ("tls", "requireClientCert"),
+    "admin_tls_cert_file": ("adminTls", "existingSecret"),
+    "admin_tls_key_file": ("adminTls", "existingSecret"),
 }
 
 
@@ -146,6 +155,14 @@ def test_full_values_set_every_variable_and_the_daemon_reads_them(
         "balance_check_ms": config["balanceCheckMs"],
         "load_half_life_ms": config["loadHalfLifeMs"],
         "log_level": config["logLevel"],
+        "register_timeout_ms": config["registerTimeoutMs"],
+        "max_connections": config["maxConnections"],
+        "max_connections_per_peer": config["maxConnectionsPerPeer"],
+        "tls_cert_file": "/etc/keyshard/tls/tls.crt",
+        "tls_key_file": "/etc/keyshard/tls/tls.key",
+        "tls_client_ca_file": "/etc/keyshard/tls/ca.crt",
+        "admin_tls_cert_file": "/etc/keyshard/admin-tls/tls.crt",
+        "admin_tls_key_file": "/etc/keyshard/admin-tls/tls.key",
     }
     actual = {dest: getattr(args, dest) for dest in expected}
     actual["group_assignor"] = sorted(actual["group_assignor"])
