@@ -176,24 +176,24 @@ def raise_open_file_limit() -> OpenFileLimit:
     fs.nr_open), so then the largest value the kernel accepts is tried.
     """
     before, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if before in (hard, resource.RLIM_INFINITY):
+        return OpenFileLimit(before=before, soft=before, hard=hard)
     targets = [hard] if hard != resource.RLIM_INFINITY else [1 << 20, 1 << 16]
-    soft = before
     for target in targets:
-        if target <= before and before != resource.RLIM_INFINITY:
+        if target <= before:
             break
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         except (ValueError, OSError):
             continue
-        soft = target
-        break
-    return OpenFileLimit(before=before, soft=soft, hard=hard)
+        return OpenFileLimit(before=before, soft=target, hard=hard)
+    return OpenFileLimit(before=before, soft=before, hard=hard)
 
 
 def fitting_max_connections(soft_limit: int) -> int:
     """The most consumer connections that leave a reserve of descriptors free."""
     if soft_limit == resource.RLIM_INFINITY:
-        return DEFAULT_MAX_CONNECTIONS
+        return 1 << 31
     reserve = max(FD_RESERVE_MIN, int(soft_limit * FD_RESERVE_FRACTION))
     return max(1, soft_limit - reserve)
 
@@ -219,18 +219,22 @@ def connection_limits(
         max_connections_per_peer=max_connections_per_peer or defaults.max_connections_per_peer,
     )
     log.info(
-        "open-file limit: soft %d (was %d), hard %d; consumer connections: at most %d, "
+        "open-file limit: soft %s (was %s), hard %s; consumer connections: at most %d, "
         "%d per address, %d ms to register",
-        nofile.soft, nofile.before, nofile.hard, limits.max_connections,
-        limits.max_connections_per_peer, limits.register_timeout_ms,
+        _limit(nofile.soft), _limit(nofile.before), _limit(nofile.hard),
+        limits.max_connections, limits.max_connections_per_peer, limits.register_timeout_ms,
     )  # fmt: skip
     if limits.max_connections > fitting:
         log.warning(
-            "--max-connections %d is more than the open-file limit %d leaves room for "
+            "--max-connections %d is more than the open-file limit %s leaves room for "
             "(%d): a flood can use up the descriptors before the cap refuses anyone",
-            limits.max_connections, nofile.soft, fitting,
+            limits.max_connections, _limit(nofile.soft), fitting,
         )  # fmt: skip
     return limits
+
+
+def _limit(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
 
 
 ACCEPT_OUT_OF_RESOURCES = "socket.accept() out of system resource"  # asyncio's message

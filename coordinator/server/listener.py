@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 LISTEN_BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
 ACCEPT_BATCH = 256  # connections accepted per wake-up, so established ones are served too
 ACCEPT_PAUSE_S = 0.1  # after an accept error: descriptors free up as deadlines close idlers
-MAX_REFUSING = 64  # refusals being written at once; past that a refused socket just closes
+MAX_REFUSING = 64  # TLS refusals in their handshake at once; past that a socket just closes
 REFUSAL_TIMEOUT_S = 5.0  # a refused TLS client gets this long to finish its handshake
 _RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _TLS_HANDSHAKE = 0x16  # the content type of a TLS handshake record
@@ -146,11 +146,14 @@ class CoordinatorServer:
         refusal = self.counts.refusal(peer)
         if refusal is not None:
             self._refused("refused a connection from %s: %s", where, refusal)
-            if self._refusing >= MAX_REFUSING:
+            if self.tls is None:  # said at once, no transport: a burst costs nothing
+                _tell_plain(conn, ErrorCode.TOO_MANY_CONNECTIONS, refusal)
                 conn.close()
-                return
-            self._refusing += 1
-            self._spawn(self._refuse(conn, refusal))
+            elif self._refusing >= MAX_REFUSING:
+                conn.close()
+            else:
+                self._refusing += 1
+                self._spawn(self._refuse(conn, refusal))
             return
         self.counts.add(peer)
         self._spawn(self._serve(conn, peer, where))
@@ -186,8 +189,8 @@ class CoordinatorServer:
             self.counts.remove(peer)
 
     async def _refuse(self, conn: socket.socket, reason: str) -> None:
-        """Tell a connection over a cap why (over TLS: after the handshake, the only way
-        its client can read it), then close it."""
+        """Tell a TLS connection over a cap why, after the handshake (the only way its
+        client can read it), then close it."""
         loop = asyncio.get_running_loop()
         try:
             channel = await self._open(conn, None, loop.time() + REFUSAL_TIMEOUT_S)
