@@ -304,11 +304,10 @@ def _tell_plain(conn: socket.socket, code: ErrorCode, message: str) -> None:
 
 def _why(err: BaseException) -> str:
     """A handshake failure in a few words: OpenSSL's reason when it has one."""
+    if isinstance(err, ssl.SSLCertVerificationError):  # we checked the client's
+        return f"its certificate is not trusted by --tls-client-ca-file: {err.verify_message}"
     if isinstance(err, ssl.SSLError) and err.reason:
-        reason = err.reason.replace("_", " ").lower()
-        if isinstance(err, ssl.SSLCertVerificationError) and err.verify_message:
-            return f"{reason}: {err.verify_message}"
-        return reason
+        return err.reason.replace("_", " ").lower()
     if isinstance(err, ConnectionError):
         return "the client closed the connection (it may not trust this coordinator's certificate)"
     return str(err) or type(err).__name__

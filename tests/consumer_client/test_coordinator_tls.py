@@ -14,6 +14,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
+import trustme
 
 from consumer_client import ClientTls, CoordinatedConsumer
 from consumer_client.membership import ConsumerError, Membership
@@ -110,6 +111,24 @@ async def test_mutual_tls_admits_a_certificate_and_refuses_its_absence(
     handshakes = [r.getMessage() for r in caplog.records if "TLS handshake" in r.getMessage()]
     assert handshakes and all("peer did not return a certificate" in m for m in handshakes)
     assert not [r for r in caplog.records if r.exc_info]
+
+
+async def test_a_client_certificate_from_another_ca_is_refused(
+    tls: TlsFiles, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    stranger = trustme.CA().issue_cert("stranger@example.com")
+    cert, key = tmp_path / "stranger.pem", tmp_path / "stranger.key"
+    cert.write_bytes(b"".join(blob.bytes() for blob in stranger.cert_chain_pems))
+    stranger.private_key_pem.write_to_path(str(key))
+    caplog.set_level(logging.WARNING, logger="coordinator.server.listener")
+    async with running_coordinator(tls=server_tls(tls, mutual=True).context()) as server:
+        message = await outcome(server.port, ClientTls(str(tls.ca), str(cert), str(key)))
+    assert message == (
+        f"the coordinator at 127.0.0.1:{server.port} closed the TLS connection: it may not "
+        f"accept our client certificate (coordinator_tls.cert_file = {cert}: it must be "
+        "signed by the CA of the coordinator's --tls-client-ca-file)"
+    )
+    assert "its certificate is not trusted by --tls-client-ca-file" in caplog.text
 
 
 async def test_a_coordinator_certificate_from_another_ca_is_not_trusted(tls: TlsFiles) -> None:
