@@ -6,5 +6,6 @@ Layer: may import only `coordinator.model`, `coordinator.protocol` and `coordina
 
 from consumer_client.consumer import ConsumerError, ConsumerStats, CoordinatedConsumer
 from consumer_client.lanes import RetryPolicy
+from coordinator.security.tls import ClientTls
 
-__all__ = ["ConsumerError", "ConsumerStats", "CoordinatedConsumer", "RetryPolicy"]
+__all__ = ["ClientTls", "ConsumerError", "ConsumerStats", "CoordinatedConsumer", "RetryPolicy"]

@@ -37,6 +37,7 @@ from coordinator.model.hashing import ORDERING_KEY_HEADER
 from coordinator.model.positions import PositionUpdate
 from coordinator.model.ranges import RangeSet
 from coordinator.protocol.messages import HighWatermark
+from coordinator.security.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class CoordinatedConsumer:
         session_timeout_ms: int = 10_000,
         capacity: int = 1,
         auth_token: str | None = None,
+        coordinator_tls: ClientTls | None = None,  # the coordinator's channel runs TLS
         dead_letter_topic: str | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         ordering_header: str = ORDERING_KEY_HEADER,
@@ -138,6 +140,7 @@ class CoordinatedConsumer:
             session_timeout_ms=session_timeout_ms,
             capacity=capacity,
             auth_token=auth_token,
+            tls=coordinator_tls,
         )
         self._dead_letters: DeadLetters | None = None
         self._closing = False

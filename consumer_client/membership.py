@@ -17,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable
 from typing import Protocol
 
+from consumer_client.tls_errors import closed_problem, handshake_problem
 from coordinator.model.addresses import parse_host_port
 from coordinator.model.positions import PositionUpdate
 from coordinator.model.ranges import RangeSet
@@ -42,6 +44,7 @@ from coordinator.protocol.messages import (
     StopFetcherResponse,
 )
 from coordinator.protocol.wire import positions_from_wire, positions_to_wire, ranges_from_wire
+from coordinator.security.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,7 @@ class Membership:
         session_timeout_ms: int,
         capacity: int,
         auth_token: str | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         self.hooks = hooks
         self.group = group
@@ -95,6 +99,10 @@ class Membership:
         self.session_timeout_ms = session_timeout_ms
         self.capacity = capacity
         self.auth_token = auth_token
+        self.tls = tls
+        # Built now: a missing or bad file is a TlsConfigError when the consumer is made.
+        self._ssl = tls.context() if tls is not None else None
+        self._tls_closes = 0  # closes right after our TLS handshake, in a row
         self.member_id: str | None = None
         self.epoch = 0
         self.session = 0  # bumped on every registration: work of older sessions is stale
@@ -156,10 +164,13 @@ class Membership:
         last_error: Exception | None = None
         for host, port in self.coordinators:
             try:
-                probe = await Channel.connect(host, port, name=f"{self.name}-probe")
+                probe = await self._connect(host, port, f"{self.name}-probe")
                 probe.start()
                 try:
                     meta = await probe.request(MetadataRequest(correlation_id=0), timeout=5.0)
+                except ChannelClosed:
+                    self._check_refusal(probe, host, port)
+                    raise
                 finally:
                     await probe.aclose()
                 if not isinstance(meta, MetadataResponse) or not meta.active:
@@ -169,9 +180,7 @@ class Membership:
                 target_host, target_port = parse_host_port(meta.coordinator)
                 if target_host in ("0.0.0.0", "::"):
                     target_host, target_port = host, port
-                channel = await Channel.connect(
-                    target_host, target_port, name=f"{self.name}-connector"
-                )
+                channel = await self._connect(target_host, target_port, f"{self.name}-connector")
                 channel.set_request_handler(self._on_request)
                 channel.start()
                 request = RegisterRequest(
@@ -191,10 +200,14 @@ class Membership:
                     if err.code in FATAL_CODES:
                         raise ConsumerError(f"coordinator refused registration: {err}") from err
                     raise
+                except ChannelClosed:
+                    self._check_refusal(channel, target_host, target_port)
+                    raise
                 if not isinstance(response, RegisterResponse):
                     await channel.aclose()
                     raise ChannelClosed(f"unexpected reply to register: {response.type}")
                 self.session += 1
+                self._tls_closes = 0
                 self.member_id = response.member_id
                 self.epoch = response.member_epoch
                 self.channel = channel
@@ -206,6 +219,31 @@ class Membership:
             except (OSError, ChannelClosed, RemoteError, TimeoutError) as err:
                 last_error = err
         raise ChannelClosed(f"no coordinator reachable: {last_error}")
+
+    async def _connect(self, host: str, port: int, name: str) -> Channel:
+        """A channel to the coordinator, over TLS when `tls` is set; a handshake failure
+        that no retry can fix (an untrusted certificate, a peer without TLS) raises
+        `ConsumerError` saying which setting to change."""
+        try:
+            return await Channel.connect(host, port, name=name, ssl=self._ssl)
+        except ssl.SSLError as err:
+            problem = handshake_problem(err, self.tls, f"{host}:{port}")
+            if problem is not None:
+                raise ConsumerError(problem) from err
+            raise
+
+    def _check_refusal(self, channel: Channel, host: str, port: int) -> None:
+        """`channel` closed before answering: raise `ConsumerError` when that says our
+        TLS settings are wrong. A close right after the handshake must happen twice in a
+        row: once, it may be a coordinator shutting down at that moment."""
+        problem = closed_problem(channel, self.tls, f"{host}:{port}")
+        if problem is None:
+            return
+        if channel.peer_error is None:
+            self._tls_closes += 1
+            if self._tls_closes < 2:
+                raise ChannelClosed(problem)
+        raise ConsumerError(problem)
 
     async def _watch(self, channel: Channel) -> str:
         """docs/protocol.md, §7.1 (the lease rule, consumer side): no request from the

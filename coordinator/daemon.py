@@ -24,6 +24,8 @@ from coordinator.kafka.settings import KafkaSettings
 from coordinator.protocol.codec import DEFAULT_MAX_FRAME_BYTES
 from coordinator.runtime.runtime import CoordinatorRuntime
 from coordinator.runtime.settings import DEFAULT_STARTUP_GRACE_MS, RuntimeSettings
+from coordinator.security.tls import ServerTls
+from coordinator.server.admission import connection_limits, count_accept_errors
 from coordinator.server.listener import CoordinatorServer
 from coordinator.storage.base import DEFAULT_STATE_TOPIC
 from coordinator.storage.kafka_store import KafkaStateStore
@@ -47,6 +49,13 @@ class DaemonConfig:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     group_assignors: Mapping[str, str] = field(default_factory=dict)
     kafka: KafkaSettings = field(default_factory=KafkaSettings.parse)
+    # keyshard's own endpoints (issue 13): TLS, and what one connection may cost. The
+    # None limits take coordinator.server.admission's defaults.
+    tls: ServerTls | None = None  # the consumer channel
+    admin_tls: ServerTls | None = None  # the admin API: HTTPS
+    register_timeout_ms: int | None = None
+    max_connections: int | None = None  # None: 10,000, or what the open-file limit allows
+    max_connections_per_peer: int | None = None
 
 
 class _InLoopUvicorn(uvicorn.Server):
@@ -65,6 +74,7 @@ class RunningDaemon:
     server: CoordinatorServer
     admin: _InLoopUvicorn
     admin_task: asyncio.Task[None]
+    restore_exception_handler: Callable[[], None] = lambda: None
 
     async def stop(self) -> None:
         """In dependency order: no new connections or admin requests, then the runtime
@@ -74,6 +84,7 @@ class RunningDaemon:
         await self.runtime.stop()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(self.admin_task, 5)
+        self.restore_exception_handler()
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -93,6 +104,12 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 async def start_daemon(config: DaemonConfig) -> RunningDaemon:
+    # Before anything starts: a bad certificate file is a TlsConfigError naming its flag.
+    channel_tls = config.tls.context() if config.tls is not None else None
+    admin_tls = config.admin_tls.context() if config.admin_tls is not None else None
+    limits = connection_limits(
+        config.register_timeout_ms, config.max_connections, config.max_connections_per_peer
+    )
     bootstrap = config.bootstrap_servers
     store = KafkaStateStore(bootstrap, config.state_topic, settings=config.kafka)
     settings = RuntimeSettings(
@@ -111,8 +128,9 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         await store.stop()
         raise
     server = CoordinatorServer(
-        runtime, config.listen_host, config.listen_port, config.max_frame_bytes
-    )
+        runtime, config.listen_host, config.listen_port, config.max_frame_bytes,
+        tls=channel_tls, limits=limits,
+    )  # fmt: skip
     try:
         await server.start()
         # Bind the admin socket ourselves: a busy port is then an OSError here, not a
@@ -123,19 +141,26 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         await runtime.stop()
         raise
     app = create_app(runtime, admin_token=config.admin_token, auth_reads=config.admin_auth_reads)
-    admin = _InLoopUvicorn(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    admin_config = uvicorn.Config(app, log_level="warning", lifespan="off", backlog=128)
+    admin_config.load()
+    admin_config.ssl = admin_tls  # ours, not uvicorn's: its errors name our flags
+    admin = _InLoopUvicorn(admin_config)
+    restore = count_accept_errors(asyncio.get_running_loop())
     admin_task = asyncio.create_task(admin.serve(sockets=[admin_socket]), name="admin-api")
     # uvicorn exposes readiness only as a flag, so poll it (bounded by the task ending).
     while not admin.started and not admin_task.done():  # noqa: ASYNC110
         await asyncio.sleep(0.01)
-    return RunningDaemon(config, bootstrap, runtime, server, admin, admin_task)
+    return RunningDaemon(config, bootstrap, runtime, server, admin, admin_task, restore)
 
 
 async def run_daemon(config: DaemonConfig, announce: Callable[[str], None] = print) -> None:
     daemon = await start_daemon(config)
+    tls = "" if config.tls is None else " (TLS)"
+    admin = "https" if config.admin_tls is not None else "http"
     announce(
-        f"keyshard coordinator listening on {config.listen_host}:{daemon.server.port}, "
-        f"admin http://{config.admin_host}:{config.admin_port}, kafka {daemon.bootstrap_servers}"
+        f"keyshard coordinator listening on {config.listen_host}:{daemon.server.port}{tls}, "
+        f"admin {admin}://{config.admin_host}:{config.admin_port}, "
+        f"kafka {daemon.bootstrap_servers}"
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from coordinator.kafka.settings import KafkaSettings, load_properties
 from coordinator.model.addresses import parse_host_port
 from coordinator.model.ranges import RangeSet
+from coordinator.security.tls import ClientTls, TlsNames
 from spark_jobs.launch import job_session
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ class ConsumerSettings:
     # Kafka client settings in Kafka's own names (security, SASL, TLS file paths that
     # exist on every executor): strings, so they pickle; each task checks them.
     kafka_config: dict[str, str] = field(default_factory=dict)
+    coordinator_tls: ClientTls | None = None  # paths as the executors see them
 
 
 _current: CoordinatedConsumer | None = None
@@ -187,6 +189,7 @@ async def consume_until(
         max_concurrency=settings.max_concurrency,
         session_timeout_ms=settings.session_timeout_ms,
         capacity=settings.capacity,
+        coordinator_tls=settings.coordinator_tls,
     )
     counter = _Counter()
     reason = ""
@@ -282,6 +285,7 @@ def run_executor_consumers(
     capacity: int = 1,
     name: str = "spark",
     kafka_config: Mapping[str, str] | None = None,
+    coordinator_tls: ClientTls | None = None,
 ) -> list[TaskReport]:
     """Run `consumers` tasks (default: one per task slot), each a member of `group` calling
     `handler(record)` (an aiokafka ConsumerRecord; sync or async) per record, keys in order.
@@ -289,6 +293,7 @@ def run_executor_consumers(
     Blocks until every task met `until`, and returns one `TaskReport` per task (the last
     attempt's, when Spark retried a task whose executor was lost). `handler` is pickled to
     the executors: a module-level function of an importable module is the safe choice.
+    `coordinator_tls` files must exist at the same paths on every executor.
     """
     if not topics or any(not t for t in topics):
         raise ValueError(f"topics must name at least one topic, got {topics!r}")
@@ -321,6 +326,7 @@ def run_executor_consumers(
         session_timeout_ms=session_timeout_ms,
         capacity=capacity,
         kafka_config=dict(kafka_config or {}),
+        coordinator_tls=coordinator_tls,
     )
     sc = spark.sparkContext
     sc.setJobGroup(f"keyshard-{group}", f"keyshard consumers of {group}", interruptOnCancel=True)
@@ -368,7 +374,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--kafka-config", default=None,
         help="Kafka client settings, Java .properties format (security.protocol, sasl.*, ssl.*)",
     )  # fmt: skip
+    p.add_argument(
+        "--coordinator-tls-ca-file",
+        default=None,
+        help="the coordinator's channel runs TLS: the CA file that signed it",
+    )
+    p.add_argument(
+        "--coordinator-tls-cert-file",
+        default=None,
+        help="mutual TLS: the consumers' certificate (same path on every executor)",
+    )
+    p.add_argument("--coordinator-tls-key-file", default=None, help="and its private key")
     return p
+
+
+def tls_from_flags(args: argparse.Namespace) -> ClientTls | None:
+    """The --coordinator-tls-* flags, their files read now (on the driver): a wrong path
+    is an error naming the flag before any Spark task starts."""
+    if not args.coordinator_tls_ca_file:
+        if args.coordinator_tls_cert_file or args.coordinator_tls_key_file:
+            raise ValueError("--coordinator-tls-ca-file is required with a client certificate")
+        return None
+    tls = ClientTls(
+        args.coordinator_tls_ca_file, args.coordinator_tls_cert_file, args.coordinator_tls_key_file
+    )
+    tls.context(TlsNames(*(f"--coordinator-tls-{p}-file" for p in ("ca", "cert", "key"))))
+    return tls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         handler = load_handler(args.handler)
         until = StopWhen(args.max_seconds, args.idle_seconds, args.stop_file)
+        tls = tls_from_flags(args)  # TlsConfigError is a ValueError
     except ValueError as err:
         parser.error(str(err))
     try:  # before paying for a JVM
@@ -399,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             max_concurrency=args.max_concurrency,
             session_timeout_ms=args.session_timeout_ms,
             kafka_config=load_properties(args.kafka_config) if args.kafka_config else None,
+            coordinator_tls=tls,
         )
     except (ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)

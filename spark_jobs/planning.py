@@ -23,6 +23,7 @@ from typing import Any
 from coordinator.model.hashing import SLOT_COUNT
 from coordinator.model.positions import Position, TopicPartition
 from coordinator.model.ranges import SlotRange
+from coordinator.security.tls import ClientTls, TlsConfigError, TlsNames
 
 EARLIEST = -2  # starting_positions sentinels, as in Spark's Kafka source
 LATEST = -1
@@ -138,6 +139,29 @@ def parse_int(
         upper = "" if high is None else f"..{high}"
         raise SourceError(f"option {name!r}={value} is outside {low}{upper}")
     return value
+
+
+def parse_coordinator_tls(options: Mapping[str, str]) -> ClientTls | None:
+    """`coordinator_tls_ca_file` (and optionally `coordinator_tls_cert_file`,
+    `coordinator_tls_key_file`): the coordinator's channel runs TLS. The files are read
+    now, so a wrong path fails the query at once, naming the option."""
+    files = {
+        part: options.get(f"coordinator_tls_{part}_file") or None for part in ("ca", "cert", "key")
+    }
+    if files["ca"] is None:
+        if files["cert"] or files["key"]:
+            raise SourceError(
+                "option 'coordinator_tls_ca_file' is required with a client certificate"
+            )
+        return None
+    tls = ClientTls(files["ca"], files["cert"], files["key"])
+    try:
+        tls.context(
+            TlsNames(*(f"option 'coordinator_tls_{p}_file'" for p in ("ca", "cert", "key")))
+        )
+    except TlsConfigError as err:
+        raise SourceError(str(err)) from None
+    return tls
 
 
 def parse_starting_positions(raw: str | None, topics: Sequence[str]) -> dict[TopicPartition, int]:

@@ -6,7 +6,8 @@
 Options: `group`, `topics`, `coordinator`, `bootstrap_servers` (required); `auth_token`;
 `capacity` (default: Spark's default parallelism); `ranges` (Spark partitions per
 topic-partition and batch, default: the capacity); `name`; `session_timeout_ms` (10000);
-`connect_timeout_s` (30); `ordering_header`.
+`connect_timeout_s` (30); `ordering_header`; `coordinator_tls_ca_file` (the coordinator's
+channel runs TLS), `coordinator_tls_cert_file` and `coordinator_tls_key_file` (mutual TLS).
 
 **Who is the member.** The driver-side reader (Spark runs it in one long-lived Python
 process per query) registers with the coordinator over the consumer protocol, through
@@ -75,7 +76,13 @@ from spark_jobs.kafka_io import (
     topic_partitions,
 )
 from spark_jobs.offsets import StreamOffset, next_offset, plan_stream
-from spark_jobs.planning import SourceError, parse_int, parse_topics, require
+from spark_jobs.planning import (
+    SourceError,
+    parse_coordinator_tls,
+    parse_int,
+    parse_topics,
+    require,
+)
 from spark_jobs.reading import ReadSettings, SlicePartition, arrow_batches
 from spark_jobs.stream_state import SourceState
 
@@ -97,6 +104,7 @@ class StreamSettings:
             raise SourceError(f"option 'coordinator': coordinator address {err}") from None
         self.kafka = SparkKafka.from_options(options)
         self.auth_token = options.get("auth_token")
+        self.coordinator_tls = parse_coordinator_tls(options)
         self.capacity = parse_int(options, "capacity", default_parallelism, 1, 100_000)
         self.pieces = parse_int(options, "ranges", self.capacity, 1, 65536)
         self.name = options.get("name", f"spark-{self.group}")
@@ -153,6 +161,7 @@ class MemberRuntime:
             session_timeout_ms=s.session_timeout_ms,
             capacity=s.capacity,
             auth_token=s.auth_token,
+            tls=s.coordinator_tls,
         )
         self.member_task = asyncio.ensure_future(self.membership.run())
         registered = asyncio.ensure_future(self.membership.registered.wait())

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from coordinator.cli.endpoints import endpoint_tls
 from coordinator.cli.extras import require_server_extra
 from coordinator.cli.parser import ADMIN_COMMANDS, build_parser
 from coordinator.group.state import GroupConfig
@@ -22,6 +23,7 @@ from coordinator.kafka.settings import (
     from_environment,
     load_properties,
 )
+from coordinator.security.tls import TlsConfigError
 
 # Commands that run a server part or call the admin API: they need `keyshard[server]`.
 SERVER_COMMANDS = {"broker", "coordinator", "demo", *ADMIN_COMMANDS}
@@ -79,6 +81,11 @@ def _run_coordinator(args: argparse.Namespace) -> int:
     bootstrap.servers) on an embedded broker, started first and stopped last."""
     from coordinator.local.broker import EmbeddedBroker
 
+    try:  # TLS files first: a bad one is one line naming its flag, before anything starts
+        args.tls, args.admin_tls = endpoint_tls(args)
+    except TlsConfigError as err:
+        print(f"keyshard coordinator: {err}", file=sys.stderr)
+        return 2
     try:
         kafka = kafka_settings(args.kafka_config, os.environ)
         bootstrap = args.bootstrap_servers or kafka.bootstrap_servers
@@ -133,6 +140,11 @@ def _serve(args: argparse.Namespace, bootstrap_servers: str, settings: KafkaSett
         group_assignors=dict(args.group_assignor),
         startup_grace_ms=int(args.startup_grace_ms),
         kafka=settings,
+        tls=args.tls,
+        admin_tls=args.admin_tls,
+        register_timeout_ms=int(args.register_timeout_ms),
+        max_connections=args.max_connections,
+        max_connections_per_peer=int(args.max_connections_per_peer),
     )
     kafka = args.bootstrap_servers or "the embedded broker"
     try:

@@ -15,6 +15,10 @@ from typing import Any
 from coordinator.group.state import GroupConfig
 from coordinator.model.addresses import LOOPBACK, parse_host_port
 from coordinator.runtime.settings import DEFAULT_STARTUP_GRACE_MS
+from coordinator.server.admission import (
+    DEFAULT_MAX_CONNECTIONS_PER_PEER,
+    DEFAULT_REGISTER_TIMEOUT_MS,
+)
 from coordinator.storage.base import DEFAULT_STATE_TOPIC
 from coordinator.strategies.registry import known_assignors
 
@@ -93,6 +97,16 @@ def _positive_ms(value: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a whole number of milliseconds"
         ) from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be > 0")
+    return number
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
     if number <= 0:
         raise argparse.ArgumentTypeError(f"{value!r} must be > 0")
     return number
@@ -216,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(coord, "--load-half-life-ms", type=_positive_ms, default=GROUP_DEFAULTS.load_half_life_ms,
          help="half-life of the measured per-slot load")  # fmt: skip
+    add_endpoint_flags(coord)
 
     add_admin_commands(sub)
 
@@ -253,6 +268,66 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--fail-key", default=None)
     worker.add_argument("--dead-letter-topic", default=None)
     return parser
+
+
+def add_endpoint_flags(coord: argparse.ArgumentParser) -> None:
+    """TLS on keyshard's own endpoints and the consumer channel's connection limits
+    (coordinator.server.admission). Key passwords come only from the environment
+    (KEYSHARD_TLS_KEY_PASSWORD, KEYSHARD_ADMIN_TLS_KEY_PASSWORD): a flag would show in `ps`."""
+    _add(
+        coord,
+        "--tls-cert-file",
+        default=None,
+        help="consumer channel over TLS: PEM certificate (chain) of the coordinator",
+    )
+    _add(
+        coord,
+        "--tls-key-file",
+        default=None,
+        help="its private key (default: in --tls-cert-file); password in KEYSHARD_TLS_KEY_PASSWORD",
+    )
+    _add(
+        coord,
+        "--tls-client-ca-file",
+        default=None,
+        help="mutual TLS: consumers must present a certificate signed by this CA",
+    )
+    _add(
+        coord,
+        "--admin-tls-cert-file",
+        default=None,
+        help="admin API over HTTPS: PEM certificate (chain)",
+    )
+    _add(
+        coord,
+        "--admin-tls-key-file",
+        default=None,
+        help="its private key (default: in --admin-tls-cert-file); password in "
+        "KEYSHARD_ADMIN_TLS_KEY_PASSWORD",
+    )
+    _add(
+        coord,
+        "--register-timeout-ms",
+        type=_positive_ms,
+        default=DEFAULT_REGISTER_TIMEOUT_MS,
+        help="a consumer connection that has not sent Register this long after it was "
+        "accepted (TLS handshake included) is closed",
+    )
+    _add(
+        coord,
+        "--max-connections",
+        type=_positive_int,
+        default=None,
+        help="consumer connections at once (default: 10000, or fewer to fit the "
+        "open-file limit); more are refused",
+    )
+    _add(
+        coord,
+        "--max-connections-per-peer",
+        type=_positive_int,
+        default=DEFAULT_MAX_CONNECTIONS_PER_PEER,
+        help="consumer connections at once from one IP address",
+    )
 
 
 def add_admin_commands(sub: Any) -> None:

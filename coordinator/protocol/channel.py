@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import itertools
 import logging
+import ssl as _ssl
 import sys
 import termios
 from collections.abc import Callable
@@ -29,6 +30,10 @@ from coordinator.protocol.messages import ErrorCode, ErrorResponse, Message, is_
 log = logging.getLogger(__name__)
 
 RequestHandler = Callable[["Channel", Message], None]
+
+# How long closing a TLS channel waits for the peer's close_notify before it drops the
+# connection (asyncio's default is 30 s: a silent peer would hold the socket that long).
+TLS_SHUTDOWN_TIMEOUT_S = 5.0
 
 
 class ChannelClosed(ConnectionError):
@@ -64,6 +69,11 @@ class Channel:
         self._lost = loop.create_future()  # resolved when the transport is gone
         self.name = name
         self.close_reason: str | None = None
+        # What the peer said before it closed on us (an `error_response` tied to none of
+        # our requests), and whether it said anything at all: a TLS peer that closes
+        # right after the handshake without a byte is refusing us (`consumer_client`).
+        self.peer_error: ErrorResponse | None = None
+        self.heard_from_peer = False
 
     @classmethod
     async def connect(
@@ -74,11 +84,23 @@ class Channel:
         timeout: float = 5.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         name: str = "channel",
+        ssl: _ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
     ) -> Channel:
-        """A channel to `host:port`; it dispatches nothing until `start()`."""
+        """A channel to `host:port`, over TLS with `ssl` (the certificate is checked
+        against `server_hostname`, by default `host`); `timeout` covers the handshake.
+        It dispatches nothing until `start()`."""
         channel = cls(max_frame_bytes=max_frame_bytes, name=name)
         loop = asyncio.get_running_loop()
-        await asyncio.wait_for(loop.create_connection(channel.protocol, host, port), timeout)
+        if ssl is None:
+            connecting = loop.create_connection(channel.protocol, host, port)
+        else:
+            connecting = loop.create_connection(
+                channel.protocol, host, port, ssl=ssl,
+                server_hostname=server_hostname or host,
+                ssl_shutdown_timeout=TLS_SHUTDOWN_TIMEOUT_S,
+            )  # fmt: skip
+        await asyncio.wait_for(connecting, timeout)
         return channel
 
     def protocol(self) -> asyncio.Protocol:
@@ -208,6 +230,11 @@ class Channel:
     # ---- from the protocol ------------------------------------------------------------
 
     def _connected(self, transport: asyncio.Transport) -> None:
+        if self.is_closed:  # closed while connecting (a TLS handshake, say): too late
+            transport.abort()
+            if not self._lost.done():
+                self._lost.set_result(None)
+            return
         self._transport = transport
         if not self._reading:
             transport.pause_reading()
@@ -215,10 +242,14 @@ class Channel:
     def _received(self, data: bytes) -> None:
         if self.is_closed:
             return
+        first, self.heard_from_peer = not self.heard_from_peer, True
         try:
             messages = self._decoder.feed(data)
         except ProtocolError as err:
-            log.warning("%s: bad input from %s: %s", self.name, self.peer, err.message)
+            # A TLS handshake record starts with 0x16: say so rather than "frame too large".
+            tls = " (a TLS handshake: the peer uses TLS, this end does not)"
+            hint = tls if first and data[:1] == b"\x16" else ""
+            log.warning("%s: bad input from %s: %s%s", self.name, self.peer, err.message, hint)
             self.fail(err.code, err.message, err.correlation_id)
             return
         for message in messages:
@@ -238,6 +269,7 @@ class Channel:
                 future.set_result(message)
             elif isinstance(message, ErrorResponse):
                 # An error not tied to a request of ours: the peer is closing on us.
+                self.peer_error = message
                 self.close(f"peer error {message.code}: {message.message}")
             return
         if self._on_request is None:

@@ -45,6 +45,10 @@ class ErrorCode(StrEnum):
     INVALID_RANGES = "INVALID_RANGES"
     UNEXPECTED_MESSAGE = "UNEXPECTED_MESSAGE"
     INTERNAL = "INTERNAL"
+    # Refusals of a connection rather than of a request (docs/protocol.md, §3.1).
+    TOO_MANY_CONNECTIONS = "TOO_MANY_CONNECTIONS"
+    REGISTER_TIMEOUT = "REGISTER_TIMEOUT"
+    TLS_REQUIRED = "TLS_REQUIRED"
 
 
 # --------------------------------------------------------------------------- field types

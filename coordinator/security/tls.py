@@ -9,7 +9,7 @@ which one to fix. Passwords are handed to OpenSSL and never appear in a message.
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -127,3 +127,65 @@ def server_context(
         _load_ca(context, client_ca_file, names)
         context.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
     return context
+
+
+# ---- keyshard's own endpoints ------------------------------------------------------------
+
+#: How a consumer's `coordinator_tls` settings are named in its errors.
+COORDINATOR_TLS_NAMES = TlsNames(
+    ca="coordinator_tls.ca_file",
+    cert="coordinator_tls.cert_file",
+    key="coordinator_tls.key_file",
+    key_password="coordinator_tls.key_password",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTls:
+    """How a consumer reaches a coordinator whose channel runs TLS (`--tls-cert-file`).
+
+    `ca_file` checks the coordinator's certificate (and the host name the consumer
+    connects to); `cert_file` and `key_file` are the consumer's own certificate, for a
+    coordinator that requires one (`--tls-client-ca-file`). The password of an encrypted
+    key is kept out of `repr`, so a logged settings object does not show it.
+    """
+
+    ca_file: str
+    cert_file: str | None = None
+    key_file: str | None = None
+    key_password: str | None = field(default=None, repr=False)
+
+    def context(self, names: TlsNames = COORDINATOR_TLS_NAMES) -> ssl.SSLContext:
+        return client_context(
+            ca_file=self.ca_file,
+            cert_file=self.cert_file,
+            key_file=self.key_file,
+            key_password=self.key_password,
+            names=names,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTls:
+    """A keyshard listener's TLS files; `names` are its flags, for the errors.
+
+    With `client_ca_file`, every client must present a certificate signed by it (mutual
+    TLS): a listener that names a client CA but lets clients without a certificate in
+    would only look protected.
+    """
+
+    cert_file: str
+    key_file: str | None = None
+    client_ca_file: str | None = None
+    key_password: str | None = field(default=None, repr=False)
+    names: TlsNames = TlsNames()
+
+    def context(self) -> ssl.SSLContext:
+        return server_context(
+            cert_file=self.cert_file,
+            key_file=self.key_file,
+            key_password=self.key_password,
+            client_ca_file=self.client_ca_file,
+            require_client_cert=self.client_ca_file is not None,
+            names=self.names,
+        )

@@ -45,6 +45,9 @@ FULL: dict[str, Any] = {
         "adminAuthReads": True,
         "logLevel": "DEBUG",
         "listenHost": "0.0.0.0",
+        "registerTimeoutMs": 5_000,
+        "maxConnections": 5_000,
+        "maxConnectionsPerPeer": 200,
     },
     "kafka": {
         "config": {
@@ -57,6 +60,8 @@ FULL: dict[str, Any] = {
         "tlsSecret": "kafka-tls",
     },
     "auth": {"consumerToken": "consumer-secret", "adminToken": "admin-secret"},
+    "tls": {"existingSecret": "keyshard-tls", "requireClientCert": True},
+    "adminTls": {"existingSecret": "keyshard-admin-tls"},
     "ports": {"consumer": 9171, "admin": 9172},
     "service": {
         "consumer": {"type": "LoadBalancer", "port": 7171, "annotations": {"a/b": "c"}},

@@ -177,6 +177,42 @@ def test_service_monitor_scrapes_metrics_with_the_admin_token() -> None:
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
+def test_tls_files_are_mounted_where_the_daemon_reads_them() -> None:
+    """Each TLS variable names a file inside the volume of its Secret; the probes and
+    the ServiceMonitor speak HTTPS to an HTTPS admin API."""
+    objects = manifests(FULL)
+    env = settings_map(objects)["data"]
+    pod = find(objects, "Deployment")["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in container(objects)["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    expected = {
+        "KEYSHARD_TLS_CERT_FILE": ("keyshard-tls", "tls.crt"),
+        "KEYSHARD_TLS_KEY_FILE": ("keyshard-tls", "tls.key"),
+        "KEYSHARD_TLS_CLIENT_CA_FILE": ("keyshard-tls", "ca.crt"),
+        "KEYSHARD_ADMIN_TLS_CERT_FILE": ("keyshard-admin-tls", "tls.crt"),
+        "KEYSHARD_ADMIN_TLS_KEY_FILE": ("keyshard-admin-tls", "tls.key"),
+    }
+    for variable, (secret, key) in expected.items():
+        folder, _, file = env[variable].rpartition("/")
+        assert (secrets[mounts[folder]], file) == (secret, key), variable
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container(objects)[probe]["httpGet"]["scheme"] == "HTTPS"
+    (endpoint,) = find(objects, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == {
+        "ca": {"secret": {"name": "keyshard-admin-tls", "key": "ca.crt"}},
+        "serverName": f"{service(objects, 'admin')['metadata']['name']}.streaming.svc",
+    }
+    # Without TLS: no volume, no variable, plain HTTP.
+    plain = manifests(MINIMAL)
+    assert not any(k.startswith(("KEYSHARD_TLS", "KEYSHARD_ADMIN_TLS")) for k in
+                   find(plain, "ConfigMap")["data"])  # fmt: skip
+    assert container(plain)["livenessProbe"]["httpGet"]["scheme"] == "HTTP"
+    assert [
+        v["name"] for v in find(plain, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    ] == ["tmp"]
+
+
 def test_config_change_restarts_the_pod() -> None:
     def checksum(values: dict[str, Any]) -> str:
         annotations = find(manifests(values), "Deployment")["spec"]["template"]["metadata"]
@@ -240,6 +276,11 @@ BAD_VALUES = [
         id="misspelt-key",
     ),
     pytest.param(
+        merged(MINIMAL, {"tls": {"requireClientCert": True}}),
+        r"/tls/existingSecret': minLength: got 0, want 1",
+        id="client-certs-without-tls",
+    ),
+    pytest.param(
         merged(MINIMAL, {"serviceMonitor": {"interval": "15 seconds"}}),
         r"/serviceMonitor/interval': '15 seconds' does not match pattern",
         id="bad-duration",
@@ -283,6 +324,10 @@ def test_a_bad_values_file_is_refused(tmp_path: Path) -> None:
         (
             merged(MINIMAL, {"config": {"adminAuthReads": True}}),
             "config.adminAuthReads needs an admin token",
+        ),
+        (
+            merged(MINIMAL, {"tls": {"requireClientCert": True}}),
+            "tls.requireClientCert needs tls.existingSecret",
         ),
     ],
 )

@@ -51,6 +51,15 @@ VALUE_FOR_DEST = {
     "load_half_life_ms": ("config", "loadHalfLifeMs"),
     "log_level": ("config", "logLevel"),
     "kafka_config": ("kafka", "config"),
+    "register_timeout_ms": ("config", "registerTimeoutMs"),
+    "max_connections": ("config", "maxConnections"),
+    "max_connections_per_peer": ("config", "maxConnectionsPerPeer"),
+    # Files mounted from the Secret the value names.
+    "tls_cert_file": ("tls", "existingSecret"),
+    "tls_key_file": ("tls", "existingSecret"),
+    "tls_client_ca_file": ("tls", "requireClientCert"),
+    "admin_tls_cert_file": ("adminTls", "existingSecret"),
+    "admin_tls_key_file": ("adminTls", "existingSecret"),
 }
 KAFKA_CONFIG_PATH = "/etc/keyshard/kafka/kafka.properties"
 
@@ -168,6 +177,14 @@ def test_full_values_set_every_variable_and_the_daemon_reads_them(
         "load_half_life_ms": config["loadHalfLifeMs"],
         "log_level": config["logLevel"],
         "kafka_config": KAFKA_CONFIG_PATH,
+        "register_timeout_ms": config["registerTimeoutMs"],
+        "max_connections": config["maxConnections"],
+        "max_connections_per_peer": config["maxConnectionsPerPeer"],
+        "tls_cert_file": "/etc/keyshard/tls/tls.crt",
+        "tls_key_file": "/etc/keyshard/tls/tls.key",
+        "tls_client_ca_file": "/etc/keyshard/tls/ca.crt",
+        "admin_tls_cert_file": "/etc/keyshard/admin-tls/tls.crt",
+        "admin_tls_key_file": "/etc/keyshard/admin-tls/tls.key",
     }
     actual = {dest: getattr(args, dest) for dest in expected}
     actual["group_assignor"] = sorted(actual["group_assignor"])

@@ -56,6 +56,7 @@ class CoordinatorProcess:
     listen_port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     extra: list[str] = field(default_factory=list)
+    preexec_fn: Callable[[], None] | None = None  # runs in the child, e.g. setrlimit
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -88,6 +89,7 @@ class CoordinatorProcess:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=self.preexec_fn,
         )
         log.close()
         await wait_for(self.healthy, 30, "coordinator /healthz")

@@ -119,6 +119,16 @@ def test_cli_unreachable_coordinator_is_a_clear_error_before_spark_starts() -> N
     assert f"coordinator at 127.0.0.1:{port} is unreachable" in result.stderr
 
 
+def test_cli_a_bad_coordinator_tls_file_is_named_before_spark_starts() -> None:
+    result = _cli(
+        "--group", "g", "--topics", "t", "--coordinator", "127.0.0.1:1",
+        "--bootstrap-servers", "127.0.0.1:9", "--handler", "json:dumps",
+        "--coordinator-tls-ca-file", "/nope.pem",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--coordinator-tls-ca-file: /nope.pem does not exist" in result.stderr
+
+
 def test_more_consumers_than_task_slots_is_refused(spark: SparkSession) -> None:
     with pytest.raises(ValueError, match="3 consumers need 3 concurrent task slots"):
         run_executor_consumers(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from coordinator.model.hashing import SLOT_COUNT
 from coordinator.model.positions import Position, RangePositionMap
 from coordinator.model.ranges import RangeSet, SlotRange
+from coordinator.security.tls import ClientTls
 from spark_jobs.offsets import (
     GrantView,
     StreamOffset,
@@ -27,12 +29,14 @@ from spark_jobs.planning import (
     ReadSlice,
     SourceError,
     equal_ranges,
+    parse_coordinator_tls,
     parse_int,
     parse_starting_positions,
     parse_topics,
     plan_batch,
     resolve_start,
 )
+from tests.tls_files import make_tls_files
 
 # ---- strategies ---------------------------------------------------------------------------
 
@@ -114,6 +118,23 @@ def test_required_options_and_integers_are_checked() -> None:
         parse_int({"ranges": "eight"}, "ranges", 1, 1)
     with pytest.raises(SourceError, match=r"'ranges'=0 is outside 1\.\.65536"):
         parse_int({"ranges": "0"}, "ranges", 1, 1, 65536)
+
+
+def test_coordinator_tls_options_are_read_and_checked(tmp_path: Path) -> None:
+    tls = make_tls_files(tmp_path)
+    assert parse_coordinator_tls({}) is None
+    parsed = parse_coordinator_tls(
+        {
+            "coordinator_tls_ca_file": str(tls.ca),
+            "coordinator_tls_cert_file": str(tls.client.cert),
+            "coordinator_tls_key_file": str(tls.client.key),
+        }
+    )
+    assert parsed == ClientTls(str(tls.ca), str(tls.client.cert), str(tls.client.key))
+    with pytest.raises(SourceError, match=r"^option 'coordinator_tls_ca_file': /nope\.pem does"):
+        parse_coordinator_tls({"coordinator_tls_ca_file": "/nope.pem"})
+    with pytest.raises(SourceError, match="'coordinator_tls_ca_file' is required with a client"):
+        parse_coordinator_tls({"coordinator_tls_cert_file": str(tls.client.cert)})
 
 
 def test_starting_positions_follow_spark_kafka_format() -> None:

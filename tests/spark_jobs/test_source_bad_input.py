@@ -3,6 +3,7 @@ what is wrong (Spark wraps it; the source's own words are inside)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -11,7 +12,8 @@ from pyspark.errors import AnalysisException, StreamingQueryException
 from coordinator.local.processes import free_port
 from spark_jobs.source import register
 from tests.brokers import Broker
-from tests.integration.harness import CoordinatorProcess, create_topic
+from tests.integration.harness import CoordinatorProcess, create_topic, wait_for
+from tests.tls_files import make_tls_files
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -137,3 +139,38 @@ async def test_a_stream_with_a_wrong_token_is_refused_by_the_coordinator(
     }
     with pytest.raises(StreamingQueryException, match="coordinator refused registration"):
         _run_stream(spark, options)
+
+
+@pytest.mark.brokers("tansu")
+async def test_a_stream_reaches_a_tls_coordinator_only_with_coordinator_tls(
+    spark: SparkSession, broker: Broker, topic: str, tmp_path: Path
+) -> None:
+    tls = make_tls_files(tmp_path / "tls")
+    coordinator = CoordinatorProcess(
+        broker.bootstrap_servers,
+        tmp_path,
+        extra=["--tls-cert-file", str(tls.server.cert), "--tls-key-file", str(tls.server.key)],
+    )
+    options = {
+        "group": "tls-g",
+        "topics": topic,
+        "coordinator": coordinator.address,
+        "bootstrap_servers": broker.bootstrap_servers,
+    }
+    try:
+        await coordinator.start()
+        with pytest.raises(StreamingQueryException, match="requires TLS on its consumer channel"):
+            _run_stream(spark, options)
+        with pytest.raises(StreamingQueryException, match="option 'coordinator_tls_ca_file': /no"):
+            _run_stream(spark, {**options, "coordinator_tls_ca_file": "/nope.pem"})
+        reader = spark.readStream.format("keyshard")
+        for key, value in {**options, "coordinator_tls_ca_file": str(tls.ca)}.items():
+            reader = reader.option(key, value)
+        query = reader.load().writeStream.format("noop").start()
+        try:
+            view = await wait_for(lambda: coordinator.group("tls-g"), 60, "the query's member")
+            assert len(view["members"]) == 1
+        finally:
+            query.stop()
+    finally:
+        coordinator.stop()

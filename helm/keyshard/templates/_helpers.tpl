@@ -84,6 +84,11 @@ app.kubernetes.io/component: coordinator
 {{- else if .Values.auth.adminToken }}true{{ end }}
 {{- end }}
 
+{{/* The admin API's scheme, for the probes: HTTPS with adminTls. */}}
+{{- define "keyshard.adminScheme" -}}
+{{- if .Values.adminTls.existingSecret }}HTTPS{{ else }}HTTP{{ end }}
+{{- end }}
+
 {{/* The image reference. */}}
 {{- define "keyshard.image" -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
@@ -102,6 +107,9 @@ the same rules as values.schema.json, with the reason.
 {{- end }}
 {{- if and .Values.config.adminAuthReads (ne (include "keyshard.hasAdminToken" .) "true") }}
 {{- fail "config.adminAuthReads needs an admin token: set auth.adminToken, or auth.existingSecret with auth.adminTokenKey" }}
+{{- end }}
+{{- if and .Values.tls.requireClientCert (not .Values.tls.existingSecret) }}
+{{- fail "tls.requireClientCert needs tls.existingSecret: the Secret's ca.crt is the CA client certificates must be signed by" }}
 {{- end }}
 {{- end }}
 

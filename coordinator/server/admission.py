@@ -1,0 +1,264 @@
+"""Who may hold a connection to the consumer channel, and for how long.
+
+A connection costs the coordinator a file descriptor until it is closed, and before this
+module a connection that never registered was never closed: 1,100 idle connections to a
+coordinator with the common 1,024 open-file limit left it unable to accept anyone (its
+own Kafka clients included), and asyncio logged a traceback for every failed accept. So:
+
+* a connection must register within `register_timeout_ms` of being accepted (a TLS
+  handshake and Metadata requests count against it, they do not extend it);
+* at most `max_connections` connections at once, and `max_connections_per_peer` from one
+  address; a connection over either cap is refused with a `TOO_MANY_CONNECTIONS` error
+  naming the cap, then closed;
+* the default cap is derived from the open-file limit, which the daemon first raises to
+  its hard limit, so the listener alone can never exhaust the descriptors;
+* what a flood produces in the log is a few lines per interval with counts
+  (`ThrottledLog`), never a line per connection.
+
+Nothing here does I/O: the listener (`coordinator.server.listener`) applies it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REGISTER_TIMEOUT_MS = 10_000
+DEFAULT_MAX_CONNECTIONS = 10_000  # when the open-file limit allows it
+DEFAULT_MAX_CONNECTIONS_PER_PEER = 1_000
+# Descriptors kept free of consumer connections: Kafka clients, the admin API, log files.
+FD_RESERVE_FRACTION = 0.1
+FD_RESERVE_MIN = 64
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    register_timeout_ms: int = DEFAULT_REGISTER_TIMEOUT_MS
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
+
+    def __post_init__(self) -> None:
+        for name in ("register_timeout_ms", "max_connections", "max_connections_per_peer"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+class ConnectionCounts:
+    """Open connections, in total and per peer address."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.total = 0
+        self._per_peer: Counter[str] = Counter()
+
+    def refusal(self, peer: str) -> str | None:
+        """Why a new connection from `peer` must be refused, or None to admit it."""
+        if self.total >= self.limits.max_connections:
+            return (
+                f"the coordinator has {self.total} connections open, its limit "
+                f"(--max-connections {self.limits.max_connections}); try again later"
+            )
+        held = self._per_peer[peer]
+        if held >= self.limits.max_connections_per_peer:
+            return (
+                f"{peer} has {held} connections open to the coordinator, the limit per "
+                f"address (--max-connections-per-peer {self.limits.max_connections_per_peer})"
+            )
+        return None
+
+    def add(self, peer: str) -> None:
+        self.total += 1
+        self._per_peer[peer] += 1
+
+    def remove(self, peer: str) -> None:
+        self.total -= 1
+        self._per_peer[peer] -= 1
+        if self._per_peer[peer] <= 0:
+            del self._per_peer[peer]
+
+    def of(self, peer: str) -> int:
+        return self._per_peer[peer]
+
+
+class ThrottledLog:
+    """At most `burst` lines per `interval_s`; the events past that are counted and told
+    in one line when the interval ends ("... and 917 more in the last 10 s").
+
+    A flood repeats one event thousands of times a second; one line per event is what
+    grew the log by 60 MB in 6 s. The summary comes from a loop timer, so the last burst
+    of a flood is reported even if nothing follows it.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        what: str,
+        *,
+        interval_s: float = 10.0,
+        burst: int = 3,
+        level: int = logging.WARNING,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger = logger
+        self._what = what
+        self._interval_s = interval_s
+        self._burst = burst
+        self._level = level
+        self._clock = clock
+        self._window_end = 0.0
+        self._logged = 0
+        self._suppressed = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __call__(self, message: str, *args: object) -> None:
+        now = self._clock()
+        if now >= self._window_end:
+            self.flush()
+            self._window_end = now + self._interval_s
+            self._logged = 0
+        if self._logged < self._burst:
+            self._logged += 1
+            self._logger.log(self._level, message, *args)
+            return
+        self._suppressed += 1
+        if self._timer is None:
+            with_loop = _running_loop()
+            if with_loop is not None:
+                self._timer = with_loop.call_later(max(0.0, self._window_end - now), self.flush)
+
+    def flush(self) -> None:
+        """Say how many events were not logged, if any (at the window's end, and on close)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._suppressed:
+            self._logger.log(
+                self._level,
+                "... and %d more %s in the last %g s",
+                self._suppressed,
+                self._what,
+                self._interval_s,
+            )
+            self._suppressed = 0
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+# ---- the open-file limit ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OpenFileLimit:
+    before: int  # the soft limit the process started with
+    soft: int  # the soft limit now
+    hard: int
+
+
+def raise_open_file_limit() -> OpenFileLimit:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (an unprivileged process may).
+
+    Shells and container runtimes commonly start processes at a soft limit of 1,024,
+    far below the hard limit; the coordinator holds one descriptor per consumer. An
+    unlimited hard limit is not a valid soft limit on Linux (it is capped by
+    fs.nr_open), so then the largest value the kernel accepts is tried.
+    """
+    before, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if before in (hard, resource.RLIM_INFINITY):
+        return OpenFileLimit(before=before, soft=before, hard=hard)
+    targets = [hard] if hard != resource.RLIM_INFINITY else [1 << 20, 1 << 16]
+    for target in targets:
+        if target <= before:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            continue
+        return OpenFileLimit(before=before, soft=target, hard=hard)
+    return OpenFileLimit(before=before, soft=before, hard=hard)
+
+
+def fitting_max_connections(soft_limit: int) -> int:
+    """The most consumer connections that leave a reserve of descriptors free."""
+    if soft_limit == resource.RLIM_INFINITY:
+        return 1 << 31
+    reserve = max(FD_RESERVE_MIN, int(soft_limit * FD_RESERVE_FRACTION))
+    return max(1, soft_limit - reserve)
+
+
+def default_max_connections(soft_limit: int) -> int:
+    """`--max-connections` when not given: 10,000, or fewer to fit the open-file limit."""
+    return min(DEFAULT_MAX_CONNECTIONS, fitting_max_connections(soft_limit))
+
+
+def connection_limits(
+    register_timeout_ms: int | None = None,
+    max_connections: int | None = None,
+    max_connections_per_peer: int | None = None,
+) -> ConnectionLimits:
+    """The limits in force, each None taking its default. Raises the open-file limit
+    first (the default cap is derived from it) and logs both limits."""
+    nofile = raise_open_file_limit()
+    fitting = fitting_max_connections(nofile.soft)
+    defaults = ConnectionLimits()
+    limits = ConnectionLimits(
+        register_timeout_ms=register_timeout_ms or defaults.register_timeout_ms,
+        max_connections=max_connections or default_max_connections(nofile.soft),
+        max_connections_per_peer=max_connections_per_peer or defaults.max_connections_per_peer,
+    )
+    log.info(
+        "open-file limit: soft %s (was %s), hard %s; consumer connections: at most %d, "
+        "%d per address, %d ms to register",
+        _limit(nofile.soft), _limit(nofile.before), _limit(nofile.hard),
+        limits.max_connections, limits.max_connections_per_peer, limits.register_timeout_ms,
+    )  # fmt: skip
+    if limits.max_connections > fitting:
+        log.warning(
+            "--max-connections %d is more than the open-file limit %s leaves room for "
+            "(%d): a flood can use up the descriptors before the cap refuses anyone",
+            limits.max_connections, _limit(nofile.soft), fitting,
+        )  # fmt: skip
+    return limits
+
+
+def _limit(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+
+ACCEPT_OUT_OF_RESOURCES = "socket.accept() out of system resource"  # asyncio's message
+
+
+def count_accept_errors(loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+    """Route asyncio's own accept failures (the admin API listens through asyncio's
+    accept loop) to a `ThrottledLog` instead of a traceback per attempt; every other
+    context goes to the handler that was there. Returns what puts that handler back."""
+    throttled = ThrottledLog(log, "accept errors of the admin API", burst=1)
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") == ACCEPT_OUT_OF_RESOURCES:
+            throttled("cannot accept admin API connections: %s", context.get("exception"))
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+
+    def restore() -> None:
+        throttled.flush()
+        loop.set_exception_handler(previous)
+
+    return restore

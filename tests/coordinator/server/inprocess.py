@@ -1,0 +1,40 @@
+"""An in-process coordinator (its runtime on a memory store) behind a real listener."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from coordinator.group.state import GroupConfig
+from coordinator.local.processes import free_port
+from coordinator.runtime.runtime import CoordinatorRuntime
+from coordinator.runtime.settings import RuntimeSettings
+from coordinator.server.admission import ConnectionLimits
+from coordinator.server.listener import CoordinatorServer
+from tests.coordinator.runtime.test_verdicts import MemoryStore
+
+
+@asynccontextmanager
+async def running_coordinator(
+    limits: ConnectionLimits | None = None, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[CoordinatorServer]:
+    """A listening coordinator on a free loopback port; groups may use any topic (the
+    memory store says every topic exists, with one partition)."""
+    port = free_port()
+    settings = RuntimeSettings(
+        "unused:1",
+        advertised_address=f"127.0.0.1:{port}",
+        startup_grace_ms=0,
+        group_defaults=GroupConfig(ping_interval_ms=100),
+    )
+    store = MemoryStore()
+    runtime = CoordinatorRuntime(settings, store, metadata=store)
+    await runtime.start()
+    server = CoordinatorServer(runtime, "127.0.0.1", port, tls=tls, limits=limits)
+    try:
+        await server.start()
+        yield server
+    finally:
+        await server.stop()
+        await runtime.stop()
