@@ -29,6 +29,7 @@ from coordinator.group.records import (
     GrantAcknowledged,
     GrantsHeld,
     ImbalanceObserved,
+    MemberAdopted,
     MemberContacted,
     MemberHeard,
     MemberJoined,
@@ -39,6 +40,7 @@ from coordinator.group.records import (
     RangesReleased,
     RangesRevoked,
     RebalanceRequested,
+    Record,
     TargetComputed,
 )
 from coordinator.group.state import GroupState, HandoffKind, MemberPhase
@@ -223,14 +225,84 @@ def leave(state: GroupState, *, member_id: str, positions: PositionUpdate, now: 
     return result
 
 
-def connection_lost(state: GroupState, *, member_id: str, now: float) -> Result:
-    """The channel closed without a Leave. The member's ranges wait until it must have
-    stopped on its own (session timeout after it last heard from us, plus a margin)."""
+def connection_lost(
+    state: GroupState, *, member_id: str, now: float, reclaimable: bool = True
+) -> Result:
+    """The channel closed without a Leave. The member keeps processing while its lease
+    lasts (docs/protocol.md §7), so its ranges wait until it must have stopped on its own
+    (session timeout after it last heard from us, plus a margin); until then it may come
+    back with a claim for them (`reclaim`), unless `reclaimable` is False (fenced)."""
     member = state.members.get(member_id)
     if member is None:
         return Result()
     stopped_by = max(member.must_have_stopped_by(), now)
-    return _remove(state, member_id, HandoffKind.LOST, stopped_by, now, None)
+    return _remove(state, member_id, HandoffKind.LOST, stopped_by, now, None, reclaimable)
+
+
+def reclaim(
+    state: GroupState,
+    *,
+    member_id: str,
+    member_epoch: int,
+    claimed: RangeSet,
+    positions: PositionUpdate,
+    name: str,
+    capacity: int,
+    session_timeout_ms: int,
+    topics: tuple[str, ...],
+    partitions: tuple[TopicPartition, ...],
+    now: float,
+    fixed_ranges: RangeSet | None = None,
+) -> Result:
+    """A member that lost its coordinator is back, with what it still runs and exact
+    positions (docs/protocol.md §7.4).
+
+    1. Validate the topics, as for any Register.
+    2. It keeps what it claims *and* its pending claim (the durable state, or what it
+       owned when its channel closed) says it owns: no StopFetcher, no StartFetcher, no
+       pause. What it claims beyond that is not adopted (it must stop those now); what
+       the pending claim held beyond it becomes free.
+    3. Its positions count for every range the pending claim held: nobody else has run
+       them since, and done offsets are done (positions merge by union).
+    4. Its epoch moves past both sides' last, so anything older from it is stale.
+    The caller checks that a pending claim exists (else this is a fresh Register).
+    """
+    pending = state.claims[member_id]
+    if state.members and set(topics) != set(state.topics):
+        return Result(
+            error=(
+                ErrorCode.INCONSISTENT_TOPICS,
+                f"group {state.group!r} reads topics {sorted(state.topics)}; "
+                f"this consumer asked for {sorted(topics)}",
+            )
+        )
+    owned = claimed & pending.owned
+    records: list[Record] = []
+    advanced = _clip_positions(positions, pending.owned)
+    if advanced:
+        records.append(PositionsAdvanced(advanced))
+    epoch = max(member_epoch, pending.member_epoch) + 1
+    records.append(
+        MemberAdopted(
+            member_id=member_id,
+            name=name,
+            capacity=capacity,
+            session_timeout_ms=session_timeout_ms,
+            topics=topics,
+            partitions=partitions,
+            member_epoch=epoch,
+            owned=owned,
+            at=now,
+            fixed_ranges=fixed_ranges,
+        )
+    )
+    return Result(
+        records=records,
+        effects=[
+            CancelTimer(QuarantineTimer(member_id)),
+            SetTimer(SessionTimer(member_id), now + session_timeout_ms / 1000),
+        ],
+    )
 
 
 def timer_fired(state: GroupState, *, key: TimerKey, now: float) -> Result:
@@ -301,11 +373,12 @@ def _remove(
     stopped_by: float,
     now: float,
     close: tuple[ErrorCode, str] | None,
+    reclaimable: bool = False,
 ) -> Result:
     member = state.members[member_id]
     until = stopped_by + state.config.lost_member_margin_ms / 1000 if member.owned else None
     result = Result(
-        records=[MemberRemoved(member_id, reason, until, now)],
+        records=[MemberRemoved(member_id, reason, until, now, reclaimable)],
         effects=[CancelTimer(SessionTimer(member_id)), CancelTimer(DrainTimer(member_id))],
     )
     if until is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coordinator.group.state import GroupConfig, HandoffKind
+from coordinator.group.state import GroupConfig, HandoffKind, PendingClaim
 from coordinator.model.positions import Position, RangePositionMap, TopicPartition
 from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
 
@@ -118,6 +118,34 @@ class MemberRemoved:
     reason: HandoffKind  # LEAVE, LOST or FENCED: the kind of the handoff it opens
     quarantine_until: float | None
     at: float
+    # It may come back for its quarantined ranges (a PendingClaim): its channel closed
+    # without a Leave, so it keeps processing while its lease lasts. Not when fenced.
+    reclaimable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAwaited:
+    """A member the state log says owned ranges, found by a replica taking the group
+    over: its ranges wait (quarantined) for it to come back with a matching claim."""
+
+    claim: PendingClaim
+
+
+@dataclass(frozen=True, slots=True)
+class MemberAdopted:
+    """A member came back with a claim that matches: it keeps `owned` (what both it and
+    we say it owns) with no StopFetcher, no StartFetcher, no pause."""
+
+    member_id: str
+    name: str
+    capacity: int
+    session_timeout_ms: int
+    topics: tuple[str, ...]
+    partitions: tuple[TopicPartition, ...]
+    member_epoch: int
+    owned: RangeSet
+    at: float
+    fixed_ranges: RangeSet | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +198,8 @@ Record = (
     | RangesGranted
     | GrantAcknowledged
     | MemberRemoved
+    | ClaimAwaited
+    | MemberAdopted
     | QuarantineLifted
     | GrantsDeferred
     | GrantsHeld

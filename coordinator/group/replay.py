@@ -10,12 +10,14 @@ of ownership a value that can be logged, persisted and asserted on.
 from __future__ import annotations
 
 from coordinator.group.records import (
+    ClaimAwaited,
     DrainStarted,
     GrantAcknowledged,
     GrantsDeferred,
     GrantsHeld,
     GroupConfigChanged,
     ImbalanceObserved,
+    MemberAdopted,
     MemberContacted,
     MemberHeard,
     MemberJoined,
@@ -30,7 +32,14 @@ from coordinator.group.records import (
     Record,
     TargetComputed,
 )
-from coordinator.group.state import GroupState, Handoff, HandoffKind, Member, Quarantine
+from coordinator.group.state import (
+    GroupState,
+    Handoff,
+    HandoffKind,
+    Member,
+    PendingClaim,
+    Quarantine,
+)
 from coordinator.model.positions import RangePositionMap
 from coordinator.model.ranges import EMPTY, RangeSet
 
@@ -77,6 +86,7 @@ def replay(state: GroupState, record: Record) -> None:
                     ]
                     pmap.update(merged)
             state.positions_version += 1
+            state.log_version += 1
         case TargetComputed():
             state.target = dict(record.target)
             state.target_version = record.inputs_version
@@ -102,6 +112,7 @@ def replay(state: GroupState, record: Record) -> None:
             member.epoch = record.epoch
             member.last_contacted = max(member.last_contacted, record.at)
             member.drains.append((record.ranges, record.deadline))
+            _member_changed(state, record.member_id)
             _refresh_excess(state, record.member_id)
             _open_handoff(state, HandoffKind.REVOKE, record.member_id, record.ranges, record.at)
         case DrainStarted():
@@ -123,6 +134,7 @@ def replay(state: GroupState, record: Record) -> None:
                 for ranges, deadline in member.drains
                 if (left := ranges - record.ranges)
             ]
+            _member_changed(state, record.member_id)
             _refresh_excess(state, record.member_id)
             _mark_released(state, record.ranges, record.at)
         case RangesGranted():
@@ -133,6 +145,7 @@ def replay(state: GroupState, record: Record) -> None:
             member.last_contacted = max(member.last_contacted, record.at)
             state.free = state.free - record.ranges
             state.grants_held_since = None
+            _member_changed(state, record.member_id)
             _refresh_excess(state, record.member_id)
             for h in state.open:
                 if h.waiting.overlaps(record.ranges) and record.member_id not in h.to_members:
@@ -164,13 +177,27 @@ def replay(state: GroupState, record: Record) -> None:
                 if record.quarantine_until is None:
                     state.free = state.free | member.owned
                     _mark_released(state, member.owned, record.at)
+                elif record.reclaimable:
+                    state.claims[member.member_id] = PendingClaim(
+                        member.member_id, member.name, member.epoch, member.owned,
+                        record.quarantine_until,
+                    )  # fmt: skip
+            _member_changed(state, record.member_id)
             state.inputs_version += 1
+        case ClaimAwaited(claim):
+            state.claims[claim.member_id] = claim
+            state.quarantined.append(Quarantine(claim.owned, claim.until, claim.member_id))
+            state.free = state.free - claim.owned
+        case MemberAdopted():
+            _adopt(state, record)
         case QuarantineLifted():
             lifted = [q for q in state.quarantined if q.until <= record.at]
             state.quarantined = [q for q in state.quarantined if q.until > record.at]
             for q in lifted:
                 state.free = state.free | q.ranges
                 _mark_released(state, q.ranges, record.at)
+                if state.claims.pop(q.former_member, None) is not None:
+                    _member_changed(state, q.former_member)  # it did not come back
         case GrantsDeferred():
             state.grants_allowed_at = record.until
         case GrantsHeld():
@@ -179,6 +206,49 @@ def replay(state: GroupState, record: Record) -> None:
             state.positions[record.tp] = record.positions.copy()
         case GroupConfigChanged():
             state.config = record.config
+
+
+def _adopt(state: GroupState, record: MemberAdopted) -> None:
+    """The member is back with the ranges both sides agree it owns; what its pending
+    claim held beyond them is free now (it says it no longer runs them)."""
+    mid = record.member_id
+    state.claims.pop(mid, None)
+    kept = [q for q in state.quarantined if q.former_member != mid]
+    released = RangeSet(r for q in state.quarantined if q.former_member == mid for r in q.ranges)
+    state.quarantined = kept
+    state.free = (state.free | (released - record.owned)) - record.owned
+    if released - record.owned:
+        _mark_released(state, released - record.owned, record.at)
+    state.members[mid] = Member(
+        member_id=mid,
+        name=record.name,
+        capacity=record.capacity,
+        session_timeout_ms=record.session_timeout_ms,
+        last_heard=record.at,
+        epoch=record.member_epoch,
+        owned=record.owned,
+        fixed_ranges=record.fixed_ranges,
+    )
+    state.topics = record.topics
+    state.partitions = record.partitions
+    state.inputs_version += 1
+    state.joined_version = state.inputs_version
+    for h in list(state.open):  # its lost ranges run again, on itself
+        if h.waiting.overlaps(record.owned):
+            h.waiting = h.waiting - record.owned
+            if mid not in h.to_members:
+                h.to_members.append(mid)
+            if not h.waiting:
+                h.resumed_at = record.at
+                state.open.remove(h)
+    _member_changed(state, mid)
+    _refresh_excess(state, mid)
+
+
+def _member_changed(state: GroupState, member_id: str) -> None:
+    """What the state log holds of this member changed: its next write carries it."""
+    state.log_version += 1
+    state.member_changes[member_id] = state.log_version
 
 
 def _open_handoff(

@@ -111,6 +111,21 @@ class Quarantine:
     former_member: str
 
 
+@dataclass(frozen=True, slots=True)
+class PendingClaim:
+    """A member that owned ranges and may come back for them: its channel closed (the
+    network, or its coordinator handed the group over or died), and it keeps processing
+    while its lease lasts. Re-registering with a claim that matches this, it keeps
+    its ranges with no pause and no duplicates; otherwise they move at `until`, when
+    it must have stopped (the quarantine of the same ranges)."""
+
+    member_id: str
+    name: str
+    member_epoch: int
+    owned: RangeSet
+    until: float
+
+
 @dataclass(slots=True)
 class Handoff:
     """One movement of ranges away from a member, until they run again elsewhere."""
@@ -151,6 +166,8 @@ class GroupState:
     # Partitions whose reported end is a last stable offset (read_committed members).
     stable_ends: dict[TopicPartition, bool] = field(default_factory=dict)
     quarantined: list[Quarantine] = field(default_factory=list)
+    # Members that may come back for their quarantined ranges (see PendingClaim).
+    claims: dict[str, PendingClaim] = field(default_factory=dict)
     positions: dict[TopicPartition, RangePositionMap] = field(default_factory=dict)
     handoffs: deque[Handoff] = field(default_factory=lambda: deque(maxlen=MAX_HANDOFF_HISTORY))
     grants_allowed_at: float = 0.0
@@ -163,6 +180,11 @@ class GroupState:
     # Since when `reconcile` holds grants back for such a target (GrantsHeld), if it does.
     grants_held_since: float | None = None
     positions_version: int = 0
+    # Bumped by every change the state log must hold (positions, who owns what): the
+    # durability writer stores the group as of a version; `member_changes` says which
+    # member each version touched, so a write carries only the members that changed.
+    log_version: int = 0
+    member_changes: dict[str, int] = field(default_factory=dict)
     # The positions_version when slots last stopped being owned: a StartFetcher needs the
     # positions durable up to here (where the previous owners stopped), not up to the
     # newest ping's progress on slots it does not touch.

@@ -1,0 +1,83 @@
+"""One state partition as replayed from its log: what a replica taking it over starts from.
+
+Every replica tails every partition (a hot standby), so a takeover costs only the tail it
+had not read yet. Replay is in offset order with one fencing rule: after an epoch marker,
+records of an older coordinator epoch are ignored (a fenced writer's, which on a broker
+without transactions can still land after the takeover). Records before the marker count,
+whatever their epoch: the new owner read up to its own marker before deciding anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from coordinator.model.positions import RangePositionMap, TopicPartition
+from coordinator.storage.records import (
+    EpochMarker,
+    MemberRecord,
+    PositionsChunk,
+    ReplicaBeat,
+    StateRecord,
+    Tombstone,
+    group_of_key,
+    merge_into,
+)
+
+
+@dataclass(slots=True)
+class GroupImage:
+    """A group as its durable records say: positions, and the members that owned ranges."""
+
+    positions: dict[TopicPartition, RangePositionMap] = field(default_factory=dict)
+    members: dict[str, MemberRecord] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PartitionImage:
+    partition: int
+    epoch: int = 0  # the highest coordinator epoch a marker announced
+    owner: EpochMarker | None = None
+    next_offset: int = 0  # the next log offset to apply
+    fenced_records: int = 0  # ignored: written under an epoch older than a marker's
+    _chunks: dict[bytes, PositionsChunk] = field(default_factory=dict)
+    _members: dict[bytes, MemberRecord] = field(default_factory=dict)
+
+    def apply(self, offset: int, record: StateRecord) -> None:
+        self.next_offset = max(self.next_offset, offset + 1)
+        match record:
+            case EpochMarker():
+                if record.epoch >= self.epoch:
+                    self.epoch = record.epoch
+                    self.owner = record
+            case ReplicaBeat():
+                pass  # liveness is tracked apart (coordinator.storage.kafka_log)
+            case Tombstone(key):
+                self._chunks.pop(key, None)
+                self._members.pop(key, None)
+            case PositionsChunk() | MemberRecord():
+                if record.epoch < self.epoch:
+                    self.fenced_records += 1
+                    return
+                if isinstance(record, PositionsChunk):
+                    self._chunks[record.key] = record
+                else:
+                    self._members[record.key] = record
+
+    def groups(self) -> dict[str, GroupImage]:
+        """Every group with a record here: positions as the union of their chunks (see
+        coordinator.storage.records), and the members that owned ranges."""
+        groups: dict[str, GroupImage] = {}
+        for chunk in self._chunks.values():
+            image = groups.setdefault(chunk.group, GroupImage())
+            merge_into(image.positions.setdefault(chunk.tp, RangePositionMap()), chunk.positions)
+        for member in self._members.values():
+            groups.setdefault(member.group, GroupImage()).members[member.member_id] = member
+        return groups
+
+    def chunk_count(self, group: str, tp: TopicPartition) -> int:
+        """Chunks live for one group and partition (a shorter write tombstones the rest)."""
+        live = [c.chunk for c in self._chunks.values() if c.group == group and c.tp == tp]
+        return max(live, default=-1) + 1
+
+    def group_names(self) -> set[str]:
+        return {g for key in (*self._chunks, *self._members) if (g := group_of_key(key))}

@@ -1,0 +1,200 @@
+"""What the coordinator needs of the Kafka cluster besides its state log.
+
+The state topic made right (created compacted, refused when it deletes by age), partition
+counts from a fresh metadata answer, a readiness probe, and each group's lowest position
+committed as an ordinary Kafka offset so lag tooling sees the group. Every client uses the
+coordinator's Kafka settings; a missing permission names the ACL to grant. Every broker
+call is bounded by a timeout: after a broker restart some calls retry forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTP
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    InvalidReplicationFactorError,
+    KafkaError,
+    NoError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    for_code,
+)
+
+from coordinator.kafka.connect import start_client
+from coordinator.kafka.metadata import fetch_partitions
+from coordinator.kafka.settings import KafkaSettings
+from coordinator.storage.base import Positions, StoreError
+
+log = logging.getLogger(__name__)
+#: What the state topic must be, and what a new one is created with.
+STATE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
+
+
+def denied(settings: KafkaSettings, topic: str, operation: str, err: BaseException) -> StoreError:
+    """The error for a refused `operation` on `topic`: the ACL to grant, in full."""
+    user, _ = settings.credentials()
+    principal = f"User:{user}" if user else "the coordinator's principal"
+    return StoreError(
+        f"Kafka refused {operation} on topic {topic!r} ({type(err).__name__}): grant "
+        f"{principal} the ACL (kafka-acls --add --allow-principal {principal} "
+        f"--operation {operation} --topic {topic}); README 'Running on Apache Kafka' lists "
+        "every ACL the coordinator needs"
+    )
+
+
+async def ensure_state_topic(
+    bootstrap: str, settings: KafkaSettings, topic: str, partitions: int, timeout: float
+) -> int:
+    """Create the state topic compacted with `partitions` partitions, or check an existing
+    one (compacted, or refused: a topic that deletes by age would lose the positions of
+    every quiet group). Returns the partition count the topic has."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **settings.admin_options())
+    try:
+        await start_client(admin, bootstrap, settings, "admin client", timeout)
+        existing = await asyncio.wait_for(admin.list_topics(), timeout)
+        if topic not in existing:
+            await _create(admin, topic, partitions, timeout)
+        else:
+            await _check_compacted(admin, topic, timeout)
+        described = await asyncio.wait_for(admin.describe_topics([topic]), timeout)
+        count = len(described[0]["partitions"]) if described else 0
+        if count < 1:
+            raise StoreError(f"state topic {topic!r} shows no partitions")
+        return count
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+
+async def _create(admin: AIOKafkaAdminClient, topic: str, partitions: int, timeout: float) -> None:
+    # Replication factor -1: the cluster's default.replication.factor (KIP-464).
+    # aiokafka's NewTopic wants replica assignments with a -1; none are given here.
+    new = NewTopic(topic, partitions, -1, {}, topic_configs=dict(STATE_TOPIC_CONFIG))
+    response = await asyncio.wait_for(admin.create_topics([new]), timeout)
+    for _, code, *_ in response.topic_errors:
+        error = for_code(code)
+        if error is NoError or error is TopicAlreadyExistsError:
+            continue
+        if error in (TopicAuthorizationFailedError, ClusterAuthorizationFailedError):
+            raise StoreError(
+                f"Kafka refused to create the state topic {topic!r}: create it yourself "
+                f"({partitions} partitions, cleanup.policy=compact) or grant the "
+                "coordinator's principal Create on it"
+            )
+        if error is InvalidReplicationFactorError:  # brokers before 2.4 need a number
+            retry = NewTopic(topic, partitions, 1, topic_configs=dict(STATE_TOPIC_CONFIG))
+            await asyncio.wait_for(admin.create_topics([retry]), timeout)
+            continue
+        raise StoreError(f"cannot create the state topic {topic!r}: {error.__name__}")
+
+
+async def _check_compacted(admin: AIOKafkaAdminClient, topic: str, timeout: float) -> None:
+    resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"cleanup.policy": None})
+    try:
+        (response,) = await asyncio.wait_for(admin.describe_configs([resource]), timeout)
+    except (KafkaError, ValueError) as err:  # a broker without DescribeConfigs
+        log.warning(
+            "cannot check that state topic %r is compacted (%s): make sure its "
+            "cleanup.policy is compact", topic, err,
+        )  # fmt: skip
+        return
+    for _code, _message, _type, _name, entries, *_ in response.resources:
+        values = {entry[0]: entry[1] for entry in entries}
+        policy = values.get("cleanup.policy") or ""
+        if "compact" not in policy.split(","):
+            raise StoreError(
+                f"state topic {topic!r} exists with cleanup.policy={policy or 'delete'}; "
+                "keyshard needs compact (it keeps the latest record of every group for as "
+                "long as the group exists): kafka-configs --alter --entity-type topics "
+                f"--entity-name {topic} --add-config cleanup.policy=compact"
+            )
+
+
+class KafkaCluster:
+    """`ClusterMetadata` (coordinator.storage.base), and the offset commits for tooling."""
+
+    def __init__(self, bootstrap: str, settings: KafkaSettings, timeout: float = 10.0) -> None:
+        self.bootstrap = bootstrap
+        self.settings = settings
+        self.timeout = timeout
+        self._metadata: AIOKafkaClient | None = None
+        self._committers: dict[str, AIOKafkaConsumer] = {}
+        self._commit_locks: dict[str, asyncio.Lock] = {}
+
+    async def start(self) -> None:
+        self._metadata = AIOKafkaClient(
+            bootstrap_servers=self.bootstrap, **self.settings.client_options()
+        )
+        await asyncio.wait_for(self._metadata.bootstrap(), self.timeout)
+
+    async def stop(self) -> None:
+        for committer in self._committers.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(committer.stop(), self.timeout)
+        self._committers.clear()
+        if self._metadata is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._metadata.close(), self.timeout)
+            self._metadata = None
+
+    async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
+        """Partition count of every topic that exists (missing topics are left out)."""
+        if self._metadata is None:
+            raise StoreError("cluster metadata is not started")
+        # A fresh metadata fetch each time: topics created after start-up must be seen.
+        answer = await fetch_partitions(self._metadata, topics, self.timeout)
+        return {topic: len(parts) for topic, parts in answer.partitions.items()}
+
+    async def probe(self) -> None:
+        """One metadata round trip to the cluster: raises when Kafka is unreachable (the
+        readiness check; the caller bounds it with a short timeout)."""
+        if self._metadata is None:
+            raise StoreError("cluster metadata is not started")
+        await self._metadata.fetch_all_metadata()
+
+    async def commit_low_watermarks(self, group: str, positions: Positions) -> None:
+        """Best effort: tooling visibility only, never the source of truth.
+
+        One commit per group at a time: every position write sets one off, and two that
+        overlapped both started a committer, and leaked one."""
+        offsets = {
+            KafkaTP(topic, partition): pmap.minimum_offset()
+            for (topic, partition), pmap in positions.items()
+        }
+        if not offsets:
+            return
+        async with self._commit_locks.setdefault(group, asyncio.Lock()):
+            try:
+                committer = await self._committer(group)
+                assigned = set(committer.assignment())
+                if not set(offsets) <= assigned:
+                    committer.assign(sorted(assigned | set(offsets)))
+                    committer.pause(*committer.assignment())  # commit only, never fetch
+                await asyncio.wait_for(committer.commit(offsets), self.timeout)
+            except (KafkaError, TimeoutError, OSError) as err:
+                log.warning("could not commit low watermarks of group %r: %s", group, err)
+
+    async def _committer(self, group: str) -> AIOKafkaConsumer:
+        committer = self._committers.get(group)
+        if committer is None:
+            options: dict[str, Any] = self.settings.consumer_options()
+            committer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap, group_id=group, enable_auto_commit=False,
+                **options,
+            )  # fmt: skip
+            try:
+                await asyncio.wait_for(committer.start(), self.timeout)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(committer.stop(), self.timeout)
+                raise
+            self._committers[group] = committer
+        return committer

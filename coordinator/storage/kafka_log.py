@@ -1,0 +1,360 @@
+"""The state log on Kafka: a compacted topic of P partitions, tailed by every replica.
+
+Every replica reads every partition from the start and keeps its `PartitionImage` current
+(a hot standby), reading committed data only. Claiming a partition fences whoever wrote
+it before: on a broker with transactions, the claimant initializes the partition's
+transactional producer (`keyshard.<topic>.<p>`), which makes the broker abort the old
+writer's open transaction and refuse its later commits; on any broker, it then reads the
+partition to its end, writes an epoch marker one above the highest it saw, and reads up
+to its marker, so every record of the older epoch that landed before the marker is in its
+image, and every one after it is ignored by replay.
+
+Replicas say they are alive with `ReplicaBeat`s on partition 0, outside transactions, read
+by a second consumer that does not wait for committed data (an open transaction on
+partition 0 must not make live replicas look dead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTP
+from aiokafka.errors import (
+    KafkaError,
+    ProducerFenced,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
+
+from coordinator.kafka.connect import KafkaUnreachable, start_client
+from coordinator.kafka.settings import KafkaSettings
+from coordinator.storage.base import StoreError
+from coordinator.storage.image import PartitionImage
+from coordinator.storage.kafka_cluster import denied, ensure_state_topic
+from coordinator.storage.records import (
+    EpochMarker,
+    RecordError,
+    ReplicaBeat,
+    decode,
+    encode,
+)
+
+log = logging.getLogger(__name__)
+DEFAULT_STATE_PARTITIONS = 6
+BEAT_KIND = b"H\x00"
+TAIL_POLL_MS = 100
+
+
+class Fenced(StoreError):
+    """Another replica took the partition over: this one may no longer write it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaIdentity:
+    replica_id: str
+    address: str  # the consumer channel, as consumers reach it
+    admin_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class SeenBeat:
+    beat: ReplicaBeat
+    arrived: float  # our monotonic clock: liveness never compares two machines' clocks
+
+
+class KafkaStateLog:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        settings: KafkaSettings,
+        identity: ReplicaIdentity,
+        partitions: int = DEFAULT_STATE_PARTITIONS,
+        transactions: bool | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.settings = settings
+        self.identity = identity
+        self.partitions = partitions  # the topic's own count once started
+        self.timeout = timeout
+        self.transactions = transactions  # None: find out at start
+        self.images: dict[int, PartitionImage] = {}
+        self.beats: dict[str, SeenBeat] = {}
+        self._producer: AIOKafkaProducer | None = None
+        self._txn: dict[int, AIOKafkaProducer] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+        self._tail: AIOKafkaConsumer | None = None
+        self._beat_reader: AIOKafkaConsumer | None = None
+        self._ends_at_start: dict[int, int] = {}
+        self._beats_live_from = 0  # partition-0 offset from which beats are not history
+        self._tailed = asyncio.Condition()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ---- life cycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            self.partitions = await ensure_state_topic(
+                self.bootstrap, self.settings, self.topic, self.partitions, self.timeout
+            )
+            self.images = {p: PartitionImage(p) for p in range(self.partitions)}
+            self._producer = AIOKafkaProducer(
+                bootstrap_servers=self.bootstrap, acks="all", linger_ms=0,
+                **self.settings.client_options(),
+            )  # fmt: skip
+            await start_client(
+                self._producer, self.bootstrap, self.settings, "state producer", self.timeout
+            )
+            await self.beat()  # a principal that may not write is told now, not later
+            if self.transactions is None:
+                self.transactions = await self._broker_has_transactions()
+            await self._start_tailing()
+        except KafkaUnreachable as err:
+            await self.stop()
+            raise StoreError(str(err)) from None
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        clients: list[Any] = [self._producer, *self._txn.values(), self._tail, self._beat_reader]
+        for client in clients:
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.stop(), self.timeout)
+        self._txn.clear()
+        self._producer = self._tail = self._beat_reader = None
+
+    async def _broker_has_transactions(self) -> bool:
+        """Whether the broker takes transactional producers (Kafka does; the embedded test
+        broker does not): with them the broker itself fences a zombie writer."""
+        probe = self._transactional_producer(f"keyshard.{self.topic}.probe")
+        try:
+            await asyncio.wait_for(probe.start(), self.timeout)
+        except TransactionalIdAuthorizationFailed as err:
+            raise StoreError(
+                f"Kafka refused the coordinator's transactional ids ({err}): grant its "
+                f"principal Write and Describe on transactional ids prefixed keyshard.{self.topic}"
+            ) from None
+        except (KafkaError, OSError, TimeoutError) as err:
+            log.warning(
+                "the broker takes no transactional producer (%s): replicas fence each other "
+                "through epoch markers in the state log only", type(err).__name__,
+            )  # fmt: skip
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(probe.stop(), self.timeout)
+        return True
+
+    def _transactional_producer(self, transactional_id: str) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, transactional_id=transactional_id, acks="all",
+            enable_idempotence=True, linger_ms=0, **self.settings.client_options(),
+        )  # fmt: skip
+
+    async def _start_tailing(self) -> None:
+        every = [KafkaTP(self.topic, p) for p in range(self.partitions)]
+        self._tail = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+            **self.settings.consumer_options(),
+        )  # fmt: skip
+        await start_client(self._tail, self.bootstrap, self.settings, "state reader", self.timeout)
+        self._tail.assign(every)
+        await self._tail.seek_to_beginning(*every)
+        ends = await asyncio.wait_for(self._tail.end_offsets(every), self.timeout)
+        self._ends_at_start = {tp.partition: int(end) for tp, end in ends.items()}
+        options = {**self.settings.consumer_options(), "isolation_level": "read_uncommitted"}
+        self._beat_reader = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False, **options
+        )
+        await start_client(
+            self._beat_reader, self.bootstrap, self.settings, "beat reader", self.timeout
+        )
+        zero = KafkaTP(self.topic, 0)
+        self._beat_reader.assign([zero])
+        await self._beat_reader.seek_to_beginning(zero)
+        end = await asyncio.wait_for(self._beat_reader.end_offsets([zero]), self.timeout)
+        self._beats_live_from = int(end[zero])
+        self._tasks = [
+            asyncio.create_task(self._tail_loop(), name="state-tail"),
+            asyncio.create_task(self._beat_loop(), name="beat-tail"),
+        ]
+
+    # ---- reading ------------------------------------------------------------------------
+
+    @property
+    def caught_up(self) -> bool:
+        """Every partition replayed to where it ended when this replica started: the
+        replica is a hot standby (readiness)."""
+        return bool(self.images) and all(
+            self.images[p].next_offset >= end for p, end in self._ends_at_start.items()
+        )
+
+    async def _tail_loop(self) -> None:
+        assert self._tail is not None
+        tail = self._tail
+        while True:
+            try:
+                batches = await tail.getmany(timeout_ms=TAIL_POLL_MS)
+            except TopicAuthorizationFailedError as err:
+                raise denied(self.settings, self.topic, "Read", err) from None
+            for ktp, records in batches.items():
+                image = self.images[ktp.partition]
+                for record in records:
+                    if record.key is None or record.key.startswith(BEAT_KIND):
+                        image.next_offset = max(image.next_offset, record.offset + 1)
+                        continue
+                    try:
+                        image.apply(record.offset, decode(record.key, record.value))
+                    except (RecordError, ValueError, KeyError, TypeError) as err:
+                        image.next_offset = record.offset + 1
+                        log.error("skipping unreadable state record %d/%d: %s",
+                                  ktp.partition, record.offset, err)  # fmt: skip
+            # Markers and aborted records take offsets no record is delivered for.
+            for partition, image in self.images.items():
+                position = await tail.position(KafkaTP(self.topic, partition))
+                image.next_offset = max(image.next_offset, position)
+            async with self._tailed:
+                self._tailed.notify_all()
+
+    async def _beat_loop(self) -> None:
+        assert self._beat_reader is not None
+        reader = self._beat_reader
+        loop = asyncio.get_running_loop()
+        while True:
+            batches = await reader.getmany(timeout_ms=TAIL_POLL_MS)
+            for records in batches.values():
+                for record in records:
+                    if record.key is None or not record.key.startswith(BEAT_KIND):
+                        continue
+                    try:
+                        beat = decode(record.key, record.value)
+                    except (RecordError, ValueError, KeyError, TypeError):
+                        continue
+                    if isinstance(beat, ReplicaBeat):
+                        # Beats from before we started are history, not proof of life.
+                        live = record.offset >= self._beats_live_from
+                        self.beats[beat.replica_id] = SeenBeat(
+                            beat, loop.time() if live else float("-inf")
+                        )
+
+    def alive(self, within_s: float) -> dict[str, ReplicaBeat]:
+        """Replicas (this one included) whose latest beat arrived within `within_s`."""
+        now = asyncio.get_running_loop().time()
+        return {rid: s.beat for rid, s in self.beats.items() if now - s.arrived <= within_s}
+
+    async def wait_tailed(self, partition: int, offset: int, timeout: float) -> None:
+        """Until this replica's image of `partition` has read everything below `offset`."""
+        image = self.images[partition]
+        async with self._tailed:
+            await asyncio.wait_for(
+                self._tailed.wait_for(lambda: image.next_offset >= offset), timeout
+            )
+
+    async def end_of(self, partition: int) -> int:
+        """Where `partition` ends for a reader of committed data, right now."""
+        assert self._tail is not None
+        ktp = KafkaTP(self.topic, partition)
+        return int((await asyncio.wait_for(self._tail.end_offsets([ktp]), self.timeout))[ktp])
+
+    # ---- writing ------------------------------------------------------------------------
+
+    async def beat(self) -> None:
+        beat = ReplicaBeat(
+            self.identity.replica_id, self.identity.address, self.identity.admin_url,
+            int(time.time() * 1000),
+        )  # fmt: skip
+        assert self._producer is not None
+        try:
+            await asyncio.wait_for(
+                self._producer.send_and_wait(self.topic, encode(beat), beat.key, partition=0),
+                self.timeout,
+            )
+        except TopicAuthorizationFailedError as err:
+            raise denied(self.settings, self.topic, "Write", err) from None
+
+    async def claim(self, partition: int) -> tuple[int, PartitionImage]:
+        """Take `partition` over: fence the previous writer, read to the end, write the
+        next epoch's marker and read up to it. Returns the epoch and the image to start
+        from."""
+        lock = self._locks.setdefault(partition, asyncio.Lock())
+        async with lock:
+            if self.transactions and partition not in self._txn:
+                producer = self._transactional_producer(f"keyshard.{self.topic}.{partition}")
+                await start_client(
+                    producer, self.bootstrap, self.settings, "state writer", self.timeout
+                )
+                self._txn[partition] = producer  # its start fenced the previous writer
+            await self.wait_tailed(partition, await self.end_of(partition), self.timeout * 3)
+            image = self.images[partition]
+            epoch = image.epoch + 1
+            marker = EpochMarker(
+                partition, epoch, self.identity.replica_id, self.identity.address,
+                self.identity.admin_url,
+            )  # fmt: skip
+            value = encode(marker)
+            assert value is not None
+            offset = await self._write_locked(partition, epoch, [(marker.key, value)])
+        await self.wait_tailed(partition, offset + 1, self.timeout * 3)
+        if image.epoch != epoch:
+            raise Fenced(f"state partition {partition} was taken over again while claiming")
+        return epoch, image
+
+    async def release(self, partition: int) -> None:
+        """Stop writing `partition` (handed over, or fenced): its producer goes."""
+        producer = self._txn.pop(partition, None)
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), self.timeout)
+
+    async def write(
+        self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> None:
+        """Write `records` to `partition` as its owner at `epoch`, all or none (in one
+        transaction where the broker has them). Raises Fenced when another replica has
+        taken the partition over."""
+        async with self._locks.setdefault(partition, asyncio.Lock()):
+            await self._write_locked(partition, epoch, records)
+
+    async def _write_locked(
+        self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> int:
+        """The last record's offset."""
+        if self.images[partition].epoch > epoch:
+            raise Fenced(f"state partition {partition} is at epoch {self.images[partition].epoch}")
+        producer = self._txn.get(partition)
+        try:
+            if producer is None:
+                assert self._producer is not None
+                futures = [
+                    await self._producer.send(self.topic, value, key, partition=partition)
+                    for key, value in records
+                ]
+                done = await asyncio.wait_for(asyncio.gather(*futures), self.timeout)
+                return int(done[-1].offset)
+            async with producer.transaction():
+                futures = [
+                    await producer.send(self.topic, value, key, partition=partition)
+                    for key, value in records
+                ]
+            return int((await futures[-1]).offset)
+        except ProducerFenced:
+            self._txn.pop(partition, None)
+            raise Fenced(f"state partition {partition}: another replica took it over") from None
+        except TopicAuthorizationFailedError as err:
+            raise denied(self.settings, self.topic, "Write", err) from None
