@@ -9,14 +9,16 @@ bypasses the handoff rules).
 
 from __future__ import annotations
 
+import ssl
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.auth import AdminAuth, AdminAuthError
+from api.forward import FORWARDED_BY, Forwarder
 from api.metrics import metrics_registry, render
 from api.models import (
     ErrorView,
@@ -31,6 +33,7 @@ from api.models import (
     KeyView,
     ReadyView,
     RebalanceView,
+    ServedByView,
     config_view,
     group_view,
     handoffs_view,
@@ -38,6 +41,7 @@ from api.models import (
 )
 from api.rates import ProcessedRates
 from coordinator.runtime import operations
+from coordinator.runtime.location import Replicas, Standalone
 from coordinator.runtime.runtime import CoordinatorRuntime
 
 ERROR_NAMES = {
@@ -64,13 +68,25 @@ def _error(status_code: int, error: str, detail: str, **headers: str) -> JSONRes
 
 
 def create_app(
-    runtime: CoordinatorRuntime, *, admin_token: str | None = None, auth_reads: bool = False
+    runtime: CoordinatorRuntime,
+    *,
+    replicas: Replicas | None = None,
+    admin_token: str | None = None,
+    auth_reads: bool = False,
+    peer_verify: ssl.SSLContext | bool = True,
 ) -> FastAPI:
+    """The admin app of one replica. `replicas` says where groups served elsewhere are
+    (their requests are forwarded there); `peer_verify` is how the other replicas' HTTPS
+    certificates are checked."""
+    forwarder = Forwarder(runtime, replicas or Standalone(runtime), peer_verify)
     app = FastAPI(
         title="keyshard admin API",
-        description="Inspect and steer keyshard consumer groups.",
+        description="Inspect and steer keyshard consumer groups. Any replica answers for "
+        "every group: requests about a group another replica serves are forwarded to it.",
         version="0.1.0",
     )
+    app.state.forwarder = forwarder  # its client is closed by whoever serves the app
+    app.middleware("http")(forwarder.dispatch)
     auth = AdminAuth(admin_token, auth_reads)
     read, mutate = auth.for_reads(), auth.for_mutations()
     registry = metrics_registry(runtime)
@@ -94,6 +110,12 @@ def create_app(
 
     def state_of(group: str) -> Any:
         return operations.group_state(runtime, group)
+
+    def served_by(group: str) -> ServedByView:
+        partition, epoch = runtime.owner_of(group) or (-1, 0)
+        return ServedByView(
+            replica_id=forwarder.me, state_partition=partition, coordinator_epoch=epoch
+        )
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def dashboard_page() -> HTMLResponse:
@@ -139,10 +161,24 @@ def create_app(
         dependencies=[read],
         responses=AUTH_ERRORS,
     )
-    async def list_groups() -> GroupsView:
-        """Every group this coordinator knows, with a one-line summary each."""
+    async def list_groups(
+        request: Request,
+        scope: Literal["all", "local"] = Query(
+            default="all", description="every replica's groups, or this replica's only"
+        ),
+    ) -> GroupsView:
+        """Every group, with a one-line summary each and the replica that serves it
+        (asked of the other replicas unless scope=local)."""
         groups = runtime.group_states()
-        return GroupsView(groups=[summary_view(groups[g]) for g in sorted(groups)])
+        summaries = [summary_view(groups[g], forwarder.me) for g in sorted(groups)]
+        unreachable: list[str] = []
+        if scope == "all" and not request.headers.get(FORWARDED_BY):
+            answers, unreachable = await forwarder.peer_answers(
+                "/v1/groups?scope=local", request.headers.get("authorization")
+            )
+            for _, answer in answers:
+                summaries += GroupsView.model_validate(answer).groups
+        return GroupsView(groups=sorted(summaries, key=lambda g: g.group), unreachable=unreachable)
 
     @app.get(
         "/v1/groups/{group}",
@@ -159,7 +195,7 @@ def create_app(
             mid: rates.observe(group, mid, m.processed, now) for mid, m in state.members.items()
         }
         rates.forget_except(group, set(state.members))
-        return group_view(state, now, member_rates)
+        return group_view(state, now, served_by(group), member_rates)
 
     @app.put(
         "/v1/groups/{group}/config",

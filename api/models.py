@@ -106,8 +106,17 @@ class GroupConfigView(BaseModel):
     load_half_life_ms: int
 
 
+class ServedByView(BaseModel):
+    """The coordinator replica that serves the group: the owner of its state partition."""
+
+    replica_id: str
+    state_partition: int
+    coordinator_epoch: int
+
+
 class GroupView(BaseModel):
     group: str
+    served_by: ServedByView
     topics: list[str]
     assignor: str
     config: GroupConfigView
@@ -192,7 +201,10 @@ def drain_view(state: GroupState, member_id: str, now: float) -> DrainView | Non
 
 
 def group_view(
-    state: GroupState, now: float, rates: Mapping[str, float | None] | None = None
+    state: GroupState,
+    now: float,
+    served_by: ServedByView,
+    rates: Mapping[str, float | None] | None = None,
 ) -> GroupView:
     rates = rates or {}
     members = []
@@ -218,6 +230,7 @@ def group_view(
         )
     return GroupView(
         group=state.group,
+        served_by=served_by,
         topics=list(state.topics),
         assignor=state.config.assignor,
         config=config_view(state.config),
@@ -259,6 +272,7 @@ class ReadyView(BaseModel):
 
 class GroupSummary(BaseModel):
     group: str
+    served_by: str  # the replica id
     topics: list[str]
     members: int
     owned_slots: int
@@ -269,6 +283,8 @@ class GroupSummary(BaseModel):
 
 class GroupsView(BaseModel):
     groups: list[GroupSummary]
+    # Replicas that did not answer: their groups are missing from `groups`.
+    unreachable: list[str] = []
 
 
 class GroupConfigUpdate(BaseModel):
@@ -341,10 +357,11 @@ class HandoffsView(BaseModel):
     draining: list[DrainingRangesView]
 
 
-def summary_view(state: GroupState) -> GroupSummary:
+def summary_view(state: GroupState, served_by: str) -> GroupSummary:
     owned = sum(m.owned.size for m in state.members.values())
     return GroupSummary(
         group=state.group,
+        served_by=served_by,
         topics=list(state.topics),
         members=len(state.members),
         owned_slots=owned,

@@ -103,7 +103,6 @@ class Cluster:
                 sys.executable, "-m", "coordinator.cli", "--log-level", "WARNING",
                 "coordinator", "--bootstrap-servers", self.bootstrap, "--listen",
                 self.coordinator, "--admin-listen", f"127.0.0.1:{admin}",
-                "--startup-grace-ms", "300",
             ],
             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env(),
         )  # fmt: skip
@@ -113,7 +112,7 @@ class Cluster:
             if self.coordinator_proc.poll() is not None:
                 raise RuntimeError((self.work / "coordinator.log").read_text()[-2000:])
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{admin}/healthz", timeout=1):
+                with urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=5):
                     break
             except OSError:
                 if time.monotonic() > deadline:

@@ -78,14 +78,14 @@ class Coordinator:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, grace_ms: int = 300, log_level: str = "INFO") -> None:
+    def start(self, log_level: str = "INFO") -> None:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [
                     sys.executable, "-m", "coordinator.cli", "--log-level", log_level,
                     "coordinator", "--bootstrap-servers", self.bootstrap,
                     "--listen", self.address, "--admin-listen", f"127.0.0.1:{self.admin_port}",
-                    "--startup-grace-ms", str(grace_ms), *self.extra,
+                    *self.extra,
                 ],
                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
             )  # fmt: skip
@@ -94,10 +94,10 @@ class Coordinator:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"coordinator exited: {self.log_path.read_text()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.admin_url}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.admin_url}/readyz", timeout=5).status_code == 200:
                     return
             time.sleep(0.1)
-        raise RuntimeError("coordinator did not become healthy within 60 s")
+        raise RuntimeError("coordinator did not become ready within 60 s")
 
     def group(self, group: str, timeout: float = 30) -> dict[str, object] | None:
         response = httpx.get(f"{self.admin_url}/v1/groups/{group}", timeout=timeout)

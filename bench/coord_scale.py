@@ -270,7 +270,7 @@ async def one_run(
 ) -> RunResult:
     group = f"scale-{members}-{run}-{int(time.time())}"
     coord = Coordinator(broker.bootstrap_servers, log_dir / f"coordinator-{members}-{run}.log")
-    coord.start(grace_ms=1)
+    coord.start()
     procs: list[WorkerProc] = []
     try:
         await asyncio.sleep(1.0)

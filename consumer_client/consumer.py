@@ -294,6 +294,12 @@ class _MemberCallbacks:
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:
         self._fetcher.grant(slots, positions)
 
+    def held(self) -> tuple[RangeSet, PositionUpdate]:
+        """What this consumer still runs and its exact positions (a claim after losing
+        the coordinator): ranges already stopping are not claimed, their final positions
+        are (the membership keeps them)."""
+        return self._progress.running(), self._progress.positions()
+
     def stop_fetcher(self, slots: RangeSet) -> Awaitable[PositionUpdate]:
         """Stop dispatching `slots` now; the final positions once they are drained."""
         self._progress.begin_stop(slots)

@@ -10,6 +10,15 @@ of the protocol side.
 All hooks run on the membership's event loop. `stop_fetcher` runs its synchronous part
 (stop dispatching the ranges) when called and returns an awaitable that completes with
 the final positions once the ranges are drained; the reply is sent only then.
+
+When the coordinator goes away (its channel closes, or it falls silent and another replica
+says the group is served elsewhere) the member does not stop: it keeps running the ranges
+it owns while its lease lasts (a session timeout since it last heard from a coordinator),
+finds who serves the group now (Metadata, asked of any address it knows) and registers
+again with a claim: its member id, epoch, owned ranges and exact positions. A coordinator
+that adopts the claim lets it keep its ranges, with no pause and no duplicates. Only a
+fence (FENCED_MEMBER, UNKNOWN_MEMBER) or a lease that ran out stops everything, as the
+lost-connection procedure of docs/protocol.md §6.1 says (§7.4: riding through).
 """
 
 from __future__ import annotations
@@ -29,8 +38,10 @@ from coordinator.model.ranges import RangeSet
 from coordinator.protocol.channel import Channel, ChannelClosed, RemoteError
 from coordinator.protocol.messages import (
     ErrorCode,
+    ErrorResponse,
     HighWatermark,
     LeaveRequest,
+    MemberClaim,
     Message,
     MetadataRequest,
     MetadataResponse,
@@ -43,7 +54,12 @@ from coordinator.protocol.messages import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from coordinator.protocol.wire import positions_from_wire, positions_to_wire, ranges_from_wire
+from coordinator.protocol.wire import (
+    positions_from_wire,
+    positions_to_wire,
+    ranges_from_wire,
+    ranges_to_wire,
+)
 from coordinator.security.tls import ClientTls
 
 log = logging.getLogger(__name__)
@@ -53,6 +69,16 @@ class ConsumerError(RuntimeError):
     """A condition the consumer cannot recover from by re-registering (bad config,
     unknown topic, wrong token)."""
 
+
+#: A channel closed with one of these means this member is out: stop everything.
+FENCED_CODES = {ErrorCode.FENCED_MEMBER, ErrorCode.UNKNOWN_MEMBER}
+#: Silent this long (as a share of the session timeout), a member asks around whether its
+#: group is served elsewhere now (pings come every third of it).
+SUSPECT_SHARE = 0.5
+#: How often a member that suspects its coordinator asks around, and how long it waits
+#: for each answer.
+PROBE_INTERVAL_S = 0.5
+PROBE_TIMEOUT_S = 2.0
 
 FATAL_CODES = {
     ErrorCode.UNKNOWN_TOPIC,
@@ -74,6 +100,10 @@ class MemberHooks(Protocol):
 
     async def session_lost(self) -> None:
         """docs/protocol.md, §6.1 LOST: stop fetchers, drop queues, forget ownership."""
+        ...
+
+    def held(self) -> tuple[RangeSet, PositionUpdate]:
+        """The ranges this member runs and their exact positions: its claim."""
         ...
 
 
@@ -105,35 +135,64 @@ class Membership:
         self._tls_closes = 0  # closes right after our TLS handshake, in a row
         self.member_id: str | None = None
         self.epoch = 0
-        self.session = 0  # bumped on every registration: work of older sessions is stale
+        # The newest coordinator epoch heard: requests of an older one (a fenced replica)
+        # are refused.
+        self.coordinator_epoch = 0
+        # Bumped on every fresh registration: work of older sessions is stale. Not when a
+        # claim is adopted: the work in flight is still this member's.
+        self.session = 0
         self.closing = False
         self.registered = asyncio.Event()
         self.channel: Channel | None = None
         self._last_heard = 0.0
+        # Final positions of ranges stopped since the last registration: their replies
+        # may have gone to a coordinator that died; a claim carries them again.
+        self._released: PositionUpdate = {}
+        # The address of the coordinator we registered with, as Metadata names it.
+        self._served_by = ""
+        # Requests that arrived while a registration was being settled, in order.
+        self._held_requests: list[tuple[Channel, Message]] | None = None
         self.tasks: set[asyncio.Task[None]] = set()  # StopFetcher drains in progress
 
     async def run(self) -> None:
-        """Register, watch, and after a loss start over, until `closing`; a fatal refusal
-        raises `ConsumerError`."""
+        """Register, watch, and after a loss register again (with a claim while the lease
+        lasts), until `closing`; a fatal refusal raises `ConsumerError`."""
         backoff = 0.1
         while not self.closing:
+            if self.member_id is not None and self._lease_left() <= 0:
+                await self._lose("the lease ran out before a coordinator took the claim")
             try:
                 channel = await self._register()
             except ConsumerError:
                 raise
             except (OSError, ChannelClosed, RemoteError, TimeoutError) as err:
                 log.info("%s: coordinator not reachable yet: %s", self.name, err)
-                await asyncio.sleep(backoff)
+                await asyncio.sleep(min(backoff, max(0.05, self._lease_left())))
                 backoff = min(backoff * 2, 2.0)
                 continue
             backoff = 0.1
-            reason = await self._watch(channel)
+            reason, fenced = await self._watch(channel)
             if self.closing:
                 return
-            log.warning("%s: lost the coordinator (%s); stopping fetchers", self.name, reason)
             self.registered.clear()
-            self.member_id = None
-            await self.hooks.session_lost()
+            if fenced or self._lease_left() <= 0:
+                await self._lose(reason)
+            else:
+                log.warning(
+                    "%s: lost the coordinator (%s); running on while the lease lasts "
+                    "(%.1f s) and looking for it", self.name, reason, self._lease_left(),
+                )  # fmt: skip
+
+    def _lease_left(self) -> float:
+        """docs/protocol.md §7.1: a member may run its ranges for a session timeout after
+        it last heard from a coordinator."""
+        return self._last_heard + self.session_timeout_ms / 1000 - time.monotonic()
+
+    async def _lose(self, reason: str) -> None:
+        log.warning("%s: lost the coordinator (%s); stopping fetchers", self.name, reason)
+        self.member_id = None
+        self._released = {}
+        await self.hooks.session_lost()
 
     async def leave(self, positions: PositionUpdate) -> None:
         """Graceful exit: report exact positions so the next owners start where we stopped."""
@@ -167,7 +226,9 @@ class Membership:
                 probe = await self._connect(host, port, f"{self.name}-probe")
                 probe.start()
                 try:
-                    meta = await probe.request(MetadataRequest(correlation_id=0), timeout=5.0)
+                    meta = await probe.request(
+                        MetadataRequest(correlation_id=0, group=self.group), timeout=5.0
+                    )
                 except ChannelClosed:
                     self._check_refusal(probe, host, port)
                     raise
@@ -181,8 +242,10 @@ class Membership:
                 if target_host in ("0.0.0.0", "::"):
                     target_host, target_port = host, port
                 channel = await self._connect(target_host, target_port, f"{self.name}-connector")
+                self._held_requests = []  # until the registration is settled
                 channel.set_request_handler(self._on_request)
                 channel.start()
+                claim = self._claim()
                 request = RegisterRequest(
                     correlation_id=0,
                     group=self.group,
@@ -191,8 +254,10 @@ class Membership:
                     session_timeout_ms=self.session_timeout_ms,
                     capacity=self.capacity,
                     auth_token=self.auth_token,
+                    claim=claim,
                 )
-                self._last_heard = time.monotonic()
+                if claim is None:
+                    self._last_heard = time.monotonic()
                 try:
                     response = await channel.request(request, timeout=10.0)
                 except RemoteError as err:
@@ -206,19 +271,59 @@ class Membership:
                 if not isinstance(response, RegisterResponse):
                     await channel.aclose()
                     raise ChannelClosed(f"unexpected reply to register: {response.type}")
-                self.session += 1
-                self._tls_closes = 0
-                self.member_id = response.member_id
-                self.epoch = response.member_epoch
-                self.channel = channel
-                self.registered.set()
-                log.info("%s: registered as %s", self.name, self.member_id)
+                await self._settle(channel, response, claim)
+                self._served_by = meta.coordinator
                 return channel
             except ConsumerError:
                 raise
             except (OSError, ChannelClosed, RemoteError, TimeoutError) as err:
                 last_error = err
         raise ChannelClosed(f"no coordinator reachable: {last_error}")
+
+    def _claim(self) -> MemberClaim | None:
+        """What to register with after losing the coordinator: what we still run."""
+        if self.member_id is None:
+            return None
+        owned, positions = self.hooks.held()
+        for tp, segments in self._released.items():
+            positions.setdefault(tp, []).extend(segments)
+        return MemberClaim(
+            member_id=self.member_id,
+            member_epoch=self.epoch,
+            owned=ranges_to_wire(owned),
+            positions=positions_to_wire(positions),
+            coordinator_epoch=self.coordinator_epoch,
+        )
+
+    async def _settle(
+        self, channel: Channel, response: RegisterResponse, claim: MemberClaim | None
+    ) -> None:
+        """Take the registration in: with an adopted claim keep what was adopted (and stop
+        the rest at once), else start a fresh session. Requests that arrived meanwhile are
+        handled after, in order."""
+        adopted = claim is not None and response.member_id == claim.member_id
+        if adopted:
+            kept = ranges_from_wire(response.adopted)
+            extra = self.hooks.held()[0] - kept
+            if extra:
+                await self.hooks.stop_fetcher(extra)  # nobody else has them yet: no report
+            log.info("%s: back as %s, keeping %s", self.name, response.member_id, kept)
+        else:
+            if claim is not None:
+                await self._lose("the new coordinator did not take our claim")
+            self.session += 1
+            log.info("%s: registered as %s", self.name, response.member_id)
+        self._last_heard = time.monotonic()
+        self._released = {}
+        self._tls_closes = 0
+        self.member_id = response.member_id
+        self.epoch = response.member_epoch
+        self.coordinator_epoch = max(self.coordinator_epoch, response.coordinator_epoch)
+        self.channel = channel
+        self.registered.set()
+        held, self._held_requests = self._held_requests or [], None
+        for held_channel, message in held:
+            self._on_request(held_channel, message)
 
     async def _connect(self, host: str, port: int, name: str) -> Channel:
         """A channel to the coordinator, over TLS when `tls` is set; a handshake failure
@@ -245,22 +350,74 @@ class Membership:
                 raise ChannelClosed(problem)
         raise ConsumerError(problem)
 
-    async def _watch(self, channel: Channel) -> str:
-        """docs/protocol.md, §7.1 (the lease rule, consumer side): no request from the
-        coordinator for a session timeout means lost; the clock restarts at every request
-        (`_on_request`), and before the first one runs from the Register."""
+    async def _watch(self, channel: Channel) -> tuple[str, bool]:
+        """Until the channel is lost: why, and whether we are fenced (docs/protocol.md §7.1
+        and §7.4). A coordinator silent for half the session is asked around about, again
+        and again until it speaks: when another replica serves the group now, the channel
+        is dropped and the caller registers there with a claim; past the session timeout
+        the lease is over."""
         timeout = self.session_timeout_ms / 1000
         while True:
-            remaining = self._last_heard + timeout - time.monotonic()
-            if remaining <= 0:
+            silent = time.monotonic() - self._last_heard
+            if silent >= timeout:
                 channel.close("no request from the coordinator within the session timeout")
-                return "session timeout"
+                return "session timeout", True
+            if silent >= SUSPECT_SHARE * timeout:
+                # The replicas notice a dead one within their timeout: asked too early, the
+                # others still name it; so ask until they do not.
+                if await self._served_elsewhere():
+                    channel.close("the group is served by another coordinator now")
+                    return "the group moved to another coordinator", False
+                wait = min(PROBE_INTERVAL_S, timeout - silent)
+            else:
+                wait = SUSPECT_SHARE * timeout - silent
             try:
-                return await asyncio.wait_for(channel.wait_closed(), remaining)
+                reason = await asyncio.wait_for(channel.wait_closed(), max(0.01, wait))
             except TimeoutError:
                 continue
+            error = channel.peer_error
+            return reason, error is not None and error.code in FENCED_CODES
+
+    async def _served_elsewhere(self) -> bool:
+        """Ask the known addresses who serves the group: True when it is not the silent
+        coordinator, or it is at a newer coordinator epoch. The silent one is asked last
+        (its answer would only come after the probe's timeout)."""
+        silent = self._served_by
+        for host, port in sorted(self.coordinators, key=lambda a: f"{a[0]}:{a[1]}" == silent):
+            try:
+                probe = await self._connect(host, port, f"{self.name}-probe")
+                probe.start()
+                try:
+                    meta = await probe.request(
+                        MetadataRequest(correlation_id=0, group=self.group), timeout=PROBE_TIMEOUT_S
+                    )
+                finally:
+                    await probe.aclose()
+            except (OSError, ChannelClosed, RemoteError, TimeoutError, ConsumerError):
+                continue
+            if isinstance(meta, MetadataResponse) and meta.active:
+                newer = meta.coordinator_epoch > self.coordinator_epoch
+                return newer or meta.coordinator != silent
+        return False
 
     def _on_request(self, channel: Channel, message: Message) -> None:
+        if self._held_requests is not None:
+            self._held_requests.append((channel, message))
+            return
+        epoch = getattr(message, "coordinator_epoch", None)
+        if epoch is not None and epoch < self.coordinator_epoch:
+            # A replica that lost the group (fenced) still talking: refuse, do nothing.
+            channel.reply(
+                message,
+                ErrorResponse(
+                    correlation_id=0,
+                    code=ErrorCode.STALE_COORDINATOR,
+                    message=f"coordinator epoch {epoch} is older than {self.coordinator_epoch}",
+                ),
+            )
+            return
+        if epoch is not None:
+            self.coordinator_epoch = epoch
         self._last_heard = time.monotonic()
         match message:
             case PingRequest():
@@ -302,6 +459,8 @@ class Membership:
         self, channel: Channel, request: StopFetcherRequest, drained: Awaitable[PositionUpdate]
     ) -> None:
         final = await drained
+        for tp, segments in final.items():  # until a coordinator is known to have them
+            self._released.setdefault(tp, []).extend(segments)
         channel.reply(
             request,
             StopFetcherResponse(

@@ -138,6 +138,16 @@ class ConsumerProgress:
 
     # ---- ownership ------------------------------------------------------------------
 
+    def running(self) -> RangeSet:
+        """Owned and not stopping (a stopping grant is frozen: its records are not
+        dispatched any more, and its final positions are reported when it drains)."""
+        running = EMPTY
+        for progress in self.partitions.values():
+            for grant in progress.grants:
+                if grant.frozen_upto is None:
+                    running = running | grant.slots
+        return running
+
     @property
     def owned(self) -> RangeSet:
         owned = EMPTY

@@ -13,22 +13,27 @@ import contextlib
 import logging
 import signal
 import socket
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import uvicorn
+from fastapi import FastAPI
 
 from api.app import create_app
 from coordinator.group.state import GroupConfig
 from coordinator.kafka.settings import KafkaSettings
 from coordinator.protocol.codec import DEFAULT_MAX_FRAME_BYTES
+from coordinator.replication.manager import ReplicaManager, ReplicationSettings
+from coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
 from coordinator.runtime.runtime import CoordinatorRuntime
-from coordinator.runtime.settings import DEFAULT_STARTUP_GRACE_MS, RuntimeSettings
+from coordinator.runtime.settings import RuntimeSettings
 from coordinator.security.tls import ServerTls
 from coordinator.server.admission import connection_limits, count_accept_errors
 from coordinator.server.listener import CoordinatorServer
-from coordinator.storage.base import DEFAULT_STATE_TOPIC
-from coordinator.storage.kafka_store import KafkaStateStore
+from coordinator.storage.base import DEFAULT_STATE_PARTITIONS, DEFAULT_STATE_TOPIC
+from coordinator.storage.kafka_cluster import KafkaCluster
+from coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +50,6 @@ class DaemonConfig:
     admin_token: str | None = None  # bearer token for admin mutations (and reads if below)
     admin_auth_reads: bool = False
     group_defaults: GroupConfig = field(default_factory=GroupConfig)
-    startup_grace_ms: int = DEFAULT_STARTUP_GRACE_MS
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     group_assignors: Mapping[str, str] = field(default_factory=dict)
     kafka: KafkaSettings = field(default_factory=KafkaSettings.parse)
@@ -56,6 +60,31 @@ class DaemonConfig:
     register_timeout_ms: int | None = None
     max_connections: int | None = None  # None: 10,000, or what the open-file limit allows
     max_connections_per_peer: int | None = None
+    # Replicas (docs/protocol.md §7): this one's name and where consumers reach it, the
+    # state topic's partitions (used when creating it), and how long a replica's beats
+    # may be silent before its partitions are taken over.
+    replica_id: str = field(default_factory=lambda: default_replica_id())
+    advertise: str | None = None  # host:port; None: the listen address (see advertised())
+    state_partitions: int = DEFAULT_STATE_PARTITIONS
+    replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS
+    # Whether the broker takes transactional producers (None: find out). The embedded
+    # test broker does not, and says so in ERROR lines when asked.
+    state_transactions: bool | None = None
+
+    def advertised(self, port: int) -> str:
+        """Where consumers reach this replica: --advertise, else the listen address
+        (a wildcard listen address advertises this host's name: a pod's IP in Kubernetes)."""
+        if self.advertise:
+            return self.advertise
+        host = self.listen_host
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostbyname(socket.gethostname())
+        return f"{host}:{port}"
+
+
+def default_replica_id() -> str:
+    """Unique per process: a restarted pod is a new replica (its name with a suffix)."""
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
 
 
 class _InLoopUvicorn(uvicorn.Server):
@@ -72,16 +101,25 @@ class RunningDaemon:
     bootstrap_servers: str
     runtime: CoordinatorRuntime
     server: CoordinatorServer
+    app: FastAPI
     admin: _InLoopUvicorn
     admin_task: asyncio.Task[None]
+    replicas: ReplicaManager
+    state_log: KafkaStateLog
+    cluster: KafkaCluster
     restore_exception_handler: Callable[[], None] = lambda: None
 
     async def stop(self) -> None:
-        """In dependency order: no new connections or admin requests, then the runtime
-        (its last position write and offset commits land), then the admin server."""
+        """In dependency order: hand the partitions over (each group stored, its members
+        told to find the new owner), no new connections or admin requests, the runtime
+        (its last writes and offset commits land), the Kafka clients, the admin server."""
         self.admin.should_exit = True
+        await self.replicas.stop()
+        await self.app.state.forwarder.aclose()
         await self.server.stop()
         await self.runtime.stop()
+        await self.state_log.stop()
+        await self.cluster.stop()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(self.admin_task, 5)
         self.restore_exception_handler()
@@ -111,36 +149,68 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         config.register_timeout_ms, config.max_connections, config.max_connections_per_peer
     )
     bootstrap = config.bootstrap_servers
-    store = KafkaStateStore(bootstrap, config.state_topic, settings=config.kafka)
-    settings = RuntimeSettings(
-        bootstrap_servers=bootstrap,
-        advertised_address=f"{config.listen_host}:{config.listen_port}",
-        state_topic=config.state_topic,
-        auth_token=config.auth_token,
-        group_defaults=config.group_defaults,
-        startup_grace_ms=config.startup_grace_ms,
-        group_assignors=dict(config.group_assignors),
-    )
-    runtime = CoordinatorRuntime(settings, store, metadata=store)
+    # Bind both sockets first: the advertised address needs the real port, and a busy
+    # port is an OSError here, not a sys.exit() inside uvicorn's task that would tear the
+    # whole loop down.
+    admin_socket = _bind(config.admin_host, config.admin_port)
+    server: CoordinatorServer | None = None
+    cluster = KafkaCluster(bootstrap, config.kafka)
+    state_log: KafkaStateLog | None = None
     try:
+        advertised = config.advertised(config.listen_port)
+        admin_host = config.advertised(admin_socket.getsockname()[1]).rpartition(":")[0]
+        scheme = "https" if admin_tls is not None else "http"
+        identity = ReplicaIdentity(
+            config.replica_id,
+            advertised,
+            f"{scheme}://{admin_host}:{admin_socket.getsockname()[1]}",
+        )
+        state_log = KafkaStateLog(
+            bootstrap, config.state_topic, settings=config.kafka, identity=identity,
+            partitions=config.state_partitions, transactions=config.state_transactions,
+        )  # fmt: skip
+        await cluster.start()
+        await state_log.start()
+        settings = RuntimeSettings(
+            bootstrap_servers=bootstrap,
+            advertised_address=advertised,
+            state_topic=config.state_topic,
+            auth_token=config.auth_token,
+            group_defaults=config.group_defaults,
+            group_assignors=dict(config.group_assignors),
+            coordinator_id=config.replica_id,
+        )
+        runtime = CoordinatorRuntime(
+            settings, state_log, metadata=cluster, partitions=state_log.partitions
+        )
         await runtime.start()
-    except BaseException:
-        await store.stop()
-        raise
-    server = CoordinatorServer(
-        runtime, config.listen_host, config.listen_port, config.max_frame_bytes,
-        tls=channel_tls, limits=limits,
-    )  # fmt: skip
-    try:
+        replicas = ReplicaManager(
+            state_log, runtime, bootstrap=bootstrap, kafka=config.kafka,
+            settings=ReplicationSettings(
+                group_id=f"keyshard-coordinators.{config.state_topic}",
+                replica_timeout_s=config.replica_timeout_ms / 1000,
+            ),
+        )  # fmt: skip
+        runtime.not_ready = replicas.not_ready_reason
+        server = CoordinatorServer(
+            runtime, config.listen_host, config.listen_port, config.max_frame_bytes,
+            tls=channel_tls, limits=limits, replicas=replicas,
+        )  # fmt: skip
         await server.start()
-        # Bind the admin socket ourselves: a busy port is then an OSError here, not a
-        # sys.exit() inside uvicorn's task that would tear the whole loop down.
-        admin_socket = _bind(config.admin_host, config.admin_port)
+        await replicas.start()
     except BaseException:
-        await server.stop()
-        await runtime.stop()
+        admin_socket.close()
+        if server is not None:
+            await server.stop()
+        if state_log is not None:
+            await state_log.stop()
+        await cluster.stop()
         raise
-    app = create_app(runtime, admin_token=config.admin_token, auth_reads=config.admin_auth_reads)
+    app = create_app(
+        runtime, replicas=replicas, admin_token=config.admin_token,
+        auth_reads=config.admin_auth_reads,
+        peer_verify=config.admin_tls.peer_context() if config.admin_tls is not None else True,
+    )  # fmt: skip
     admin_config = uvicorn.Config(app, log_level="warning", lifespan="off", backlog=128)
     admin_config.load()
     admin_config.ssl = admin_tls  # ours, not uvicorn's: its errors name our flags
@@ -150,7 +220,10 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     # uvicorn exposes readiness only as a flag, so poll it (bounded by the task ending).
     while not admin.started and not admin_task.done():  # noqa: ASYNC110
         await asyncio.sleep(0.01)
-    return RunningDaemon(config, bootstrap, runtime, server, admin, admin_task, restore)
+    return RunningDaemon(
+        config, bootstrap, runtime, server, app, admin, admin_task, replicas, state_log, cluster,
+        restore,
+    )  # fmt: skip
 
 
 async def run_daemon(config: DaemonConfig, announce: Callable[[str], None] = print) -> None:

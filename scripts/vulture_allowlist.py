@@ -28,7 +28,7 @@ _.model_config
 _.consumer_id
 _.deadline_in_s, _.blocking_offsets, _.high_watermark, _.processed_per_s
 _.last_heard_s_ago, _.range_lag, _.released_after_s, _.until_in_s, _.target_pending
-_.imbalanced_for_s, _.unowned_slots, _.draining_ranges, _.fenced, _.counted_to
+_.state_partition, _.imbalanced_for_s, _.unowned_slots, _.draining_ranges, _.fenced, _.counted_to
 # ConsumerStats fields, read through as_dict() (asdict) by the benchmarks.
 _.fetched, _.replayed, _.rewinds
 
@@ -38,6 +38,13 @@ _.decoded
 _.to_response
 _.buffered_bytes
 _.REQUEST_TYPES
+
+# Called by aiokafka: the replicas' group assignor and rebalance listener.
+_.on_assignment, _.on_partitions_revoked, _.on_partitions_assigned
+
+# Reads the state log without joining the replicas: used by tests that check what a
+# replica taking over would find.
+_.read_state
 
 # Called by asyncio (the channel's Protocol) and uvicorn (the in-loop server).
 _.connection_made, _.data_received, _.eof_received

@@ -239,6 +239,12 @@ class MemberRuntime:
         with self.lock:
             self.state.start(slots, positions)
 
+    def held(self) -> tuple[RangeSet, PositionUpdate]:
+        """The ranges this query runs and the positions of its committed batches: what it
+        claims after losing the coordinator."""
+        with self.lock:
+            return self.state.owned, self.state.positions()
+
     def stop_fetcher(self, slots: RangeSet) -> Awaitable[PositionUpdate]:
         with self.lock:
             self.state.begin_stop(slots)

@@ -107,12 +107,17 @@ def _run_coordinator(args: argparse.Namespace) -> int:
         "embedded broker started on %s (pid %s)", broker.bootstrap_servers, broker.pid
     )
     try:
-        return _serve(args, broker.bootstrap_servers, kafka)
+        return _serve(args, broker.bootstrap_servers, kafka, embedded=True)
     finally:
         broker.stop()
 
 
-def _serve(args: argparse.Namespace, bootstrap_servers: str, settings: KafkaSettings) -> int:
+def _serve(
+    args: argparse.Namespace,
+    bootstrap_servers: str,
+    settings: KafkaSettings,
+    embedded: bool = False,
+) -> int:
     from coordinator.daemon import DaemonConfig, run_daemon
     from coordinator.storage.base import StoreError
 
@@ -138,8 +143,12 @@ def _serve(args: argparse.Namespace, bootstrap_servers: str, settings: KafkaSett
             load_half_life_ms=int(args.load_half_life_ms),
         ),
         group_assignors=dict(args.group_assignor),
-        startup_grace_ms=int(args.startup_grace_ms),
+        state_partitions=int(args.state_partitions),
+        replica_timeout_ms=int(args.replica_timeout_ms),
+        advertise=":".join(map(str, args.advertise)) if args.advertise else None,
+        **({"replica_id": args.replica_id} if args.replica_id else {}),
         kafka=settings,
+        state_transactions=False if embedded else None,
         tls=args.tls,
         admin_tls=args.admin_tls,
         register_timeout_ms=int(args.register_timeout_ms),

@@ -14,12 +14,12 @@ from typing import Any
 
 from coordinator.group.state import GroupConfig
 from coordinator.model.addresses import LOOPBACK, parse_host_port
-from coordinator.runtime.settings import DEFAULT_STARTUP_GRACE_MS
+from coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
 from coordinator.server.admission import (
     DEFAULT_MAX_CONNECTIONS_PER_PEER,
     DEFAULT_REGISTER_TIMEOUT_MS,
 )
-from coordinator.storage.base import DEFAULT_STATE_TOPIC
+from coordinator.storage.base import DEFAULT_STATE_PARTITIONS, DEFAULT_STATE_TOPIC
 from coordinator.strategies.registry import known_assignors
 
 DEFAULT_LISTEN = (LOOPBACK, 7171)  # the consumer channel
@@ -157,6 +157,36 @@ def build_parser() -> argparse.ArgumentParser:
         "KEYSHARD_KAFKA_SASL_PASSWORD) win over the file",
     )
     _add(coord, "--state-topic", default=DEFAULT_STATE_TOPIC, help="internal topic for positions")
+    _add(
+        coord,
+        "--state-partitions",
+        type=_positive_int,
+        default=DEFAULT_STATE_PARTITIONS,
+        help="partitions of the state topic when this creates it: the most replicas that "
+        "can share the groups",
+    )
+    _add(
+        coord,
+        "--replica-id",
+        default=None,
+        help="this replica's name among the coordinator replicas (default: host name and "
+        "a random suffix)",
+    )
+    _add(
+        coord,
+        "--advertise",
+        type=_host_port,
+        default=None,
+        help="HOST:PORT consumers reach this replica at (default: the listen address; "
+        "0.0.0.0 advertises this host's address)",
+    )
+    _add(
+        coord,
+        "--replica-timeout-ms",
+        type=_positive_ms,
+        default=DEFAULT_REPLICA_TIMEOUT_MS,
+        help="a replica silent this long has its groups taken over by the others",
+    )
     _add(coord, "--auth-token", default=None, help="token consumers must present at Register")
     _add(
         coord,
@@ -177,13 +207,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_ms,
         default=GROUP_DEFAULTS.drain_timeout_ms,
         help="StopFetcher drain deadline",
-    )
-    _add(
-        coord,
-        "--startup-grace-ms",
-        type=_positive_ms,
-        default=DEFAULT_STARTUP_GRACE_MS,
-        help="no grants this long after start (previous owners must have stopped)",
     )
     _add(
         coord,

@@ -27,8 +27,6 @@ class SendStart:
     ranges: RangeSet
     epoch: int
     positions: PositionUpdate
-    # Send only once positions up to this version are durable (GroupState.handoff_version).
-    durable_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +61,6 @@ class QuarantineTimer:
 
 
 @dataclass(frozen=True, slots=True)
-class GraceTimer:
-    """The start-up grace is over: grants may leave."""
-
-
-@dataclass(frozen=True, slots=True)
 class HoldTimer:
     """Grants held for a target that has not placed every member may wait no longer."""
 
@@ -77,7 +70,7 @@ class BalanceTimer:
     """The periodic load check of a strategy that places by load."""
 
 
-TimerKey = SessionTimer | DrainTimer | QuarantineTimer | GraceTimer | HoldTimer | BalanceTimer
+TimerKey = SessionTimer | DrainTimer | QuarantineTimer | HoldTimer | BalanceTimer
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ from coordinator.group.effects import (
     CancelTimer,
     CloseMember,
     DrainTimer,
-    GraceTimer,
     HoldTimer,
     QuarantineTimer,
     Result,
@@ -265,6 +264,10 @@ def reclaim(
     3. Its positions count for every range the pending claim held: nobody else has run
        them since, and done offsets are done (positions merge by union).
     4. Its epoch moves past both sides' last, so anything older from it is stale.
+    5. The target stays what the previous coordinator decided, extended by what the
+       member kept, as long as it was current, nothing is free and no one else is meant
+       to have those slots: adopting is not a reason to move slots (a recompute would,
+       with no load measured yet).
     The caller checks that a pending claim exists (else this is a fresh Register).
     """
     pending = state.claims[member_id]
@@ -296,6 +299,17 @@ def reclaim(
             fixed_ranges=fixed_ranges,
         )
     )
+    others = (t for mid, t in state.target.items() if mid != member_id)
+    if (
+        state.target_version == state.inputs_version
+        and not (state.free | (pending.owned - owned))
+        and not any(t.overlaps(owned) for t in others)
+    ):
+        target = {**state.target, member_id: owned}
+        kept = TargetComputed(
+            tuple(sorted(target.items())), state.inputs_version + 1, state.unassigned, state.notes
+        )
+        records.append(kept)
     return Result(
         records=records,
         effects=[
@@ -306,7 +320,7 @@ def reclaim(
 
 
 def timer_fired(state: GroupState, *, key: TimerKey, now: float) -> Result:
-    """A session, drain, quarantine, grace or hold timer fired (`balance_check` has its own).
+    """A session, drain, quarantine or hold timer fired (`balance_check` has its own).
 
     Timers may fire late or for a deadline that has moved since they were armed, so each
     one judges again with what is known now:
@@ -314,8 +328,8 @@ def timer_fired(state: GroupState, *, key: TimerKey, now: float) -> Result:
       (else the timer is re-armed for when it would be);
     - drain: the member is fenced only if a StopFetcher deadline really passed (else the
       timer is re-armed for the earliest one left);
-    - quarantine: lost members' ranges whose wait is over become free;
-    - grace: nothing to record; the reconcile that follows may now grant;
+    - quarantine: lost members' ranges whose wait is over become free (and their claims
+      to come back for them end);
     - hold: nothing to record; the reconcile that follows grants what the hold kept back
       if it has lasted its longest (`reconcile`).
     """
@@ -362,7 +376,7 @@ def timer_fired(state: GroupState, *, key: TimerKey, now: float) -> Result:
             if any(q.until <= now for q in state.quarantined):
                 return Result(records=[QuarantineLifted(now)])
             return Result()
-        case GraceTimer() | HoldTimer() | BalanceTimer():
+        case HoldTimer() | BalanceTimer():
             return Result()
 
 
@@ -481,9 +495,9 @@ def reconcile(
        everything else they own keeps flowing.
     3. Slots nobody owns, drains or quarantines are granted to their target owner with
        the positions where the previous owner stopped.
-    Grants wait while the coordinator is in its start-up grace period, and while members
-    joined after the inputs of the target (a storm of joins with a pause in it: the
-    target for the first wave lands after the second wave joined). That target gives the
+    Grants wait while members joined after the inputs of the target (a storm of joins
+    with a pause in it: the target for the first wave lands after the second wave
+    joined). That target gives the
     joiners nothing, so the one that places them takes a piece of every member's target:
     a grant now would be revoked moments later (at 5,000 members, thousands of
     StopFetchers). The recompute that places them is already due (the recomputer's max
@@ -525,7 +539,7 @@ def reconcile(
             result.effects.append(SendStop(mid, revoke, epochs[mid]))
             if not member.draining:
                 result.effects.append(SetTimer(DrainTimer(mid), now + drain_timeout))
-    if now < state.grants_allowed_at or not free:
+    if not free:
         return result
     # (Decided before looking up the owners of every free slot: while a hold lasts, each
     # event of a storm reconciles, and with all slots free that lookup is O(members).)
@@ -547,9 +561,7 @@ def reconcile(
             epochs[mid] = epochs.get(mid, state.members[mid].epoch) + 1
             positions = {tp: state.position_map(tp).segments(grant) for tp in state.partitions}
             result.records.append(RangesGranted(mid, grant, epochs[mid], now))
-            result.effects.append(
-                SendStart(mid, grant, epochs[mid], positions, state.handoff_version)
-            )
+            result.effects.append(SendStart(mid, grant, epochs[mid], positions))
             free = free - grant
     return result
 

@@ -154,14 +154,6 @@ class QuarantineLifted:
 
 
 @dataclass(frozen=True, slots=True)
-class GrantsDeferred:
-    """After a coordinator (re)start nothing is granted until earlier owners must have
-    stopped: their sessions with the previous coordinator could still be running."""
-
-    until: float
-
-
-@dataclass(frozen=True, slots=True)
 class GrantsHeld:
     """Free slots are not granted under a target that has not placed every member yet
     (members joined after its inputs): the recompute that places them is due and would
@@ -201,7 +193,6 @@ Record = (
     | ClaimAwaited
     | MemberAdopted
     | QuarantineLifted
-    | GrantsDeferred
     | GrantsHeld
     | PositionsLoaded
     | GroupConfigChanged

@@ -13,7 +13,6 @@ from coordinator.group.records import (
     ClaimAwaited,
     DrainStarted,
     GrantAcknowledged,
-    GrantsDeferred,
     GrantsHeld,
     GroupConfigChanged,
     ImbalanceObserved,
@@ -125,7 +124,6 @@ def replay(state: GroupState, record: Record) -> None:
         case RangesReleased():
             member = state.members[record.member_id]
             state.free = state.free | (record.ranges & member.owned)
-            state.handoff_version = state.positions_version
             member.owned = member.owned - record.ranges
             member.draining = member.draining - record.ranges
             member.starting = member.starting - record.ranges
@@ -164,7 +162,6 @@ def replay(state: GroupState, record: Record) -> None:
             state.target.pop(record.member_id, None)
             state.excess.discard(record.member_id)
             if member.owned:
-                state.handoff_version = state.positions_version
                 kind = record.reason
                 if record.quarantine_until is not None:
                     state.quarantined.append(
@@ -198,8 +195,6 @@ def replay(state: GroupState, record: Record) -> None:
                 _mark_released(state, q.ranges, record.at)
                 if state.claims.pop(q.former_member, None) is not None:
                     _member_changed(state, q.former_member)  # it did not come back
-        case GrantsDeferred():
-            state.grants_allowed_at = record.until
         case GrantsHeld():
             state.grants_held_since = record.at
         case PositionsLoaded():

@@ -170,7 +170,6 @@ class GroupState:
     claims: dict[str, PendingClaim] = field(default_factory=dict)
     positions: dict[TopicPartition, RangePositionMap] = field(default_factory=dict)
     handoffs: deque[Handoff] = field(default_factory=lambda: deque(maxlen=MAX_HANDOFF_HISTORY))
-    grants_allowed_at: float = 0.0
     next_handoff_id: int = 1
     inputs_version: int = 0  # bumped by whatever should make the target be recomputed
     target_version: int = -1
@@ -185,10 +184,6 @@ class GroupState:
     # member each version touched, so a write carries only the members that changed.
     log_version: int = 0
     member_changes: dict[str, int] = field(default_factory=dict)
-    # The positions_version when slots last stopped being owned: a StartFetcher needs the
-    # positions durable up to here (where the previous owners stopped), not up to the
-    # newest ping's progress on slots it does not touch.
-    handoff_version: int = 0
     # Derived indexes kept by `replay` so that `reconcile` costs what changed, not the
     # group's size (thousands of members would otherwise make every reply O(members)):
     # slots nobody owns or quarantines (== busy().complement()),

@@ -112,9 +112,9 @@ async def _demo(args: argparse.Namespace) -> int:
                 admin_host=LOOPBACK,
                 admin_port=admin_port,
                 state_topic=kafka.state_topic,
-                startup_grace_ms=300,  # a fresh state topic: no earlier coordinator to wait for
                 group_defaults=GroupConfig(drain_timeout_ms=5000),
                 kafka=settings,
+                state_transactions=None if kafka.external else False,
             )
         )
         coordinator = f"{LOOPBACK}:{listen}"

@@ -49,6 +49,9 @@ class ErrorCode(StrEnum):
     TOO_MANY_CONNECTIONS = "TOO_MANY_CONNECTIONS"
     REGISTER_TIMEOUT = "REGISTER_TIMEOUT"
     TLS_REQUIRED = "TLS_REQUIRED"
+    # A consumer refusing a request from an older coordinator than one it has heard from
+    # (a fenced replica; docs/protocol.md §7.3).
+    STALE_COORDINATOR = "STALE_COORDINATOR"
 
 
 # --------------------------------------------------------------------------- field types
@@ -150,6 +153,8 @@ class _WireMessage(_WireModel):
 
 class MetadataRequest(_WireMessage):
     type: Literal["metadata_request"] = "metadata_request"
+    # Which coordinator serves this group (replicas share the groups); none: this one.
+    group: _Name | None = None
 
 
 class MetadataResponse(_WireMessage):
@@ -157,6 +162,19 @@ class MetadataResponse(_WireMessage):
     coordinator_id: str
     coordinator: Annotated[str, AfterValidator(_check_host_port)]
     active: bool
+    # The coordinator epoch of the group's state partition (0: none yet).
+    coordinator_epoch: int = Field(default=0, ge=0)
+
+
+class MemberClaim(_WireModel):
+    """What a member that lost its coordinator still runs, to keep it with no pause:
+    its id and epoch, the ranges it owns and their exact positions (docs/protocol.md §7.4)."""
+
+    member_id: str = Field(min_length=1, max_length=300)
+    member_epoch: int = Field(ge=0)
+    owned: list[WireRange]
+    positions: list[PartitionPositions]
+    coordinator_epoch: int = Field(ge=0)
 
 
 class RegisterRequest(_WireMessage):
@@ -170,6 +188,7 @@ class RegisterRequest(_WireMessage):
     fixed_ranges: list[WireRange] | None = None
     # repr=False: keeps the credential out of logs that print messages.
     auth_token: str | None = Field(default=None, max_length=4096, repr=False)
+    claim: MemberClaim | None = None
 
 
 class RegisterResponse(_WireMessage):
@@ -178,11 +197,15 @@ class RegisterResponse(_WireMessage):
     member_epoch: int
     ping_interval_ms: int
     session_timeout_ms: int
+    # With a claim: the ranges it keeps (it stops any other it still runs, at once).
+    adopted: list[WireRange] = Field(default_factory=list)
+    coordinator_epoch: int = Field(default=0, ge=0)
 
 
 class PingRequest(_WireMessage):
     type: Literal["ping_request"] = "ping_request"
     member_epoch: int
+    coordinator_epoch: int = Field(default=0, ge=0)
 
 
 class HighWatermark(_WireModel):
@@ -213,6 +236,7 @@ class StopFetcherRequest(_WireMessage):
     type: Literal["stop_fetcher_request"] = "stop_fetcher_request"
     member_epoch: int
     ranges: list[WireRange] = Field(min_length=1)
+    coordinator_epoch: int = Field(default=0, ge=0)
 
 
 class StopFetcherResponse(_WireMessage):
@@ -226,6 +250,7 @@ class StartFetcherRequest(_WireMessage):
     member_epoch: int
     ranges: list[WireRange] = Field(min_length=1)
     positions: list[PartitionPositions]
+    coordinator_epoch: int = Field(default=0, ge=0)
 
 
 class StartFetcherResponse(_WireMessage):

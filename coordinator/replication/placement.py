@@ -25,9 +25,12 @@ class ReplicaClaim:
     address: str  # consumer channel host:port
     admin_url: str
     holds: Mapping[int, int] = field(default_factory=dict)  # partition -> coordinator epoch
+    version: int = 0  # of the placement it acts on now (see `next_version`)
 
 
 Assignment = dict[int, str]  # state partition -> replica id
+#: A replica whose beats were silent this long has its partitions taken over.
+DEFAULT_REPLICA_TIMEOUT_MS = 2_000
 
 
 def assign(partitions: int, replicas: Iterable[ReplicaClaim]) -> Assignment:
@@ -94,3 +97,9 @@ def _balance(owner: Assignment, replicas: list[str]) -> Assignment:
         owner[moved] = idlest
         counts[busiest] -= 1
         counts[idlest] += 1
+
+
+def next_version(claims: Iterable[ReplicaClaim], seen: Iterable[int] = ()) -> int:
+    """The version of a new placement: above every one a member acts on or was seen
+    acting on, so replicas can tell a newer placement from the one they hold."""
+    return max([0, *(c.version for c in claims), *seen]) + 1

@@ -1,9 +1,14 @@
-"""Making positions durable: group commit of the range position maps to the state store.
+"""Making a group durable: group commit of its positions and members to the state log.
 
-A StartFetcher may leave only once the positions it carries are stored (so a range
-always starts from a stored position, even if the coordinator dies right after), and
-progress is persisted periodically besides. Every caller waits for the one write in
-flight, or the next one if that started before the version it needs.
+A StartFetcher may leave only once the positions it carries *and* the grant itself (the
+member's record: what it owns, at which epoch) are in the log, so a range always starts
+from a stored position, and a replica taking the group over knows who runs what even if
+this one dies right after. Progress is persisted periodically besides. Every caller waits
+for the one write in flight, or the next one if that started before the version it needs.
+
+One write is one call of `StateLog.write`: a transaction on brokers that have them, under
+the group's state partition's coordinator epoch, so a replica that lost the partition
+cannot write it any more (`Fenced`).
 """
 
 from __future__ import annotations
@@ -11,36 +16,89 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, Protocol
 
-from coordinator.group.state import GroupState
+from coordinator.group.state import GroupState, Member
+from coordinator.model.positions import TopicPartition
 from coordinator.runtime.activity import Activity
-from coordinator.storage.base import StateStore
+from coordinator.storage.base import Positions
+from coordinator.storage.records import (
+    MAX_RECORD_BYTES,
+    MemberRecord,
+    chunk_key,
+    encode,
+    encode_positions,
+    member_key,
+)
 
 log = logging.getLogger(__name__)
 Spawn = Callable[[Coroutine[Any, Any, Any], str], None]
+LogRecords = list[tuple[bytes, bytes | None]]
 
 
-class PositionWriter:
+class LogWriter(Protocol):
+    async def write(self, partition: int, epoch: int, records: LogRecords) -> None: ...
+
+
+class OffsetCommitter(Protocol):
+    async def commit_low_watermarks(self, group: str, positions: Positions) -> None: ...
+
+
+class NotOwned(RuntimeError):
+    """The group's state partition is not this replica's (any more): nothing to write."""
+
+
+class StateWriter:
     def __init__(
-        self, store: StateStore, groups: dict[str, GroupState], activity: Activity, spawn: Spawn
+        self,
+        log_writer: LogWriter,
+        committer: OffsetCommitter,
+        groups: Mapping[str, GroupState],
+        activity: Activity,
+        spawn: Spawn,
+        owner_of: Callable[[str], tuple[int, int] | None],
+        max_record_bytes: int = MAX_RECORD_BYTES,
     ) -> None:
-        self.store = store
+        self.log = log_writer
+        self.committer = committer
         self.groups = groups
         self.activity = activity
         self.spawn = spawn
-        self.flushed: dict[str, int] = {}  # per group: positions_version known stored
+        self.owner_of = owner_of  # group -> (state partition, coordinator epoch) if ours
+        self.max_record_bytes = max_record_bytes
+        self.flushed: dict[str, int] = {}  # per group: log_version known stored
         self.writes: dict[str, asyncio.Task[None]] = {}  # per group: the write in flight
         self.waiting = 0  # callers waiting for a write (a gauge for the activity line)
+        self._positions_written: dict[str, int] = {}  # positions_version last written
+        self._records: dict[str, set[str]] = {}  # members with a live record, per group
+        self._chunks: dict[tuple[str, TopicPartition], int] = {}  # chunks live in the log
 
-    def durable(self, group: str, version: int) -> None:
-        """Positions up to `version` are stored already (replayed from the store, or a new
-        group with none)."""
-        self.flushed[group] = max(self.flushed.get(group, -1), version)
+    def adopted(
+        self,
+        group: str,
+        state: GroupState,
+        members: set[str],
+        chunks: Mapping[TopicPartition, int],
+    ) -> None:
+        """The group as just loaded from the log is stored already: its version, the
+        members that have a record there, and how many chunks each partition's map has."""
+        self.flushed[group] = state.log_version
+        self._positions_written[group] = state.positions_version
+        self._records[group] = set(members)
+        for tp, count in chunks.items():
+            self._chunks[(group, tp)] = count
+
+    def forget(self, group: str) -> None:
+        """The group left this replica (handed over, or fenced)."""
+        self.flushed.pop(group, None)
+        self._positions_written.pop(group, None)
+        self._records.pop(group, None)
+        for key in [k for k in self._chunks if k[0] == group]:
+            del self._chunks[key]
 
     async def flush(self, group: str, needed: int | None = None) -> None:
-        """Make the positions as of this call (or version `needed`) durable (group commit).
+        """Make the group as of this call (or version `needed`) durable (group commit).
 
         Callers waiting while a write is in flight are all served by the next one: each
         needs the version it saw on arrival, not the newest, or a burst of StartFetchers
@@ -53,7 +111,7 @@ class PositionWriter:
         if state is None:
             return
         if needed is None:
-            needed = state.positions_version
+            needed = state.log_version
         self.waiting += 1
         try:
             while self.flushed.get(group, -1) < needed:
@@ -70,17 +128,55 @@ class PositionWriter:
             self.waiting -= 1
 
     async def _write(self, group: str, state: GroupState) -> None:
-        version = state.positions_version
+        owner = self.owner_of(group)
+        if owner is None:
+            raise NotOwned(f"group {group!r} is not coordinated here")
+        partition, epoch = owner
+        version, positions_version = state.log_version, state.positions_version
         began = time.perf_counter()
-        snapshot = {tp: pmap.copy() for tp, pmap in state.positions.items()}
-        await self.store.save(group, snapshot)
-        self.durable(group, version)
+        records: LogRecords = []
+        chunk_counts: dict[TopicPartition, int] = {}
+        snapshot: Positions = {}
+        if positions_version != self._positions_written.get(group):
+            snapshot = {tp: pmap.copy() for tp, pmap in state.positions.items()}
+            for tp, pmap in snapshot.items():
+                chunks = encode_positions(group, tp, pmap, epoch, self.max_record_bytes)
+                records += chunks
+                chunk_counts[tp] = len(chunks)
+                stale = range(len(chunks), self._chunks.get((group, tp), 0))
+                records += [(chunk_key(group, tp, i), None) for i in stale]
+        written = self._records.setdefault(group, set())
+        since = self._written_members_version(group)
+        changed = [mid for mid, v in state.member_changes.items() if v > since]
+        for mid in changed:
+            member = state.members.get(mid)
+            if member is not None and member.owned:
+                records.append(_member_record(state, member, epoch))
+            elif mid in state.claims:
+                continue  # its record stands: a replica may yet have to adopt it
+            elif mid in written:
+                records.append((member_key(group, mid), None))
+        if records:
+            await self.log.write(partition, epoch, records)
+        for key, value in records:
+            member_id = _member_of(key, group)
+            if member_id is not None:
+                (written.add if value is not None else written.discard)(member_id)
+        for tp, count in chunk_counts.items():
+            self._chunks[(group, tp)] = count
+        self._positions_written[group] = positions_version
+        self.flushed[group] = max(self.flushed.get(group, -1), version)
         self.activity.timed("flush", time.perf_counter() - began)
-        self.spawn(self.store.commit_low_watermarks(group, snapshot), f"commit-{group}")
+        if snapshot:
+            self.spawn(self.committer.commit_low_watermarks(group, snapshot), f"commit-{group}")
+
+    def _written_members_version(self, group: str) -> int:
+        return self.flushed.get(group, -1)
 
     async def flush_all(self) -> None:
         for group in list(self.groups):
-            await self.flush(group)
+            if self.owner_of(group) is not None:
+                await self.flush(group)
 
     async def run(self, interval: float) -> None:
         """Persist progress every `interval`, or less often when a flush itself is slow
@@ -92,6 +188,29 @@ class PositionWriter:
             began = time.perf_counter()
             try:
                 await self.flush_all()
+            except NotOwned:
+                pass  # handed over meanwhile
             except Exception as err:
-                log.error("could not persist positions: %s", err)
+                log.error("could not persist group state: %s", err)
             took = time.perf_counter() - began
+
+
+def _member_record(state: GroupState, member: Member, epoch: int) -> tuple[bytes, bytes | None]:
+    record = MemberRecord(
+        group=state.group,
+        member_id=member.member_id,
+        name=member.name,
+        capacity=member.capacity,
+        session_timeout_ms=member.session_timeout_ms,
+        member_epoch=member.epoch,
+        owned=member.owned,
+        topics=state.topics,
+        fixed_ranges=member.fixed_ranges,
+        epoch=epoch,
+    )
+    return record.key, encode(record)
+
+
+def _member_of(key: bytes, group: str) -> str | None:
+    prefix = member_key(group, "")
+    return key[len(prefix) :].decode() if key.startswith(prefix) else None

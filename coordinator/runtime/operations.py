@@ -147,6 +147,9 @@ async def not_ready_reason(runtime: CoordinatorRuntime) -> str | None:
     """
     if not runtime.ready:
         return "state not loaded: the coordinator is starting or stopping"
+    reason = runtime.not_ready()
+    if reason is not None:
+        return reason
     try:
         await asyncio.wait_for(runtime.metadata.probe(), BROKER_PROBE_TIMEOUT_S)
     except Exception as err:

@@ -4,8 +4,14 @@ Every event (a Register, a reply, a closed channel, a timer) becomes one handler
 returned records are replayed into the group state, then `reconcile` runs and its records
 and effects are applied the same way. Effects are the only place this module talks to the
 outside: requests to members (`coordinator.runtime.sender`), closing channels, timers and
-the state store. Positions are made durable before any StartFetcher leaves, so a range
-always starts from a stored position even if this process dies right after.
+the state log. A group's positions and grants are made durable before any StartFetcher
+leaves, so a range always starts from a stored position even if this process dies right
+after, and a replica taking the group over knows who runs what.
+
+Groups live in the state log's partitions, and this runtime serves the groups of the
+partitions its replica owns (`adopt_partition` / `release_partition`, driven by
+`coordinator.replication`), each under that partition's coordinator epoch. A member whose
+coordinator went away re-registers with a claim and keeps its ranges (`handlers.reclaim`).
 
 The admin side gets two public doors and nothing else: `group_states()` to read, and
 `apply_records()` (used by `coordinator.runtime.operations`) to act, through the same
@@ -18,12 +24,10 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import math
-import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -33,7 +37,6 @@ from coordinator.group.effects import (
     CancelTimer,
     CloseMember,
     DrainTimer,
-    GraceTimer,
     Result,
     SendStart,
     SendStop,
@@ -44,42 +47,39 @@ from coordinator.group.effects import (
 from coordinator.group.load import BucketLoad
 from coordinator.group.records import (
     DrainStarted,
-    GrantsDeferred,
     MemberContacted,
     MemberHeard,
     MemberRemoved,
     PositionsAdvanced,
-    PositionsLoaded,
     RebalanceRequested,
     Record,
     TargetComputed,
 )
 from coordinator.group.replay import replay
 from coordinator.group.state import GroupState, MemberPhase
-from coordinator.protocol.channel import Channel, ChannelClosed, RemoteError
+from coordinator.protocol.channel import Channel
 from coordinator.protocol.messages import (
     ErrorCode,
-    Message,
     PartitionPositions,
-    PingRequest,
-    PingResponse,
     RegisterRequest,
     RegisterResponse,
 )
-from coordinator.protocol.wire import positions_from_wire, ranges_from_wire
+from coordinator.protocol.wire import positions_from_wire, ranges_from_wire, ranges_to_wire
 from coordinator.runtime.activity import Activity, report_loop, watch_loop
-from coordinator.runtime.durability import PositionWriter
+from coordinator.runtime.durability import NotOwned, StateWriter
 from coordinator.runtime.metadata import CoalescedPartitionCounts
+from coordinator.runtime.pings import Pinger, ping_interval_ms
 from coordinator.runtime.recompute import TargetRecomputer
-from coordinator.runtime.sender import OrderedSender, reply_timeout
+from coordinator.runtime.sender import OrderedSender
 from coordinator.runtime.settings import RuntimeSettings
+from coordinator.runtime.takeover import takeover_result
 from coordinator.runtime.timers import AsyncioTimers, Clock, Timers
 from coordinator.runtime.verdicts import PendingReplies, settled
-from coordinator.storage.base import ClusterMetadata, StateStore
+from coordinator.storage.base import ClusterMetadata, Fenced, StateLog, partition_of
+from coordinator.storage.image import PartitionImage
 from coordinator.strategies.registry import strategy_named
 
 log = logging.getLogger(__name__)
-PING_TICK_S = 0.1
 PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced, DrainStarted)
 # How long stopping waits for the last offset commits (tooling only) before closing.
 COMMIT_ON_STOP_S = 5.0
@@ -97,25 +97,36 @@ class CoordinatorRuntime:
     def __init__(
         self,
         settings: RuntimeSettings,
-        store: StateStore,
+        log: StateLog,
         *,
         metadata: ClusterMetadata,
+        partitions: int = 1,
         clock: Clock = time.monotonic,
         timers: Timers[TimerId] | None = None,
     ) -> None:
         self.settings = settings
-        self.store = store
+        self.log = log
         self.metadata = metadata
+        self.partitions = partitions  # of the state log: a group lives in partition_of()
         self.clock = clock
         self.timers: Timers[TimerId] = timers or AsyncioTimers(clock)
         self.channels: dict[tuple[str, str], Channel] = {}
         self.ready = False
         self._groups: dict[str, GroupState] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._grants_allowed_at = 0.0
+        # State partitions this replica owns -> their coordinator epoch, and their groups.
+        self._epochs: dict[int, int] = {}
+        self._partition_groups: dict[int, set[str]] = {}
+        # Told when a write was refused because another replica took the partition over.
+        self.on_fenced: Callable[[int], None] | None = None
+        # Why this replica should not get traffic yet, beyond the runtime's own view (the
+        # replication layer: not caught up on the state log), or None.
+        self.not_ready: Callable[[], str | None] = lambda: None
         self._partition_counts = CoalescedPartitionCounts(metadata)
         self.activity = Activity()
-        self.writer = PositionWriter(store, self._groups, self.activity, self._spawn)
+        self.writer = StateWriter(
+            log, metadata, self._groups, self.activity, self._spawn, self.owner_of
+        )
         self._recomputer = TargetRecomputer(
             self._adopt_target,
             self.activity,
@@ -134,29 +145,32 @@ class CoordinatorRuntime:
             clock=clock,
             run=self._run,
             contacted=self._contacted,
+            epoch_of=self.epoch_of,
+            write_failed=self._write_failed,
+        )
+        self._pinger = Pinger(
+            groups=self._groups,
+            replies=self._replies,
+            activity=self.activity,
+            clock=clock,
+            run=self._run,
+            contacted=self._contacted,
+            epoch_of=self.epoch_of,
         )
 
     # ---- lifecycle ----------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.store.start()
-        loaded = await self.store.load()
-        self._grants_allowed_at = self.clock() + self.settings.startup_grace_ms / 1000
-        for group, positions in loaded.items():
-            state = self._group(group)
-            for tp, pmap in positions.items():
-                replay(state, PositionsLoaded(tp, pmap))
-            self.writer.durable(group, state.positions_version)
-        log.info("state loaded: %d group(s) from %s", len(loaded), self.settings.state_topic)
+        """Serve: groups arrive with the partitions this replica takes over."""
         self.ready = True
         self._spawn(self.writer.run(self.settings.flush_interval_ms / 1000), "flush-loop")
         self._spawn(watch_loop(self.activity), "loop-lag")
         self._spawn(report_loop(self.activity, self._gauges), "activity-report")
 
     async def stop(self) -> None:
-        """Stop deciding, close the members' channels, store the last positions, let the
-        offset commits that write set off land, then stop the store: in that order, so
-        nothing is still using the store's clients when they close."""
+        """Stop deciding, close the members' channels, store the last positions and let
+        the offset commits that write set off land: in that order, so nothing is still
+        using the log's or the cluster's clients when the daemon closes them."""
         self.ready = False
         self._recomputer.cancel()
         await self._cancel_tasks()
@@ -168,7 +182,6 @@ class CoordinatorRuntime:
         if self._tasks:  # the low-watermark commits of that last write
             await asyncio.wait(list(self._tasks), timeout=COMMIT_ON_STOP_S)
         await self._cancel_tasks()
-        await self.store.stop()
 
     async def _cancel_tasks(self) -> None:
         tasks = list(self._tasks)
@@ -195,12 +208,83 @@ class CoordinatorRuntime:
         else:
             self._apply(group, self._groups[group], result)
 
+    # ---- state partitions: which groups are served here -----------------------------
+
+    def owner_of(self, group: str) -> tuple[int, int] | None:
+        """(state partition, coordinator epoch) of `group` if this replica serves it."""
+        partition = partition_of(group, self.partitions)
+        epoch = self._epochs.get(partition)
+        return None if epoch is None else (partition, epoch)
+
+    def epoch_of(self, group: str) -> int:
+        owner = self.owner_of(group)
+        return 0 if owner is None else owner[1]
+
+    def owned_partitions(self) -> dict[int, int]:
+        return dict(self._epochs)
+
+    def groups_in(self, partition: int) -> list[str]:
+        return sorted(self._partition_groups.get(partition, ()))
+
+    def adopt_partition(self, partition: int, epoch: int, image: PartitionImage) -> None:
+        """Serve the groups of `partition`, as the log has them (the replica claimed it at
+        `epoch`): positions as stored, and members that owned ranges as pending claims,
+        their ranges quarantined until each comes back or must have stopped."""
+        self._epochs[partition] = epoch
+        groups = self._partition_groups.setdefault(partition, set())
+        now = self.clock()
+        for group, group_image in image.groups().items():
+            state = self._group(group)
+            groups.add(group)
+            margin = state.config.lost_member_margin_ms / 1000
+            self._apply(group, state, takeover_result(group_image, now, margin))
+            chunks = {tp: image.chunk_count(group, tp) for tp in group_image.positions}
+            self.writer.adopted(group, state, set(group_image.members), chunks)
+        log.info(
+            "state partition %d taken over at epoch %d: %d group(s), %d record(s) of a "
+            "fenced replica ignored", partition, epoch, len(groups), image.fenced_records,
+        )  # fmt: skip
+
+    def release_partition(self, partition: int, reason: str) -> None:
+        """Stop serving the groups of `partition` (handed over, or fenced): their members'
+        channels close with NOT_COORDINATOR, and the members keep running their ranges
+        while their lease lasts and find the new owner (docs/protocol.md §7.4)."""
+        if self._epochs.pop(partition, None) is None:
+            return
+        for group in self._partition_groups.pop(partition, set()):
+            state = self._groups.pop(group, None)
+            if state is None:
+                continue
+            for member_id in list(state.members):
+                channel = self.channels.pop((group, member_id), None)
+                self._sender.forget(group, member_id)
+                if channel is not None:
+                    channel.fail(ErrorCode.NOT_COORDINATOR, reason)
+            self.writer.forget(group)
+        log.info("state partition %d released: %s", partition, reason)
+
+    def _write_failed(self, group: str, err: BaseException) -> None:
+        """A state write was refused: another replica owns the group's partition now."""
+        owner = self.owner_of(group)
+        if owner is None or isinstance(err, NotOwned):
+            return
+        log.warning("group %s: state write failed (%s)", group, err)
+        if isinstance(err, Fenced):
+            self.release_partition(owner[0], "fenced: another coordinator took the group over")
+            if self.on_fenced is not None:
+                self.on_fenced(owner[0])
+
     # ---- events from channels -----------------------------------------------------
 
     async def register(self, channel: Channel, request: RegisterRequest) -> RegisterResponse:
         """Validate a Register, admit the member and start pinging it."""
         if not self.ready:
             raise CoordinatorError(ErrorCode.NOT_COORDINATOR, "coordinator is still starting")
+        if self.owner_of(request.group) is None:
+            raise CoordinatorError(
+                ErrorCode.NOT_COORDINATOR,
+                f"group {request.group!r} is not coordinated here: ask Metadata for its owner",
+            )
         expected = self.settings.auth_token
         if expected is not None and not hmac.compare_digest(
             (request.auth_token or "").encode(), expected.encode()
@@ -216,39 +300,66 @@ class CoordinatorRuntime:
             )
         partitions = tuple((t, p) for t in sorted(topics) for p in range(counts[t]))
         state = self._group(request.group)
-        member_id = f"{request.consumer_name}-{uuid.uuid4().hex[:8]}"
-        result = handlers.register(
-            state,
-            member_id=member_id,
-            name=request.consumer_name,
-            capacity=request.capacity,
-            session_timeout_ms=request.session_timeout_ms,
-            topics=topics,
-            partitions=partitions,
-            now=self.clock(),
-            fixed_ranges=(
-                None if request.fixed_ranges is None else ranges_from_wire(request.fixed_ranges)
-            ),
-            validate_ranges=strategy_named(state.config.assignor).validate_ranges,
-        )
+        fixed = None if request.fixed_ranges is None else ranges_from_wire(request.fixed_ranges)
+        claim = request.claim
+        if claim is not None and claim.member_id in state.claims:
+            member_id = claim.member_id
+            result = handlers.reclaim(
+                state,
+                member_id=member_id,
+                member_epoch=claim.member_epoch,
+                claimed=ranges_from_wire(claim.owned),
+                positions=positions_from_wire(claim.positions),
+                name=request.consumer_name,
+                capacity=request.capacity,
+                session_timeout_ms=request.session_timeout_ms,
+                topics=topics,
+                partitions=partitions,
+                now=self.clock(),
+                fixed_ranges=fixed,
+            )
+        else:
+            member_id = f"{request.consumer_name}-{uuid.uuid4().hex[:8]}"
+            result = handlers.register(
+                state,
+                member_id=member_id,
+                name=request.consumer_name,
+                capacity=request.capacity,
+                session_timeout_ms=request.session_timeout_ms,
+                topics=topics,
+                partitions=partitions,
+                now=self.clock(),
+                fixed_ranges=fixed,
+                validate_ranges=strategy_named(state.config.assignor).validate_ranges,
+            )
         if result.error is not None:
             raise CoordinatorError(*result.error)
+        previous = self.channels.pop((request.group, member_id), None)
+        if previous is not None:  # its old channel, if that is still open: superseded
+            previous.close("the member registered again on a new connection")
         self.channels[(request.group, member_id)] = channel
         self._run(request.group, result)
         member = state.members[member_id]
-        interval_ms = self._ping_interval_ms(state, member.session_timeout_ms)
+        interval_ms = ping_interval_ms(state, member.session_timeout_ms)
         self._spawn(
-            self._ping_loop(request.group, member_id, channel, interval_ms / 1000),
+            self._pinger.loop(request.group, member_id, channel, interval_ms / 1000),
             f"ping-{member_id}",
         )
-        self.activity.count("joined")
-        log.info("member %s joined group %s (%s)", member_id, request.group, channel.peer)
+        adopted = member.owned if claim is not None and claim.member_id == member_id else None
+        self.activity.count("joined" if adopted is None else "adopted")
+        log.info(
+            "member %s %s group %s (%s)", member_id,
+            "joined" if adopted is None else f"came back to, keeping {adopted},", request.group,
+            channel.peer,
+        )  # fmt: skip
         return RegisterResponse(
             correlation_id=0,
             member_id=member_id,
             member_epoch=member.epoch,
             ping_interval_ms=interval_ms,
             session_timeout_ms=member.session_timeout_ms,
+            adopted=ranges_to_wire(adopted) if adopted is not None else [],
+            coordinator_epoch=self.epoch_of(request.group),
         )
 
     def leave(
@@ -281,7 +392,9 @@ class CoordinatorRuntime:
         state = self._groups.get(group)
         if state is None or member_id not in state.members:
             return False
-        result = handlers.connection_lost(state, member_id=member_id, now=self.clock())
+        result = handlers.connection_lost(
+            state, member_id=member_id, now=self.clock(), reclaimable=False
+        )
         result.effects.append(CloseMember(member_id, ErrorCode.FENCED_MEMBER, reason))
         self._run(group, result)
         return True
@@ -295,12 +408,10 @@ class CoordinatorRuntime:
             state = self._groups[group] = GroupState(
                 group, config, load=BucketLoad(config.load_half_life_ms / 1000)
             )
-            # A new group has no positions: nothing to write before its first grants.
-            self.writer.durable(group, state.positions_version)
+            owner = self.owner_of(group)
+            if owner is not None:
+                self._partition_groups.setdefault(owner[0], set()).add(group)
             self._arm(group, BalanceTimer(), self.clock() + config.balance_check_ms / 1000)
-            if self._grants_allowed_at > self.clock():
-                replay(state, GrantsDeferred(self._grants_allowed_at))
-                self._arm(group, GraceTimer(), self._grants_allowed_at)
         return state
 
     def _run(self, group: str, result: Result) -> None:
@@ -333,7 +444,9 @@ class CoordinatorRuntime:
             self._recomputer.stale(group, state)
 
     def _adopt_target(self, group: str, state: GroupState, record: TargetComputed) -> None:
-        if self.ready:
+        # (A group released meanwhile is another replica's now: its timers and late
+        # recomputes find it gone and do nothing.)
+        if self.ready and self._groups.get(group) is state:
             self._apply(group, state, Result(records=[record]))
             self._reconcile(group, state)
 
@@ -435,76 +548,6 @@ class CoordinatorRuntime:
     def _expired(self, group: str, key: SessionTimer | DrainTimer, result: Result) -> None:
         self.activity.count("session expired" if isinstance(key, SessionTimer) else "drain expired")
         self._run(group, result)
-
-    # ---- pings --------------------------------------------------------------------
-
-    async def _ping_loop(
-        self, group: str, member_id: str, channel: Channel, interval: float
-    ) -> None:
-        # A random phase: members that registered together (a join storm, everyone
-        # reconnecting after a restart) would otherwise be pinged together forever, and
-        # every interval the loop would stall for a whole group's worth of replies. Not
-        # sooner than half an interval: pings in the middle of the storm only add to it.
-        # Sent on ticks (a twentieth of the interval, at most 100 ms), so each loop turn
-        # still serves a batch: one ping per turn doubled the CPU of steady pings.
-        delay = random.uniform(0.5 * interval, 1.5 * interval)
-        tick = min(PING_TICK_S, interval / 20)
-        loop = asyncio.get_running_loop()
-        while not channel.is_closed:
-            now = loop.time()
-            await asyncio.sleep(math.ceil((now + delay) / tick) * tick - now)
-            delay = interval
-            state = self._groups.get(group)
-            member = state.members.get(member_id) if state else None
-            if state is None or member is None:
-                return
-            self._contacted(group, member_id)
-            sent = time.perf_counter()
-            try:
-                future = channel.submit(PingRequest(correlation_id=0, member_epoch=member.epoch))
-                with self._replies.awaiting(group, member_id, future):
-                    reply = await channel.response(
-                        future, timeout=reply_timeout(member.session_timeout_ms)
-                    )
-                    self._ping_answered(group, state, member_id, channel, reply, sent)
-            except (TimeoutError, RemoteError) as err:
-                log.info("ping of %s failed: %s", member_id, err)
-                continue
-            except ChannelClosed:
-                return
-
-    def _ping_answered(
-        self,
-        group: str,
-        state: GroupState,
-        member_id: str,
-        channel: Channel,
-        reply: Message,
-        sent: float,
-    ) -> None:
-        if not isinstance(reply, PingResponse):
-            channel.fail(
-                ErrorCode.UNEXPECTED_MESSAGE, f"expected a ping_response, got {reply.type}"
-            )
-            return
-        self.activity.timed("ping round trip", time.perf_counter() - sent)
-        result = handlers.ping_answered(
-            state,
-            member_id=member_id,
-            epoch=reply.member_epoch,
-            positions=positions_from_wire(reply.positions),
-            load=sorted(reply.load.items()),
-            now=self.clock(),
-            high_watermarks=[
-                ((h.topic, h.partition), h.offset, h.stable) for h in reply.high_watermarks
-            ],
-        )
-        if result.error is not None and result.error[0] != ErrorCode.STALE_EPOCH:
-            log.info("ping reply of %s rejected: %s", member_id, result.error[1])
-        self._run(group, result)
-
-    def _ping_interval_ms(self, state: GroupState, session_timeout_ms: int) -> int:
-        return state.config.ping_interval_ms or max(100, session_timeout_ms // 3)
 
     # ---- housekeeping -------------------------------------------------------------
 

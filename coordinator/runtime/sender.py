@@ -2,9 +2,12 @@
 
 A StopFetcher overtaking an earlier StartFetcher to the same member would start slots
 already handed on, so every request to a member waits for the ones decided before it
-(one lock per member). A StartFetcher also waits until the positions it carries are
-durable: a range always starts from a stored position, even if the coordinator dies
-right after. The replies go back through the runtime's apply path as handler results.
+(one lock per member). A StartFetcher also waits until the positions it carries and the
+grant itself are in the state log: a range always starts from a stored position, and a
+replica taking the group over knows the grant, even if this one dies right after; a
+write that fails (the partition was taken over) sends nothing. Every request carries the
+coordinator epoch of the group's state partition, so a consumer can refuse a fenced
+replica's. The replies go back through the runtime's apply path as handler results.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from coordinator.protocol.messages import (
 )
 from coordinator.protocol.wire import positions_from_wire, positions_to_wire, ranges_to_wire
 from coordinator.runtime.activity import Activity
-from coordinator.runtime.durability import PositionWriter
+from coordinator.runtime.durability import StateWriter
 from coordinator.runtime.timers import Clock
 from coordinator.runtime.verdicts import PendingReplies
 
@@ -51,12 +54,14 @@ class OrderedSender:
         *,
         groups: Mapping[str, GroupState],
         channels: Mapping[MemberKey, Channel],
-        writer: PositionWriter,
+        writer: StateWriter,
         replies: PendingReplies,
         activity: Activity,
         clock: Clock,
         run: Callable[[str, Result], None],
         contacted: Callable[[str, str], None],
+        epoch_of: Callable[[str], int],
+        write_failed: Callable[[str, BaseException], None],
     ) -> None:
         self._groups = groups
         self._channels = channels
@@ -66,6 +71,8 @@ class OrderedSender:
         self._clock = clock
         self._run = run  # the runtime's apply path: replay, reconcile, effects
         self._contacted = contacted  # records that we are sending the member a request
+        self._epoch_of = epoch_of  # the group's coordinator epoch
+        self._write_failed = write_failed  # the state log refused a write (fenced)
         self._locks: dict[MemberKey, asyncio.Lock] = {}
 
     def forget(self, group: str, member_id: str) -> None:
@@ -74,8 +81,9 @@ class OrderedSender:
 
     async def send_stop(self, group: str, effect: SendStop, decided: float) -> None:
         request = StopFetcherRequest(
-            correlation_id=0, member_epoch=effect.epoch, ranges=ranges_to_wire(effect.ranges)
-        )
+            correlation_id=0, member_epoch=effect.epoch, ranges=ranges_to_wire(effect.ranges),
+            coordinator_epoch=self._epoch_of(group),
+        )  # fmt: skip
         # No timeout on the reply: the drain deadline timer fences a member that never answers.
         reply = await self._send_in_order(
             group, effect.member_id, request, decided=decided, bounded=False, stops=effect.ranges
@@ -103,9 +111,10 @@ class OrderedSender:
             member_epoch=effect.epoch,
             ranges=ranges_to_wire(effect.ranges),
             positions=positions_to_wire(effect.positions),
+            coordinator_epoch=self._epoch_of(group),
         )
         reply = await self._send_in_order(
-            group, effect.member_id, request, decided=decided, durable=effect.durable_version
+            group, effect.member_id, request, decided=decided, durable=True
         )
         if reply is None:
             return
@@ -127,20 +136,24 @@ class OrderedSender:
         request: StopFetcherRequest | StartFetcherRequest,
         *,
         decided: float,
-        durable: int | None = None,
+        durable: bool = False,
         bounded: bool = True,
         stops: RangeSet | None = None,
     ) -> Message | None:
         """Write `request` after every request decided before it, then await the reply.
 
-        A StartFetcher first waits until positions up to `durable` (where the previous
-        owners stopped) are stored. A bounded request waits for its reply at most
-        `reply_timeout`. None: the member is gone.
+        With `durable`, first the group as of now (this grant and the positions where the
+        previous owners stopped) is stored. A bounded request waits for its reply at most
+        `reply_timeout`. None: the member is gone, or the write failed.
         """
         lock = self._locks.setdefault((group, member_id), asyncio.Lock())
         async with lock:
-            if durable is not None:
-                await self._writer.flush(group, durable)
+            if durable:
+                try:
+                    await self._writer.flush(group)
+                except Exception as err:
+                    self._write_failed(group, err)
+                    return None
             channel = self._channels.get((group, member_id))
             member = self._groups[group].members.get(member_id)
             if channel is None or member is None or channel.is_closed:

@@ -9,10 +9,6 @@ from dataclasses import dataclass, field, replace
 from coordinator.group.state import GroupConfig
 from coordinator.storage.base import DEFAULT_STATE_TOPIC
 
-# No grants this long after start-up: consumers of a previous coordinator must have
-# stopped first (the longest session timeout a consumer may pick, 10 s, plus margin).
-DEFAULT_STARTUP_GRACE_MS = 10_500
-
 
 @dataclass(frozen=True, slots=True)
 class RuntimeSettings:
@@ -21,9 +17,6 @@ class RuntimeSettings:
     state_topic: str = DEFAULT_STATE_TOPIC
     auth_token: str | None = None
     group_defaults: GroupConfig = field(default_factory=GroupConfig)
-    # How long after start-up nothing is granted: consumers of a previous coordinator
-    # must have stopped first.
-    startup_grace_ms: int = DEFAULT_STARTUP_GRACE_MS
     flush_interval_ms: int = 200
     # A stale target is recomputed once membership was quiet this long (a storm of
     # joins shares one recompute), but at most this long after it went stale.

@@ -189,3 +189,13 @@ class ServerTls:
             require_client_cert=self.client_ca_file is not None,
             names=self.names,
         )
+
+    def peer_context(self) -> ssl.SSLContext:
+        """How one replica checks another's listener: the replicas of one deployment
+        serve the same certificate, so a peer must present one that chains to it (the
+        certificate itself is the trust anchor; the host name is a pod address no
+        certificate names)."""
+        context = ssl.create_default_context(cafile=self.cert_file)
+        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+        context.check_hostname = False
+        return context

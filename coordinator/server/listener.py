@@ -32,6 +32,7 @@ from typing import Any
 from coordinator.protocol.channel import TLS_SHUTDOWN_TIMEOUT_S, Channel
 from coordinator.protocol.codec import DEFAULT_MAX_FRAME_BYTES, encode
 from coordinator.protocol.messages import ErrorCode, ErrorResponse
+from coordinator.runtime.location import Replicas, Standalone
 from coordinator.runtime.runtime import CoordinatorRuntime
 from coordinator.server.admission import ConnectionCounts, ConnectionLimits, ThrottledLog
 from coordinator.server.session import ConnectionState, MemberSession
@@ -61,8 +62,10 @@ class CoordinatorServer:
         *,
         tls: ssl.SSLContext | None = None,
         limits: ConnectionLimits | None = None,
+        replicas: Replicas | None = None,
     ) -> None:
         self.runtime = runtime
+        self.replicas = replicas or Standalone(runtime)
         self.host = host
         self.port = port
         self.max_frame_bytes = max_frame_bytes
@@ -174,7 +177,7 @@ class CoordinatorServer:
             channel = await self._open(conn, where, deadline)
             if channel is None:
                 return
-            session = MemberSession(self.runtime, channel)
+            session = MemberSession(self.runtime, channel, self.replicas)
             channel.set_request_handler(session.on_request)
             channel.start()
             timer = loop.call_at(deadline, self._deadline_passed, channel, session)

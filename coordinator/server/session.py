@@ -22,6 +22,7 @@ from coordinator.protocol.messages import (
     MetadataResponse,
     RegisterRequest,
 )
+from coordinator.runtime.location import Replicas
 from coordinator.runtime.runtime import CoordinatorError, CoordinatorRuntime
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,9 @@ class ConnectionState(StrEnum):
 
 
 class MemberSession:
-    def __init__(self, runtime: CoordinatorRuntime, channel: Channel) -> None:
+    def __init__(self, runtime: CoordinatorRuntime, channel: Channel, replicas: Replicas) -> None:
         self.runtime = runtime
+        self.replicas = replicas
         self.channel = channel
         self.state = ConnectionState.OPEN
         self.group: str | None = None
@@ -49,15 +51,7 @@ class MemberSession:
     def on_request(self, channel: Channel, message: Message) -> None:
         match message:
             case MetadataRequest():
-                channel.reply(
-                    message,
-                    MetadataResponse(
-                        correlation_id=0,
-                        coordinator_id=self.runtime.settings.coordinator_id,
-                        coordinator=self.runtime.settings.advertised_address,
-                        active=self.runtime.ready,
-                    ),
-                )
+                channel.reply(message, self._metadata(message.group))
             case RegisterRequest():
                 if self.state is not ConnectionState.OPEN:
                     channel.fail(
@@ -96,6 +90,24 @@ class MemberSession:
                     f"a consumer may not send {message.type}",
                     message.correlation_id,
                 )
+
+    def _metadata(self, group: str | None) -> MetadataResponse:
+        """Who serves `group`: the replica that owns its state partition (any replica can
+        answer). Without a group, or while nobody serves it yet, this one (inactive in
+        the latter case: ask again)."""
+        settings = self.runtime.settings
+        where = self.replicas.locate(group) if group is not None else None
+        if where is None or where.replica_id is None or where.address is None:
+            return MetadataResponse(
+                correlation_id=0, coordinator_id=settings.coordinator_id,
+                coordinator=settings.advertised_address,
+                active=self.runtime.ready and where is None,
+                coordinator_epoch=where.epoch if where is not None else 0,
+            )  # fmt: skip
+        return MetadataResponse(
+            correlation_id=0, coordinator_id=where.replica_id, coordinator=where.address,
+            active=where.active, coordinator_epoch=where.epoch,
+        )  # fmt: skip
 
     async def _register(self, request: RegisterRequest) -> None:
         try:

@@ -1,25 +1,35 @@
 """What the runtime needs from durable storage and from the cluster, as protocols.
 
-`StateStore` is the durable home of the range position maps: loaded once at start-up,
-written by group commit, and the low watermark committed for tooling. `ClusterMetadata`
-answers what Register needs (partition counts) and what readiness needs (is Kafka
-reachable). The Kafka implementation (`coordinator.storage.kafka_store`) is both; tests
-use in-memory ones, which these protocols let mypy check like the real thing.
+`StateLog` is the durable home of every group: a log of P partitions (a group lives in
+`partition_of(group)`), written by the partition's owner under its coordinator epoch and
+tailed by every replica. `ClusterMetadata` answers what Register needs (partition
+counts), what readiness needs (is Kafka reachable), and commits each group's lowest
+position as a Kafka offset for tooling. The Kafka implementations are
+`coordinator.storage.kafka_log` and `coordinator.storage.kafka_cluster`; tests use
+in-memory ones, which these protocols let mypy check like the real thing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from coordinator.model.hashing import positive_hash
 from coordinator.model.positions import RangePositionMap, TopicPartition
 
 DEFAULT_STATE_TOPIC = "__keyshard_state"
+#: Partitions of a state topic the coordinator creates: the most replicas that can share
+#: the groups (an existing topic keeps its own count).
+DEFAULT_STATE_PARTITIONS = 6
 Positions = dict[TopicPartition, RangePositionMap]
 
 
 class StoreError(RuntimeError):
     pass
+
+
+class Fenced(StoreError):
+    """Another replica took the partition over: this one may no longer write it."""
 
 
 def partition_of(group: str, partitions: int) -> int:
@@ -28,22 +38,13 @@ def partition_of(group: str, partitions: int) -> int:
     return positive_hash(group.encode()) % partitions
 
 
-class StateStore(Protocol):
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def load(self) -> dict[str, Positions]:
-        """Every group's stored positions (the newest record per group and partition)."""
-        ...
-
-    async def save(self, group: str, positions: Positions) -> None:
-        """Store a group's positions; when this returns they survive a coordinator crash."""
-        ...
-
-    async def commit_low_watermarks(self, group: str, positions: Positions) -> None:
-        """Best effort: each partition's lowest position as a plain Kafka offset, so lag
-        tooling sees the group; never the source of truth."""
+class StateLog(Protocol):
+    async def write(
+        self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> None:
+        """Store `records` in `partition` as its owner at `epoch`; when this returns they
+        survive a coordinator crash. Raises `Fenced` (a StoreError) when another replica
+        has taken the partition over."""
         ...
 
 
@@ -55,4 +56,9 @@ class ClusterMetadata(Protocol):
 
     async def probe(self) -> None:
         """One round trip to the cluster: raises when Kafka is unreachable."""
+        ...
+
+    async def commit_low_watermarks(self, group: str, positions: Positions) -> None:
+        """Best effort: each partition's lowest position as a plain Kafka offset, so lag
+        tooling sees the group; never the source of truth."""
         ...

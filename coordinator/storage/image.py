@@ -19,7 +19,6 @@ from coordinator.storage.records import (
     ReplicaBeat,
     StateRecord,
     Tombstone,
-    group_of_key,
     merge_into,
 )
 
@@ -36,7 +35,7 @@ class GroupImage:
 class PartitionImage:
     partition: int
     epoch: int = 0  # the highest coordinator epoch a marker announced
-    owner: EpochMarker | None = None
+    owner: EpochMarker | None = None  # the latest marker: who claimed it, or released it
     next_offset: int = 0  # the next log offset to apply
     fenced_records: int = 0  # ignored: written under an epoch older than a marker's
     _chunks: dict[bytes, PositionsChunk] = field(default_factory=dict)
@@ -63,6 +62,11 @@ class PartitionImage:
                 else:
                     self._members[record.key] = record
 
+    @property
+    def holder(self) -> str | None:
+        """The replica that claimed the partition last and has not released it."""
+        return None if self.owner is None or self.owner.released else self.owner.replica_id
+
     def groups(self) -> dict[str, GroupImage]:
         """Every group with a record here: positions as the union of their chunks (see
         coordinator.storage.records), and the members that owned ranges."""
@@ -78,6 +82,3 @@ class PartitionImage:
         """Chunks live for one group and partition (a shorter write tombstones the rest)."""
         live = [c.chunk for c in self._chunks.values() if c.group == group and c.tp == tp]
         return max(live, default=-1) + 1
-
-    def group_names(self) -> set[str]:
-        return {g for key in (*self._chunks, *self._members) if (g := group_of_key(key))}

@@ -64,11 +64,17 @@ async def ensure_state_topic(
             await _create(admin, topic, partitions, timeout)
         else:
             await _check_compacted(admin, topic, timeout)
-        described = await asyncio.wait_for(admin.describe_topics([topic]), timeout)
-        count = len(described[0]["partitions"]) if described else 0
-        if count < 1:
-            raise StoreError(f"state topic {topic!r} shows no partitions")
-        return count
+        # A topic just created shows its partitions once the metadata has spread.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            described = await asyncio.wait_for(admin.describe_topics([topic]), timeout)
+            count = len(described[0]["partitions"]) if described else 0
+            if count >= 1:
+                return count
+            if loop.time() > deadline:
+                raise StoreError(f"state topic {topic!r} shows no partitions after {timeout:g} s")
+            await asyncio.sleep(0.1)
     finally:
         with contextlib.suppress(Exception):
             await admin.close()

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +34,9 @@ from aiokafka.errors import (
 )
 
 from coordinator.kafka.connect import KafkaUnreachable, start_client
+from coordinator.kafka.metadata import partitions_of
 from coordinator.kafka.settings import KafkaSettings
-from coordinator.storage.base import StoreError
+from coordinator.storage.base import DEFAULT_STATE_PARTITIONS, Fenced, StoreError
 from coordinator.storage.image import PartitionImage
 from coordinator.storage.kafka_cluster import denied, ensure_state_topic
 from coordinator.storage.records import (
@@ -47,13 +48,29 @@ from coordinator.storage.records import (
 )
 
 log = logging.getLogger(__name__)
-DEFAULT_STATE_PARTITIONS = 6
 BEAT_KIND = b"H\x00"
 TAIL_POLL_MS = 100
+FETCH_WAIT_MS = 20
+HISTORY = -(10**9)  # what a beat from before we started counts as: long gone
 
 
-class Fenced(StoreError):
-    """Another replica took the partition over: this one may no longer write it."""
+class _QuietProbe(logging.Filter):
+    """aiokafka logs a broker's refusal of InitProducerId as an ERROR; here it only means
+    the broker has no transactions, which `_broker_has_transactions` says in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "InitProducerId" not in str(record.msg)
+
+
+@contextlib.contextmanager
+def quiet_transactions_probe() -> Iterator[None]:
+    quiet = _QuietProbe()
+    logger = logging.getLogger("aiokafka.producer.sender")
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +83,11 @@ class ReplicaIdentity:
 @dataclass(frozen=True, slots=True)
 class SeenBeat:
     beat: ReplicaBeat
-    arrived: float  # our monotonic clock: liveness never compares two machines' clocks
+    # How many of our own beats we had read when this one came: liveness is measured in
+    # our own beats written since (log order), never by a clock. A clock would declare
+    # everyone dead to a replica waking from a freeze before it read what they wrote
+    # meanwhile, and would compare two machines' clocks.
+    own_beats_before: int
 
 
 class KafkaStateLog:
@@ -90,6 +111,7 @@ class KafkaStateLog:
         self.transactions = transactions  # None: find out at start
         self.images: dict[int, PartitionImage] = {}
         self.beats: dict[str, SeenBeat] = {}
+        self.own_beats = 0  # our own beats read back from the log
         self._producer: AIOKafkaProducer | None = None
         self._txn: dict[int, AIOKafkaProducer] = {}
         self._locks: dict[int, asyncio.Lock] = {}
@@ -144,7 +166,8 @@ class KafkaStateLog:
         broker does not): with them the broker itself fences a zombie writer."""
         probe = self._transactional_producer(f"keyshard.{self.topic}.probe")
         try:
-            await asyncio.wait_for(probe.start(), self.timeout)
+            with quiet_transactions_probe():
+                await asyncio.wait_for(probe.start(), self.timeout)
         except TransactionalIdAuthorizationFailed as err:
             raise StoreError(
                 f"Kafka refused the coordinator's transactional ids ({err}): grant its "
@@ -169,9 +192,11 @@ class KafkaStateLog:
 
     async def _start_tailing(self) -> None:
         every = [KafkaTP(self.topic, p) for p in range(self.partitions)]
+        # A short fetch wait: a takeover waits for its own marker to come back, and the
+        # default of half a second is that much more for every one.
         self._tail = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-            **self.settings.consumer_options(),
+            fetch_max_wait_ms=FETCH_WAIT_MS, **self.settings.consumer_options(),
         )  # fmt: skip
         await start_client(self._tail, self.bootstrap, self.settings, "state reader", self.timeout)
         self._tail.assign(every)
@@ -180,8 +205,9 @@ class KafkaStateLog:
         self._ends_at_start = {tp.partition: int(end) for tp, end in ends.items()}
         options = {**self.settings.consumer_options(), "isolation_level": "read_uncommitted"}
         self._beat_reader = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False, **options
-        )
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+            fetch_max_wait_ms=FETCH_WAIT_MS, **options,
+        )  # fmt: skip
         await start_client(
             self._beat_reader, self.bootstrap, self.settings, "beat reader", self.timeout
         )
@@ -214,17 +240,7 @@ class KafkaStateLog:
             except TopicAuthorizationFailedError as err:
                 raise denied(self.settings, self.topic, "Read", err) from None
             for ktp, records in batches.items():
-                image = self.images[ktp.partition]
-                for record in records:
-                    if record.key is None or record.key.startswith(BEAT_KIND):
-                        image.next_offset = max(image.next_offset, record.offset + 1)
-                        continue
-                    try:
-                        image.apply(record.offset, decode(record.key, record.value))
-                    except (RecordError, ValueError, KeyError, TypeError) as err:
-                        image.next_offset = record.offset + 1
-                        log.error("skipping unreadable state record %d/%d: %s",
-                                  ktp.partition, record.offset, err)  # fmt: skip
+                _replay_into(self.images[ktp.partition], records)
             # Markers and aborted records take offsets no record is delivered for.
             for partition, image in self.images.items():
                 position = await tail.position(KafkaTP(self.topic, partition))
@@ -235,7 +251,7 @@ class KafkaStateLog:
     async def _beat_loop(self) -> None:
         assert self._beat_reader is not None
         reader = self._beat_reader
-        loop = asyncio.get_running_loop()
+        me = self.identity.replica_id
         while True:
             batches = await reader.getmany(timeout_ms=TAIL_POLL_MS)
             for records in batches.values():
@@ -246,17 +262,24 @@ class KafkaStateLog:
                         beat = decode(record.key, record.value)
                     except (RecordError, ValueError, KeyError, TypeError):
                         continue
-                    if isinstance(beat, ReplicaBeat):
-                        # Beats from before we started are history, not proof of life.
-                        live = record.offset >= self._beats_live_from
-                        self.beats[beat.replica_id] = SeenBeat(
-                            beat, loop.time() if live else float("-inf")
-                        )
+                    if not isinstance(beat, ReplicaBeat):
+                        continue
+                    # Beats from before we started are history, not proof of life.
+                    if record.offset < self._beats_live_from:
+                        self.beats[beat.replica_id] = SeenBeat(beat, HISTORY)
+                        continue
+                    if beat.replica_id == me:
+                        self.own_beats += 1
+                    self.beats[beat.replica_id] = SeenBeat(beat, self.own_beats)
 
-    def alive(self, within_s: float) -> dict[str, ReplicaBeat]:
-        """Replicas (this one included) whose latest beat arrived within `within_s`."""
-        now = asyncio.get_running_loop().time()
-        return {rid: s.beat for rid, s in self.beats.items() if now - s.arrived <= within_s}
+    def alive(self, within_own_beats: int) -> dict[str, ReplicaBeat]:
+        """Replicas whose latest beat came after our own last `within_own_beats` beats
+        and did not say they are leaving (this one is alive as long as it can beat)."""
+        return {
+            rid: s.beat
+            for rid, s in self.beats.items()
+            if self.own_beats - s.own_beats_before < within_own_beats and not s.beat.leaving
+        }
 
     async def wait_tailed(self, partition: int, offset: int, timeout: float) -> None:
         """Until this replica's image of `partition` has read everything below `offset`."""
@@ -274,10 +297,10 @@ class KafkaStateLog:
 
     # ---- writing ------------------------------------------------------------------------
 
-    async def beat(self) -> None:
+    async def beat(self, *, leaving: bool = False, placement_version: int = 0) -> None:
         beat = ReplicaBeat(
             self.identity.replica_id, self.identity.address, self.identity.admin_url,
-            int(time.time() * 1000),
+            int(time.time() * 1000), leaving, placement_version,
         )  # fmt: skip
         assert self._producer is not None
         try:
@@ -288,10 +311,10 @@ class KafkaStateLog:
         except TopicAuthorizationFailedError as err:
             raise denied(self.settings, self.topic, "Write", err) from None
 
-    async def claim(self, partition: int) -> tuple[int, PartitionImage]:
+    async def claim(self, partition: int, placement_version: int = 0) -> tuple[int, PartitionImage]:
         """Take `partition` over: fence the previous writer, read to the end, write the
-        next epoch's marker and read up to it. Returns the epoch and the image to start
-        from."""
+        next epoch's marker (naming the placement it acts on) and read up to it. Returns
+        the epoch and the image to start from."""
         lock = self._locks.setdefault(partition, asyncio.Lock())
         async with lock:
             if self.transactions and partition not in self._txn:
@@ -305,7 +328,7 @@ class KafkaStateLog:
             epoch = image.epoch + 1
             marker = EpochMarker(
                 partition, epoch, self.identity.replica_id, self.identity.address,
-                self.identity.admin_url,
+                self.identity.admin_url, placement_version=placement_version,
             )  # fmt: skip
             value = encode(marker)
             assert value is not None
@@ -315,8 +338,20 @@ class KafkaStateLog:
             raise Fenced(f"state partition {partition} was taken over again while claiming")
         return epoch, image
 
-    async def release(self, partition: int) -> None:
-        """Stop writing `partition` (handed over, or fenced): its producer goes."""
+    async def release(self, partition: int, handed_over_at: int | None = None) -> None:
+        """Stop writing `partition`: handed over (as its owner at epoch `handed_over_at`:
+        say so in the log, so the next owner claims it at once), or fenced (nothing to
+        say). Its producer goes."""
+        if handed_over_at is not None:
+            marker = EpochMarker(
+                partition, handed_over_at, self.identity.replica_id, self.identity.address,
+                self.identity.admin_url, released=True,
+            )  # fmt: skip
+            value = encode(marker)
+            assert value is not None
+            async with self._locks.setdefault(partition, asyncio.Lock()):
+                with contextlib.suppress(StoreError):  # fenced meanwhile: nothing to hand
+                    await self._write_locked(partition, handed_over_at, [(marker.key, value)])
         producer = self._txn.pop(partition, None)
         if producer is not None:
             with contextlib.suppress(Exception):
@@ -358,3 +393,45 @@ class KafkaStateLog:
             raise Fenced(f"state partition {partition}: another replica took it over") from None
         except TopicAuthorizationFailedError as err:
             raise denied(self.settings, self.topic, "Write", err) from None
+
+
+def _replay_into(image: PartitionImage, records: Sequence[Any]) -> None:
+    for record in records:
+        if record.key is None or record.key.startswith(BEAT_KIND):
+            image.next_offset = max(image.next_offset, record.offset + 1)
+            continue
+        try:
+            image.apply(record.offset, decode(record.key, record.value))
+        except (RecordError, ValueError, KeyError, TypeError) as err:
+            image.next_offset = record.offset + 1
+            log.error("skipping unreadable state record %d/%d: %s",
+                      image.partition, record.offset, err)  # fmt: skip
+
+
+async def read_state(
+    bootstrap: str, topic: str, settings: KafkaSettings, timeout: float = 30.0
+) -> dict[int, PartitionImage]:
+    """Every partition of the state log as a replica taking it over would see it now,
+    without joining the replicas (no beat, no claim): for tools and tests."""
+    found = await partitions_of(bootstrap, [topic], timeout, **settings.client_options())
+    every = [KafkaTP(topic, p) for p in found.require(bootstrap)[topic]]
+    reader = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False,
+        fetch_max_wait_ms=FETCH_WAIT_MS, **settings.consumer_options(),
+    )  # fmt: skip
+    await start_client(reader, bootstrap, settings, "state reader", timeout)
+    try:
+        images = {tp.partition: PartitionImage(tp.partition) for tp in every}
+        reader.assign(every)
+        await reader.seek_to_beginning(*every)
+        ends = await asyncio.wait_for(reader.end_offsets(every), timeout)
+        deadline = time.monotonic() + timeout
+        for tp in every:
+            while await reader.position(tp) < ends[tp]:
+                if time.monotonic() > deadline:
+                    raise StoreError(f"reading {topic} took more than {timeout} s")
+                batches = await reader.getmany(tp, timeout_ms=TAIL_POLL_MS)
+                _replay_into(images[tp.partition], batches.get(tp, []))
+        return images
+    finally:
+        await reader.stop()

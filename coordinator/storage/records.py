@@ -21,7 +21,6 @@ carries the coordinator epoch of its writer.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +78,12 @@ class EpochMarker:
     replica_id: str
     address: str
     admin_url: str
+    # Written by the owner when it hands the partition over: nobody holds it now, and
+    # the next owner may claim it at once.
+    released: bool = False
+    # The placement version the claim acted on (coordinator.replication): a holder keeps
+    # its partition until a newer placement moves it.
+    placement_version: int = 0
 
     @property
     def key(self) -> bytes:
@@ -90,7 +95,13 @@ class ReplicaBeat:
     replica_id: str
     address: str
     admin_url: str
-    sent_at_ms: int  # the writer's wall clock: only for display, liveness uses arrival
+    sent_at_ms: int  # the writer's wall clock: only for display, liveness uses log order
+    # Its last beat: it is shutting down and has handed its partitions over; the others
+    # need not wait for its beats to stop.
+    leaving: bool = False
+    # The version of the placement it acts on (coordinator.replication): a replica with
+    # a newer one does not take partitions from it before it had a chance to hand over.
+    placement_version: int = 0
 
     @property
     def key(self) -> bytes:
@@ -117,12 +128,6 @@ def member_key(group: str, member_id: str) -> bytes:
 
 def chunk_key(group: str, tp: TopicPartition, chunk: int) -> bytes:
     return _key("P", group, tp[0], str(tp[1]), str(chunk))
-
-
-def group_of_key(key: bytes) -> str | None:
-    """The group a positions or member key belongs to (None for other kinds)."""
-    kind, _, rest = key.decode(errors="replace").partition(SEP)
-    return rest.split(SEP, 1)[0] if kind in ("P", "M") else None
 
 
 # ---- encoding -------------------------------------------------------------------------
@@ -152,11 +157,13 @@ def encode(record: StateRecord) -> bytes | None:
             body = {
                 "kind": "epoch", "partition": record.partition, "replica_id": record.replica_id,
                 "address": record.address, "admin_url": record.admin_url,
+                "released": record.released, "placement_version": record.placement_version,
             }  # fmt: skip
         case ReplicaBeat():
             body = {
                 "kind": "beat", "replica_id": record.replica_id, "address": record.address,
                 "admin_url": record.admin_url, "sent_at_ms": record.sent_at_ms,
+                "leaving": record.leaving, "placement_version": record.placement_version,
             }  # fmt: skip
     epoch = getattr(record, "epoch", 0)
     return _dump({"v": FORMAT_VERSION, "epoch": epoch, **body})
@@ -215,12 +222,14 @@ def decode(key: bytes, value: bytes | None) -> StateRecord:
     if kind == "epoch":
         return EpochMarker(
             int(data["partition"]), epoch, str(data["replica_id"]), str(data["address"]),
-            str(data["admin_url"]),
+            str(data["admin_url"]), bool(data.get("released", False)),
+            int(data.get("placement_version", 0)),
         )  # fmt: skip
     if kind == "beat":
         return ReplicaBeat(
             str(data["replica_id"]), str(data["address"]), str(data["admin_url"]),
-            int(data["sent_at_ms"]),
+            int(data["sent_at_ms"]), bool(data.get("leaving", False)),
+            int(data.get("placement_version", 0)),
         )  # fmt: skip
     raise RecordError(f"state record of unknown kind {kind!r}")
 
@@ -235,10 +244,3 @@ def merge_into(target: RangePositionMap, part: RangePositionMap) -> None:
         target.update(
             (piece, old.union(position)) for piece, old in target.segments(RangeSet((slots,)))
         )
-
-
-def union_of(parts: Iterable[RangePositionMap]) -> RangePositionMap:
-    merged = RangePositionMap()
-    for part in parts:
-        merge_into(merged, part)
-    return merged

@@ -18,10 +18,11 @@ from coordinator.group.records import (
     TargetComputed,
 )
 from coordinator.group.replay import replay
-from coordinator.model.positions import Position, RangePositionMap
+from coordinator.model.positions import Position
 from coordinator.model.ranges import RangeSet, SlotRange
 from coordinator.runtime.runtime import CoordinatorRuntime
 from coordinator.runtime.settings import RuntimeSettings
+from tests.coordinator.runtime.memory import MemoryLog, serving_runtime
 
 GROUP = "orders"
 TOPIC = "orders.events"
@@ -46,38 +47,12 @@ class HeldTimers:
         self.armed.clear()
 
 
-class MemoryStore:
-    """Stands in for the Kafka state store; `reachable` drives the readiness probe."""
-
-    def __init__(self) -> None:
-        self.reachable = True
-
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
-
-    async def load(self) -> dict[str, dict[tuple[str, int], RangePositionMap]]:
-        return {}
-
-    async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
-        return dict.fromkeys(topics, 2)
-
-    async def save(self, group: str, positions: Any) -> None: ...
-    async def commit_low_watermarks(self, group: str, positions: Any) -> None: ...
-
-    async def probe(self) -> None:
-        if not self.reachable:
-            raise ConnectionError("no broker")
-
-
 def fake_runtime() -> CoordinatorRuntime:
-    store = MemoryStore()
-    runtime = CoordinatorRuntime(
-        RuntimeSettings(bootstrap_servers="127.0.0.1:9"),
-        store,
-        metadata=store,
-        clock=lambda: NOW,
+    log = MemoryLog(topic_partitions=2)
+    runtime = serving_runtime(
+        RuntimeSettings(bootstrap_servers="127.0.0.1:9"), log, clock=lambda: NOW,
         timers=HeldTimers(),
-    )
+    )  # fmt: skip
     state = runtime._group(GROUP)
     partitions = ((TOPIC, 0), (TOPIC, 1))
     now = NOW

@@ -7,10 +7,12 @@ Waiting is always on a condition with a deadline (`wait_for`), never a bare slee
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +58,10 @@ class CoordinatorProcess:
     listen_port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     extra: list[str] = field(default_factory=list)
+    # Its own state topic, so coordinators of different tests (or two in one test) are
+    # not replicas of each other; replicas are given the same one.
+    state_topic: str = field(default_factory=lambda: f"__keyshard_state.{uuid.uuid4().hex[:8]}")
+    replica_id: str | None = None
     preexec_fn: Callable[[], None] | None = None  # runs in the child, e.g. setrlimit
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
@@ -68,7 +74,7 @@ class CoordinatorProcess:
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
 
-    async def start(self, grace_ms: int = 300) -> None:
+    async def start(self) -> None:
         self.starts += 1
         log = open(self.log_dir / f"coordinator-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
@@ -83,8 +89,9 @@ class CoordinatorProcess:
                 self.address,
                 "--admin-listen",
                 f"127.0.0.1:{self.admin_port}",
-                "--startup-grace-ms",
-                str(grace_ms),
+                "--state-topic",
+                self.state_topic,
+                *(["--replica-id", self.replica_id] if self.replica_id else []),
                 *self.extra,
             ],
             stdout=log,
@@ -93,18 +100,34 @@ class CoordinatorProcess:
         )
         log.close()
         await wait_for(self.healthy, 30, "coordinator /healthz")
+        await wait_for(self.ready, 30, "coordinator /readyz")
+
+    def client(self, timeout: float = 5) -> httpx.AsyncClient:
+        """For the admin API (HTTPS coordinators trust their CA here)."""
+        return httpx.AsyncClient(timeout=timeout)
 
     async def healthy(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:
             raise AssertionError(f"coordinator exited: {self.read_log()[-2000:]}")
         try:
-            async with httpx.AsyncClient(timeout=1) as client:
+            async with self.client(timeout=1) as client:
                 return (await client.get(f"{self.admin_url}/healthz")).status_code == 200
         except httpx.HTTPError:
             return False
 
+    async def ready(self) -> bool:
+        """Serving: caught up on the state log and owning the partitions placed on it."""
+        async with self.client() as client:
+            return (await client.get(f"{self.admin_url}/readyz")).status_code == 200
+
+    async def served_by(self, group: str = GROUP) -> str | None:
+        """The replica serving `group` as this one says (known groups or not)."""
+        async with self.client() as client:
+            response = await client.get(f"{self.admin_url}/v1/groups/{group}")
+        return response.headers.get("x-keyshard-served-by")
+
     async def group(self, group: str = GROUP) -> dict[str, Any] | None:
-        async with httpx.AsyncClient(timeout=5) as client:
+        async with self.client() as client:
             response = await client.get(f"{self.admin_url}/v1/groups/{group}")
         return response.json() if response.status_code == 200 else None
 
@@ -124,7 +147,17 @@ class CoordinatorProcess:
 
     def stop(self) -> None:
         if self.proc is not None:
+            self.thaw()  # a frozen process would take its SIGTERM only when thawed
             stop_process(self.proc)
+
+    def freeze(self) -> None:
+        """SIGSTOP: alive to the kernel (its sockets stay open), silent to everyone."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
 
 
 @dataclass
@@ -135,13 +168,15 @@ class Workers:
     topic: str = TOPIC
     group: str = GROUP
     kafka_config: str | None = None  # a .properties file of Kafka client settings
+    # The coordinator addresses workers are given (default: the coordinator's own).
+    addresses: str | None = None
 
     def spawn(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
         err = open(self.out_dir / f"{name}.err", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
             worker_command(
                 name=name,
-                coordinator=self.coordinator.address,
+                coordinator=self.addresses or self.coordinator.address,
                 bootstrap=self.coordinator.bootstrap,
                 out=self.out_dir / f"{name}.jsonl",
                 extra=list(extra),
@@ -239,3 +274,59 @@ def is_settled(view: dict[str, Any] | None, members: int) -> bool:
     if view["quarantined"] or view["unowned"] or view["target_pending"]:
         return False
     return all(not m["draining"] and not m["starting"] for m in view["members"])
+
+
+@dataclass
+class ReplicaSet:
+    """Coordinator replicas sharing one state topic (r0, r1, ...), started on demand."""
+
+    bootstrap: str
+    log_dir: Path
+    extra: list[str] = field(default_factory=list)
+    state_topic: str = field(default_factory=lambda: f"__keyshard_state.{uuid.uuid4().hex[:8]}")
+    replicas: dict[str, CoordinatorProcess] = field(default_factory=dict)
+
+    def add(self, replica_id: str) -> CoordinatorProcess:
+        log_dir = self.log_dir / replica_id
+        log_dir.mkdir(parents=True, exist_ok=True)
+        replica = CoordinatorProcess(
+            self.bootstrap, log_dir, extra=list(self.extra), state_topic=self.state_topic,
+            replica_id=replica_id,
+        )  # fmt: skip
+        self.replicas[replica_id] = replica
+        return replica
+
+    async def start(self, *replica_ids: str) -> None:
+        """Start these replicas at once; each must become ready (placed and serving)."""
+        started = [self.replicas.get(r) or self.add(r) for r in replica_ids]
+        await asyncio.gather(*(r.start() for r in started))
+
+    @property
+    def addresses(self) -> str:
+        """Every replica's consumer address, running or not: what a headless Service gives."""
+        return ",".join(r.address for r in self.replicas.values())
+
+    def running(self) -> list[CoordinatorProcess]:
+        return [r for r in self.replicas.values() if r.proc is not None and r.proc.poll() is None]
+
+    async def owner(self, group: str = GROUP) -> CoordinatorProcess | None:
+        """The replica serving `group`, as the one serving it says (forwarded answers
+        name it in served_by)."""
+        for replica in self.running():
+            with contextlib.suppress(httpx.HTTPError):
+                served_by = await replica.served_by(group)
+                if served_by is not None:
+                    return self.replicas[served_by]
+        return None
+
+    async def group(self, group: str = GROUP) -> dict[str, Any] | None:
+        owner = await self.owner(group)
+        return None if owner is None else await owner.group(group)
+
+    async def settled(self, members: int, group: str = GROUP) -> dict[str, Any] | None:
+        view = await self.group(group)
+        return view if is_settled(view, members) else None
+
+    def stop_all(self) -> None:
+        for replica in self.replicas.values():
+            replica.stop()

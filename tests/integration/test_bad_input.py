@@ -374,7 +374,6 @@ def _run_coordinator(bootstrap: str, *, listen: int = 0, admin: int = 0) -> tupl
         "--bootstrap-servers", bootstrap,
         "--listen", f"127.0.0.1:{listen or free_port()}",
         "--admin-listen", f"127.0.0.1:{admin or free_port()}",
-        "--startup-grace-ms", "300",
     ]  # fmt: skip
     began = time.monotonic()
     try:

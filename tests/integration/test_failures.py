@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
+from coordinator.kafka.settings import KafkaSettings
 from coordinator.local.broker import EmbeddedBroker
 from coordinator.local.verify import check
 from coordinator.model.hashing import slot_for_key
 from coordinator.model.ranges import RangeSet
-from coordinator.storage.kafka_store import KafkaStateStore
+from coordinator.storage.base import partition_of
+from coordinator.storage.kafka_log import read_state
 from tests.integration.harness import (
     GROUP,
     CoordinatorProcess,
@@ -88,11 +90,12 @@ async def test_coordinator_restart_restores_positions(
         await wait_for(lambda: coordinator.settled(3), 30, "3 settled members")
         produced = await produce(coordinator.bootstrap, 4000, 200)
         await wait_for(lambda: workers.unique() >= 4000, 60, "first 4000 processed")
-        await wait_for(lambda: _stored_low_watermark_is(broker, 4000), 30, "positions persisted")
+        stored = lambda: _stored_low_watermark_is(coordinator, 4000)  # noqa: E731
+        await wait_for(stored, 30, "positions persisted")
 
         coordinator.kill()
         produced += await produce(coordinator.bootstrap, 2000, 200, start=4000)
-        await coordinator.start(grace_ms=3500)  # same ports; old sessions must stop first
+        await coordinator.start()  # same ports: the consumers come back with their claims
         view = await coordinator.group()
         assert view is not None, "the group must come back from the state topic"
         assert view["partitions"][0]["low_watermark"] == 4000
@@ -108,9 +111,11 @@ async def test_coordinator_restart_restores_positions(
         coordinator.stop()
 
 
-async def _stored_low_watermark_is(broker: EmbeddedBroker, expected: int) -> bool:
+async def _stored_low_watermark_is(coordinator: CoordinatorProcess, expected: int) -> bool:
     """Read the state topic the way a restarted coordinator will."""
-    positions = (await KafkaStateStore(broker.bootstrap_servers).load()).get(GROUP)
+    images = await read_state(coordinator.bootstrap, coordinator.state_topic, KafkaSettings())
+    group = images[partition_of(GROUP, len(images))].groups().get(GROUP)
+    positions = group.positions if group is not None else {}
     return bool(positions) and min(p.minimum_offset() for p in positions.values()) == expected
 
 

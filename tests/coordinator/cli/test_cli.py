@@ -66,7 +66,9 @@ def _error_line(result: subprocess.CompletedProcess[str]) -> str:
         (["--drain-timeout-ms", "0"], "--drain-timeout-ms", "0"),
         (["--drain-timeout-ms", "abc"], "--drain-timeout-ms", "abc"),
         (["--drain-timeout-ms", "1.5"], "--drain-timeout-ms", "1.5"),
-        (["--startup-grace-ms", "soon"], "--startup-grace-ms", "soon"),
+        (["--replica-timeout-ms", "soon"], "--replica-timeout-ms", "soon"),
+        (["--state-partitions", "0"], "--state-partitions", "0"),
+        (["--advertise", "nohost"], "--advertise", "nohost"),
         (["--lost-member-margin-ms", "-1"], "--lost-member-margin-ms", "-1"),
     ],
 )
@@ -156,7 +158,10 @@ def test_help_lists_every_flag_with_its_env_var() -> None:
         "--state-topic",
         "--auth-token",
         "--drain-timeout-ms",
-        "--startup-grace-ms",
+        "--replica-timeout-ms",
+        "--state-partitions",
+        "--advertise",
+        "--replica-id",
         "--lost-member-margin-ms",
     }
     flags = _coordinator_flags()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from coordinator.group import handlers as h
 from coordinator.group.effects import SendStart, SendStop
-from coordinator.group.records import ClaimAwaited
+from coordinator.group.records import ClaimAwaited, Record, TargetComputed
 from coordinator.group.state import GroupState, PendingClaim
 from coordinator.model.positions import Position
 from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
@@ -108,3 +108,35 @@ def test_a_takeover_waits_for_the_durable_members_and_adopts_the_ones_that_come_
     owned_disjoint(state)
     check_indexes(state)
     assert ASSIGNOR  # the strategy test_handlers' `run` reconciles with
+
+
+def test_a_takeover_where_every_member_comes_back_keeps_the_previous_target() -> None:
+    """Adopting is no reason to move slots: with every slot claimed, the target becomes
+    what the members kept (a recompute with no load measured yet would move slots the
+    previous coordinator had balanced). Once something is free, the strategy decides."""
+    state = GroupState("g")
+    low = RangeSet((SlotRange(0, 20000),))
+    high = RangeSet((SlotRange(20001, 65535),))  # uneven on purpose: a balanced target is not
+    taken_over: list[Record] = [TargetComputed((), inputs_version=0)]  # as takeover_result
+    for mid, owned in (("a", low), ("b", high)):
+        taken_over.append(ClaimAwaited(PendingClaim(mid, mid, 4, owned, SESSION)))
+    run(state, h.Result(records=taken_over), 0.0)
+    moved = []
+    for at, (mid, owned) in enumerate((("a", low), ("b", high)), start=1):
+        moved += run(state, reclaim(state, mid, owned, float(at)), float(at))
+    assert not of(moved, SendStop) and not of(moved, SendStart)
+    assert state.target == {"a": low, "b": high}
+    assert state.target_version == state.inputs_version, "no recompute pending"
+    check_indexes(state)
+
+    # A member that gives something up frees it: now the strategy places it.
+    lose(state, "b", 3.0)
+    half_of_high = RangeSet((SlotRange(20001, 40000),))
+    run(state, reclaim(state, "b", half_of_high, 4.0), 4.0)
+    assert state.target_version == state.inputs_version  # recomputed by `run`'s reconcile
+    assert set(state.target) == {"a", "b"}
+    # Kept as it was, the target would leave b's freed slots to nobody.
+    assert RangeSet(r for t in state.target.values() for r in t) == RangeSet.from_pairs(
+        [(0, 65535)]
+    )
+    owned_disjoint(state)

@@ -16,7 +16,6 @@ from coordinator.group.effects import (
     CloseMember,
     DrainTimer,
     Effect,
-    GraceTimer,
     HoldTimer,
     QuarantineTimer,
     Result,
@@ -27,7 +26,6 @@ from coordinator.group.effects import (
     TimerKey,
 )
 from coordinator.group.records import (
-    GrantsDeferred,
     ImbalanceObserved,
     MemberRemoved,
     RebalanceRequested,
@@ -381,16 +379,6 @@ def test_inconsistent_topics() -> None:
     assert join(state, "m3", 1.0, topics=("u", "t")).error is None
 
 
-def test_grants_deferred_until_grace_time() -> None:
-    state = GroupState("g")
-    replay(state, GrantsDeferred(20.0))
-    assert not of(run(state, join(state, "m1", 1.0), 1.0), SendStart)
-    assert not of(run(state, h.timer_fired(state, key=GraceTimer(), now=19.9), 19.9), SendStart)
-    starts = of(run(state, h.timer_fired(state, key=GraceTimer(), now=20.0), 20.0), SendStart)
-    assert union([s.ranges for s in starts]) == RangeSet.full()
-    owned_disjoint(state)
-
-
 @settings(max_examples=150, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_random_membership_churn_keeps_one_owner_per_slot(seed: int) -> None:
@@ -425,7 +413,7 @@ def test_random_membership_churn_keeps_one_owner_per_slot(seed: int) -> None:
             if at <= now and timers.get(key) == at:
                 del timers[key]
                 do(h.timer_fired(state, key=key, now=now))
-        action = rng.randrange(6)
+        action = rng.randrange(7)
         mids = sorted(state.members)
         if action == 0 or not mids:
             n += 1
@@ -438,6 +426,17 @@ def test_random_membership_churn_keeps_one_owner_per_slot(seed: int) -> None:
             do(h.leave(state, member_id=rng.choice(mids), positions={}, now=now))
         elif action == 4 and rng.random() < 0.3:
             do(h.connection_lost(state, member_id=rng.choice(mids), now=now))
+        elif action == 5 and state.claims:  # a lost member comes back for its ranges
+            mid = rng.choice(sorted(state.claims))
+            owned = state.claims[mid].owned
+            claimed = owned if rng.random() < 0.7 else RangeSet(owned.ranges[:1])
+            do(
+                h.reclaim(
+                    state, member_id=mid, member_epoch=state.claims[mid].member_epoch,
+                    claimed=claimed, positions={}, name=mid, capacity=1,
+                    session_timeout_ms=TIMEOUT_MS, topics=("t",), partitions=TPS, now=now,
+                )
+            )  # fmt: skip
         else:
             do(ping(state, rng.choice(mids), now))
     if not state.members:
@@ -555,33 +554,6 @@ def test_a_lone_join_is_not_held(group3: GroupState) -> None:
     assert len(starts) == 3 and {s.member_id for s in starts} == {"m4"}
     assert union([s.ranges for s in starts]) == union([s.ranges for s in stops])
     assert state.grants_held_since is None
-
-
-def test_a_start_waits_only_for_the_positions_it_hands_over(group3: GroupState) -> None:
-    """A StartFetcher must not leave before the positions it carries are stored; it need
-    not wait for progress other members reported since (in a join storm every ping moved
-    positions on, and each batch of StartFetchers waited for a write of its own)."""
-    fresh = GroupState("g")
-    apply(fresh, join(fresh, "a", 0.0))
-    (first,) = of(run(fresh, Result(), 0.0), SendStart)
-    assert first.durable_version == 0, "slots nobody ever owned: nothing to store first"
-
-    state = group3
-    stops = of(run(state, join(state, "m4", 2.0), 2.0), SendStop)
-    stop, *_ = stops
-    keeper = next(mid for mid in state.members if mid not in (stop.member_id, "m4"))
-    run(state, ping(state, keeper, 2.5, report(state.members[keeper].owned, P_OLD)), 2.5)
-    effects = run(state, stopped(state, stop, 3.0, report(stop.ranges, P_OLD)), 3.0)
-    (start,) = of(effects, SendStart)
-    with_final_positions = state.positions_version
-    assert start.durable_version == with_final_positions
-    run(state, ping(state, keeper, 3.5, report(state.members[keeper].owned, P_OLD)), 3.5)
-    assert state.positions_version > with_final_positions
-    assert state.handoff_version == with_final_positions, "a ping of kept slots hands over nothing"
-    lost = state.members[keeper].owned
-    run(state, h.connection_lost(state, member_id=keeper, now=4.0), 4.0)
-    assert state.handoff_version == state.positions_version, "its last report is handed over"
-    assert lost
 
 
 def test_drain_time_counts_from_when_the_stop_fetcher_was_written(group3: GroupState) -> None:

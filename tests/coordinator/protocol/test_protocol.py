@@ -267,7 +267,9 @@ def test_many_frames_in_one_feed_and_trailing_partial() -> None:
 
 
 def test_wire_shape_is_compact_json_with_inclusive_range_lists() -> None:
-    encoded = encode(StopFetcherRequest(correlation_id=5, member_epoch=2, ranges=[(0, 10)]))
+    encoded = encode(
+        StopFetcherRequest(correlation_id=5, member_epoch=2, ranges=[(0, 10)], coordinator_epoch=3)
+    )
     assert encoded[4] == PROTOCOL_VERSION
     assert struct.unpack(">I", encoded[:4])[0] == len(encoded) - 4
     assert json.loads(encoded[5:]) == {
@@ -275,6 +277,7 @@ def test_wire_shape_is_compact_json_with_inclusive_range_lists() -> None:
         "type": "stop_fetcher_request",
         "member_epoch": 2,
         "ranges": [[0, 10]],
+        "coordinator_epoch": 3,
     }
     assert b" " not in encoded[5:]
 

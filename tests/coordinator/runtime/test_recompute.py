@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from api.models import group_view
+from api.models import ServedByView, group_view
 from coordinator.group.records import TargetComputed
 from coordinator.group.state import GroupConfig, GroupState
 from coordinator.runtime.runtime import CoordinatorRuntime
@@ -54,7 +54,6 @@ def runtime_with(
 ) -> CoordinatorRuntime:
     settings = RuntimeSettings(
         "unused:1",
-        startup_grace_ms=0,
         group_defaults=GroupConfig(assignor=assignor),
         recompute_quiet_ms=quiet_ms,
         recompute_idle_quiet_ms=idle_quiet_ms,
@@ -209,8 +208,9 @@ async def test_the_admin_view_says_a_recompute_is_pending() -> None:
         a = RecordingChannel()
         await runtime.register(a, register("a"))  # type: ignore[arg-type]
         state = runtime.group_states()["g"]
-        assert group_view(state, runtime.clock()).target_pending
+        here = ServedByView(replica_id="r", state_partition=0, coordinator_epoch=1)
+        assert group_view(state, runtime.clock(), here).target_pending
         await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a granted")
-        assert not group_view(state, runtime.clock()).target_pending
+        assert not group_view(state, runtime.clock(), here).target_pending
     finally:
         await runtime.stop()

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from coordinator.group.records import PositionsAdvanced
 from coordinator.group.state import GroupConfig
-from coordinator.model.positions import RangePositionMap
+from coordinator.model.positions import Position, RangePositionMap
+from coordinator.model.ranges import SlotRange
 from coordinator.protocol.messages import (
     Message,
     PartitionPositions,
@@ -22,39 +24,31 @@ from coordinator.protocol.messages import (
 from coordinator.runtime.metadata import CoalescedPartitionCounts
 from coordinator.runtime.runtime import CoordinatorRuntime
 from coordinator.runtime.settings import RuntimeSettings
+from coordinator.storage.records import decode, encode_positions
+from tests.coordinator.runtime.memory import MemoryLog, serving_runtime
 
 TIMEOUT = 5.0
 
 
-class HeldStore:
-    """A state store whose writes wait until `released` is set."""
+class HeldStore(MemoryLog):
+    """A state log whose writes wait until `released` is set; counts them."""
 
-    def __init__(self) -> None:
-        self.released = asyncio.Event()
-        self.released.set()
-        self.saves = 0
+    @property
+    def saves(self) -> int:
+        return self.writes
 
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
 
-    async def load(self) -> dict[str, dict[tuple[str, int], RangePositionMap]]:
-        return {}
-
-    async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
-        return dict.fromkeys(topics, 1)
-
-    async def save(self, group: str, positions: Any) -> None:
-        await self.released.wait()
-        self.saves += 1
-
-    async def commit_low_watermarks(self, group: str, positions: Any) -> None: ...
-
-    async def probe(self) -> None: ...
+def advance(runtime: CoordinatorRuntime, group: str = "g") -> None:
+    """Progress a ping would report: the group's positions move on by one offset."""
+    state = runtime.group_states()[group]
+    done = state.position_map(("t", 0)).minimum_offset() + 1
+    update = ((("t", 0), ((SlotRange(0, 65535), Position(done)),)),)
+    runtime.apply_records(group, [PositionsAdvanced(update)], reconcile=False)
 
 
 def runtime_on(settings: RuntimeSettings, store: HeldStore) -> CoordinatorRuntime:
-    """A runtime whose state store also answers the metadata calls (as Kafka's does)."""
-    return CoordinatorRuntime(settings, store, metadata=store)
+    """A runtime serving every group, its log also answering the metadata calls."""
+    return serving_runtime(settings, store)
 
 
 class RecordingChannel:
@@ -127,7 +121,7 @@ def answer(channel: RecordingChannel) -> None:
 
 async def test_stop_never_overtakes_an_earlier_start_held_by_a_slow_store() -> None:
     store = HeldStore()
-    runtime = runtime_on(RuntimeSettings("unused:1", startup_grace_ms=0), store)
+    runtime = runtime_on(RuntimeSettings("unused:1"), store)
     await runtime.start()
     try:
         a, b, c = RecordingChannel(), RecordingChannel(), RecordingChannel()
@@ -190,14 +184,18 @@ async def test_concurrent_registrations_share_one_metadata_fetch() -> None:
 
 
 class StoreWithOldGroup(HeldStore):
-    async def load(self) -> dict[str, dict[tuple[str, int], RangePositionMap]]:
-        return {"old": {("t", 0): RangePositionMap()}}
+    """A log that already holds positions of a group `old` (nobody in it any more)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        ((key, value),) = encode_positions("old", ("t", 0), RangePositionMap(), 1)
+        self.images[0].apply(0, decode(key, value))
 
 
 async def test_a_group_replayed_without_members_schedules_no_recompute() -> None:
     """A group known only from the state topic has no members: nothing to recompute,
     so nothing may be scheduled for it (rescheduling it spun the event loop)."""
-    runtime = runtime_on(RuntimeSettings("unused:1", startup_grace_ms=0), StoreWithOldGroup())
+    runtime = runtime_on(RuntimeSettings("unused:1"), StoreWithOldGroup())
     await runtime.start()
     try:
         a = RecordingChannel()
@@ -216,14 +214,15 @@ class BusyStore(HeldStore):
 
     def __init__(self) -> None:
         super().__init__()
-        self.on_save: Any = None
         self.entered = 0
+        self.on_write = self._entered
 
-    async def save(self, group: str, positions: Any) -> None:
+    def _entered(self) -> None:
         self.entered += 1
         if self.on_save is not None:
             self.on_save()
-        await super().save(group, positions)
+
+    on_save: Any = None
 
 
 async def test_flushes_waiting_behind_a_write_share_the_next_one() -> None:
@@ -231,16 +230,15 @@ async def test_flushes_waiting_behind_a_write_share_the_next_one() -> None:
     ten, even though positions change during every write (a burst of grants under load
     otherwise queued one write each and stalled every StartFetcher behind them)."""
     store = BusyStore()
-    runtime = runtime_on(RuntimeSettings("unused:1", startup_grace_ms=0), store)
+    runtime = runtime_on(RuntimeSettings("unused:1"), store)
     await runtime.start()
     try:
         a = RecordingChannel()
         await runtime.register(a, register("a"))  # type: ignore[arg-type]
         await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
-        state = runtime.group_states()["g"]
 
         def moved() -> None:
-            state.positions_version += 1
+            advance(runtime)
 
         store.on_save = moved
         store.released.clear()
@@ -265,15 +263,14 @@ async def test_writers_waiting_for_a_flush_all_resume_in_the_same_loop_turn() ->
     each turn was long, and StartFetchers waited seconds after their positions were
     durable."""
     store = HeldStore()
-    runtime = runtime_on(RuntimeSettings("unused:1", startup_grace_ms=0), store)
+    runtime = runtime_on(RuntimeSettings("unused:1"), store)
     await runtime.start()
     try:
         a = RecordingChannel()
         await runtime.register(a, register("a"))  # type: ignore[arg-type]
         await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
-        state = runtime.group_states()["g"]
         store.released.clear()
-        state.positions_version += 1
+        advance(runtime)
         saves = store.saves
         waiting = [asyncio.create_task(runtime.writer.flush("g")) for _ in range(1000)]
         for _ in range(5):
@@ -307,9 +304,7 @@ class PingClock(RecordingChannel):
 async def test_members_registering_together_are_not_pinged_together() -> None:
     """First pings are spread over the interval: 5,000 members pinged in one burst every
     interval stalled the loop for ~1 s each time, delaying every reply and timer."""
-    settings = RuntimeSettings(
-        "unused:1", startup_grace_ms=0, group_defaults=GroupConfig(ping_interval_ms=200)
-    )
+    settings = RuntimeSettings("unused:1", group_defaults=GroupConfig(ping_interval_ms=200))
     runtime = runtime_on(settings, HeldStore())
     await runtime.start()
     try:
@@ -331,18 +326,28 @@ async def test_members_registering_together_are_not_pinged_together() -> None:
         await runtime.stop()
 
 
-async def test_first_grants_of_a_new_group_do_not_wait_for_a_position_write() -> None:
-    """Slots nobody owned before start where the store already says (nowhere): a join
-    storm's first StartFetchers need no write, so a slow broker does not hold them."""
+async def test_a_grant_leaves_only_once_the_log_has_it() -> None:
+    """A StartFetcher waits until the member's record (what it now owns) is in the state
+    log: a replica taking the group over right after must know who runs what."""
     store = HeldStore()
     store.released.clear()
-    runtime = runtime_on(RuntimeSettings("unused:1", startup_grace_ms=0), store)
+    runtime = runtime_on(RuntimeSettings("unused:1"), store)
     await runtime.start()
     try:
         a = RecordingChannel()
         await runtime.register(a, register("a"))  # type: ignore[arg-type]
-        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts at once")
-        assert store.saves == 0
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert a.kinds() == [], "held: the grant is not in the log yet"
+        store.released.set()
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts")
+        members = store.images[0].groups()["g"].members
+        assert set(members) == {a_id(runtime)} and members[a_id(runtime)].owned.size == 65536
     finally:
         store.released.set()
         await runtime.stop()
+
+
+def a_id(runtime: CoordinatorRuntime) -> str:
+    (member_id,) = runtime.group_states()["g"].members
+    return member_id

@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import pytest
 
 from coordinator.group.state import GroupConfig
-from coordinator.model.positions import RangePositionMap
 from coordinator.protocol.channel import Channel
 from coordinator.protocol.messages import (
     Message,
@@ -32,24 +30,9 @@ from coordinator.protocol.messages import (
 from coordinator.runtime.runtime import CoordinatorRuntime
 from coordinator.runtime.settings import RuntimeSettings
 from coordinator.server.listener import CoordinatorServer
+from tests.coordinator.runtime.memory import serving_runtime
 
 TIMEOUT = 10.0
-
-
-class MemoryStore:
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
-
-    async def load(self) -> dict[str, dict[tuple[str, int], RangePositionMap]]:
-        return {}
-
-    async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
-        return dict.fromkeys(topics, 1)
-
-    async def save(self, group: str, positions: Any) -> None: ...
-    async def commit_low_watermarks(self, group: str, positions: Any) -> None: ...
-
-    async def probe(self) -> None: ...
 
 
 class Member:
@@ -117,11 +100,9 @@ async def eventually(predicate: Callable[[], bool], what: str) -> None:
 async def coordinator() -> AsyncIterator[tuple[CoordinatorRuntime, int]]:
     settings = RuntimeSettings(
         "unused:1",
-        startup_grace_ms=0,
         group_defaults=GroupConfig(drain_timeout_ms=300, ping_interval_ms=100),
     )
-    store = MemoryStore()
-    runtime = CoordinatorRuntime(settings, store, metadata=store)
+    runtime = serving_runtime(settings)
     await runtime.start()
     server = CoordinatorServer(runtime, "127.0.0.1", 0)
     await server.start()

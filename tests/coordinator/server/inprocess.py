@@ -8,11 +8,10 @@ from contextlib import asynccontextmanager
 
 from coordinator.group.state import GroupConfig
 from coordinator.local.processes import free_port
-from coordinator.runtime.runtime import CoordinatorRuntime
 from coordinator.runtime.settings import RuntimeSettings
 from coordinator.server.admission import ConnectionLimits
 from coordinator.server.listener import CoordinatorServer
-from tests.coordinator.runtime.test_verdicts import MemoryStore
+from tests.coordinator.runtime.memory import serving_runtime
 
 
 @asynccontextmanager
@@ -25,11 +24,9 @@ async def running_coordinator(
     settings = RuntimeSettings(
         "unused:1",
         advertised_address=f"127.0.0.1:{port}",
-        startup_grace_ms=0,
         group_defaults=GroupConfig(ping_interval_ms=100),
     )
-    store = MemoryStore()
-    runtime = CoordinatorRuntime(settings, store, metadata=store)
+    runtime = serving_runtime(settings)
     await runtime.start()
     server = CoordinatorServer(runtime, "127.0.0.1", port, tls=tls, limits=limits)
     try:

@@ -15,7 +15,8 @@ import pytest
 
 from coordinator.kafka.settings import KafkaSettings
 from coordinator.model.ranges import RangeSet
-from coordinator.storage.kafka_log import Fenced, KafkaStateLog, ReplicaIdentity
+from coordinator.storage.base import Fenced
+from coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
 from coordinator.storage.records import MemberRecord, encode
 from tests.brokers import Broker
 
@@ -74,9 +75,33 @@ async def test_replicas_see_each_others_beats(logs: tuple[KafkaStateLog, KafkaSt
     a, b = logs
 
     async def both_alive() -> None:
-        while set(a.alive(5.0)) != {"a", "b"}:
+        while set(a.alive(4)) != {"a", "b"}:
             await asyncio.gather(a.beat(), b.beat())
             await asyncio.sleep(0.05)
 
     await asyncio.wait_for(both_alive(), 20)
     assert a.caught_up and b.caught_up
+
+    # B falls silent: once A has beaten four more times, B is gone in A's view. B, not
+    # having read those beats yet (a frozen replica), still sees A alive: liveness is
+    # counted in one's own beats, not by a clock that ran on while it was not looking.
+    async def b_gone() -> None:
+        while "b" in a.alive(4):
+            await a.beat()
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(b_gone(), 20)
+    assert "a" in a.alive(4) and "a" in b.alive(4)
+
+
+async def test_a_handed_over_partition_is_held_by_nobody(
+    logs: tuple[KafkaStateLog, KafkaStateLog],
+) -> None:
+    a, b = logs
+    epoch, _ = await a.claim(0)
+    await b.wait_tailed(0, await b.end_of(0), 20)
+    assert b.images[0].holder == "a"
+    await a.release(0, handed_over_at=epoch)
+    await b.wait_tailed(0, await b.end_of(0), 20)
+    assert b.images[0].holder is None and b.images[0].epoch == epoch
+    assert (await b.claim(0))[0] == epoch + 1

@@ -1,5 +1,5 @@
-"""The Kafka state store on a real broker: records within Kafka's size limit, a state topic
-that compacts, offset commits for tooling.
+"""The state topic and the cluster on a real broker: records within Kafka's size limit, a
+state topic that compacts, offset commits for tooling.
 
 Every position write sets off a commit of the low watermarks; writes close together set
 off commits that overlap. Each group must keep one committer (a second one was started
@@ -16,12 +16,19 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from coordinator.kafka.settings import KafkaSettings
 from coordinator.model.hashing import SLOT_COUNT
 from coordinator.model.positions import Position, RangePositionMap
 from coordinator.model.ranges import SlotRange
-from coordinator.storage import kafka_store
+from coordinator.storage import kafka_cluster
 from coordinator.storage.base import DEFAULT_STATE_TOPIC, StoreError
-from coordinator.storage.kafka_store import MAX_RECORD_BYTES, KafkaStateStore, encode_state
+from coordinator.storage.kafka_cluster import KafkaCluster, ensure_state_topic
+from coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
+from coordinator.storage.records import (
+    MAX_RECORD_BYTES,
+    encode_positions,
+    merge_into,
+)
 from tests.brokers import Broker
 from tests.integration.harness import create_topic
 
@@ -33,14 +40,14 @@ async def test_overlapping_commits_of_a_group_share_one_committer(
 ) -> None:
     started: list[Any] = []
 
-    class CountedConsumer(kafka_store.AIOKafkaConsumer):  # type: ignore[misc]
+    class CountedConsumer(kafka_cluster.AIOKafkaConsumer):  # type: ignore[misc]
         async def start(self) -> None:
             started.append(self)
             await super().start()
 
-    monkeypatch.setattr(kafka_store, "AIOKafkaConsumer", CountedConsumer)
+    monkeypatch.setattr(kafka_cluster, "AIOKafkaConsumer", CountedConsumer)
     await create_topic(broker.bootstrap_servers, "orders")
-    store = KafkaStateStore(broker.bootstrap_servers, timeout=15.0)
+    store = KafkaCluster(broker.bootstrap_servers, KafkaSettings.parse(), timeout=15.0)
     await store.start()
     try:
         for done_upto in (10, 20):
@@ -74,27 +81,28 @@ async def test_a_position_map_too_large_for_one_record_is_split_and_read_back(
     broker: Broker,
 ) -> None:
     """5,000 members with fragmented ranges: one record would pass Kafka's default 1 MiB
-    max.message.bytes, so the map goes in chunks, and what loads is the same map."""
+    max.message.bytes, so the map goes in chunks, and what a replica reads back is the
+    same map."""
     pmap = fragmented_map(5_000)
-    (whole,) = encode_state("g", "orders", 0, pmap, max_bytes=1 << 40)
-    assert len(whole) > 1_048_588, "the case this test is about: over Kafka's default limit"
-    chunks_of_pmap = encode_state("g", "orders", 0, pmap)
-    assert len(chunks_of_pmap) >= 2 and max(map(len, chunks_of_pmap)) <= MAX_RECORD_BYTES
-    store = KafkaStateStore(broker.bootstrap_servers, timeout=30.0)
-    await store.start()
+    ((_, whole),) = encode_positions("g", ("orders", 0), pmap, 1, max_bytes=1 << 40)
+    assert whole is not None and len(whole) > 1_048_588, "over Kafka's default limit"
+    chunks = encode_positions("g", ("orders", 0), pmap, 1)
+    assert len(chunks) >= 2 and max(len(v) for _, v in chunks) <= MAX_RECORD_BYTES
+    identity = ReplicaIdentity("a", "a:1", "http://a:2")
+    log = KafkaStateLog(
+        broker.bootstrap_servers, DEFAULT_STATE_TOPIC, settings=KafkaSettings.parse(),
+        identity=identity, partitions=1, timeout=30.0,
+    )  # fmt: skip
+    await log.start()
     try:
-        await store.save("g", {("orders", 0): pmap})
-        small = RangePositionMap(Position(10_000_000))  # later: everything done to here
-        await store.save("g", {("orders", 0): small})  # one chunk: tombstones for the rest
-        await store.save("h", {("orders", 0): pmap})
-        reader = KafkaStateStore(broker.bootstrap_servers, timeout=30.0)
-        loaded = await reader.load()
+        epoch, _ = await log.claim(0)
+        await log.write(0, epoch, chunks)
+        await log.wait_tailed(0, await log.end_of(0), 30)
+        read = log.images[0].groups()["g"].positions[("orders", 0)]
+        assert log.images[0].chunk_count("g", ("orders", 0)) == len(chunks)
     finally:
-        await store.stop()
-    assert loaded["h"][("orders", 0)].to_json() == pmap.to_json()
-    assert loaded["g"][("orders", 0)].to_json() == small.to_json()
-    chunks = reader._chunks  # what the reader found live, tombstoned chunks not counted
-    assert (chunks[("h", ("orders", 0))], chunks[("g", ("orders", 0))]) == (len(chunks_of_pmap), 1)
+        await log.stop()
+    assert read.to_json() == pmap.to_json()
 
 
 def test_a_torn_or_stale_chunk_only_says_less_than_the_newest() -> None:
@@ -107,7 +115,7 @@ def test_a_torn_or_stale_chunk_only_says_less_than_the_newest() -> None:
         new.assign(slots, Position(position.next_offset + 100))
     target = RangePositionMap()
     for part in (new, old):
-        kafka_store.merge_into(target, part)
+        merge_into(target, part)
     assert target.to_json() == new.to_json()
 
 
@@ -115,15 +123,14 @@ def test_a_torn_or_stale_chunk_only_says_less_than_the_newest() -> None:
 async def test_the_state_topic_is_created_compacted_and_a_deleting_one_is_refused(
     broker: Broker,
 ) -> None:
-    store = KafkaStateStore(broker.bootstrap_servers, timeout=30.0)
-    await store.start()
-    await store.stop()
+    settings = KafkaSettings.parse()
+    count = await ensure_state_topic(broker.bootstrap_servers, settings, DEFAULT_STATE_TOPIC, 3, 30)
+    assert count == 3
     assert await topic_config(broker.bootstrap_servers, DEFAULT_STATE_TOPIC) == "compact"
 
     await create_topic(broker.bootstrap_servers, "deleting.state")
-    refused = KafkaStateStore(broker.bootstrap_servers, "deleting.state", timeout=30.0)
     with pytest.raises(StoreError, match=r"'deleting.state' exists with cleanup.policy=delete"):
-        await refused.start()
+        await ensure_state_topic(broker.bootstrap_servers, settings, "deleting.state", 3, 30)
 
 
 async def topic_config(bootstrap: str, topic: str) -> str:

@@ -1,0 +1,440 @@
+"""One replica's part in sharing the state partitions: who owns what, taking over and
+handing over (the design: coordinator/replication/__init__.py).
+
+Three inputs decide which partitions this replica serves, and they agree by construction:
+- the Kafka consumer group of the replicas on the state topic: its leader runs
+  `placement.assign` over every member's claim and hands everyone the whole answer (the
+  directory), as Kafka's own group coordinator places groups on `__consumer_offsets`;
+- the replicas' beats in the state log: a replica whose beats stopped (`kill -9`, a frozen
+  process, a network cut) loses its partitions to the survivors at once
+  (`placement.take_orphans`), long before Kafka's session timeout would notice;
+- the coordinator epoch of each partition: claiming fences the previous owner, and a
+  replica whose partition shows a newer epoch than its own has been fenced and lets go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+
+from coordinator.kafka.connect import start_client
+from coordinator.kafka.settings import KafkaSettings
+from coordinator.replication.placement import (
+    Assignment,
+    ReplicaClaim,
+    assign,
+    next_version,
+    take_orphans,
+)
+from coordinator.runtime.location import Location
+from coordinator.runtime.runtime import CoordinatorRuntime
+from coordinator.storage.base import StoreError, partition_of
+from coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
+from coordinator.storage.records import ReplicaBeat
+
+log = logging.getLogger(__name__)
+ASSIGNOR_NAME = "keyshard-replicas"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationSettings:
+    group_id: str
+    beat_interval_s: float = 0.5
+    # Beats silent this long: the replica is gone and its partitions are taken over.
+    replica_timeout_s: float = 2.0
+    # Kafka's own failure detection for the group (brokers refuse less than 6 s).
+    session_timeout_ms: int = 6_000
+    heartbeat_interval_ms: int = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class Directory:
+    """The group leader's answer: every partition's replica, and where replicas are."""
+
+    assignment: Assignment
+    replicas: Mapping[str, ReplicaClaim]
+    version: int = 0  # `placement.next_version`: newer placements have higher ones
+
+
+def _claim_bytes(claim: ReplicaClaim) -> bytes:
+    return json.dumps(
+        {"id": claim.replica_id, "address": claim.address, "admin": claim.admin_url,
+         "holds": {str(p): e for p, e in claim.holds.items()}, "version": claim.version}
+    ).encode()  # fmt: skip
+
+
+def _claim_of(data: bytes) -> ReplicaClaim:
+    raw = json.loads(data)
+    holds = {int(p): int(e) for p, e in raw.get("holds", {}).items()}
+    return ReplicaClaim(
+        str(raw["id"]), str(raw["address"]), str(raw["admin"]), holds, int(raw.get("version", 0))
+    )
+
+
+def _directory_bytes(owner: Assignment, claims: Iterable[ReplicaClaim], version: int) -> bytes:
+    return json.dumps(
+        {"assignment": {str(p): r for p, r in owner.items()},
+         "replicas": {c.replica_id: {"address": c.address, "admin": c.admin_url}
+                      for c in claims},
+         "version": version}
+    ).encode()  # fmt: skip
+
+
+def _directory_of(data: bytes) -> Directory:
+    raw = json.loads(data)
+    replicas = {
+        rid: ReplicaClaim(rid, str(r["address"]), str(r["admin"]))
+        for rid, r in raw["replicas"].items()
+    }
+    assignment = {int(p): str(r) for p, r in raw["assignment"].items()}
+    return Directory(assignment, replicas, int(raw.get("version", 0)))
+
+
+def _assignor_for(manager: ReplicaManager) -> type[AbstractPartitionAssignor]:
+    """Kafka's client asks assignors through class methods: one class per manager."""
+
+    class ReplicaAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
+        name = ASSIGNOR_NAME
+
+        @classmethod
+        def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
+            return ConsumerProtocolMemberMetadata(0, sorted(topics), _claim_bytes(manager.claim()))
+
+        @classmethod
+        def assign(
+            cls, cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata]
+        ) -> dict[str, ConsumerProtocolMemberAssignment]:
+            claims = {member_id: _claim_of(meta.user_data) for member_id, meta in members.items()}
+            owner = assign(manager.partitions, claims.values())
+            version = next_version(claims.values(), manager.versions_seen())
+            directory = _directory_bytes(owner, claims.values(), version)
+            topic = manager.topic
+            return {
+                member_id: ConsumerProtocolMemberAssignment(
+                    0,
+                    [(topic, sorted(p for p, r in owner.items() if r == claim.replica_id))],
+                    directory,
+                )
+                for member_id, claim in claims.items()
+            }
+
+        @classmethod
+        def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
+            manager.directory_arrived(_directory_of(assignment.user_data))
+
+    return ReplicaAssignor
+
+
+class _PauseAll(ConsumerRebalanceListener):  # type: ignore[misc]
+    """The group consumer only places replicas; the log is read by the tailer."""
+
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+        self.consumer = consumer
+
+    async def on_partitions_revoked(self, _revoked: Any) -> None:
+        pass
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.consumer.pause(*assigned)
+
+
+class ReplicaManager:
+    def __init__(
+        self,
+        log: KafkaStateLog,
+        runtime: CoordinatorRuntime,
+        *,
+        bootstrap: str,
+        kafka: KafkaSettings,
+        settings: ReplicationSettings,
+    ) -> None:
+        self.log = log
+        self.runtime = runtime
+        self.identity: ReplicaIdentity = log.identity
+        self.bootstrap = bootstrap
+        self.kafka = kafka
+        self.settings = settings
+        self.topic = log.topic
+        self.directory: Directory | None = None
+        self.desired: Assignment = {}
+        self.started_at = 0.0
+        self._group: AIOKafkaConsumer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._changed = asyncio.Event()
+        self._stopping = False
+        # Liveness is counted in our own beats (coordinator.storage.kafka_log): a replica
+        # silent for this many of them is gone.
+        self._timeout_beats = max(
+            2, math.ceil(settings.replica_timeout_s / settings.beat_interval_s)
+        )
+        # When we first saw a partition we should own held by a live replica acting on an
+        # older placement: it gets that long to hand over before we take it.
+        self._behind_since: dict[int, float] = {}
+        runtime.on_fenced = lambda _: self._changed.set()
+
+    @property
+    def partitions(self) -> int:
+        return self.log.partitions
+
+    @property
+    def ready(self) -> bool:
+        """Caught up on every partition (a hot standby) and placed by the group."""
+        return self.log.caught_up and self.directory is not None
+
+    def not_ready_reason(self) -> str | None:
+        """Why this replica should not get traffic yet (readiness), or None."""
+        if not self.log.caught_up:
+            return "catching up on the state log (a hot standby reads every partition)"
+        if self.directory is None and not self.desired:
+            return "not placed yet by the replicas' group"
+        me = self.identity.replica_id
+        owned = self.runtime.owned_partitions()
+        taking = sorted(p for p, r in self.desired.items() if r == me and p not in owned)
+        if taking:
+            return f"taking over state partition(s) {taking}"
+        return None
+
+    def claim(self) -> ReplicaClaim:
+        """What this replica says of itself when the group assigns."""
+        return ReplicaClaim(
+            self.identity.replica_id, self.identity.address, self.identity.admin_url,
+            self.runtime.owned_partitions(), self.placement_version,
+        )  # fmt: skip
+
+    @property
+    def placement_version(self) -> int:
+        return self.directory.version if self.directory is not None else 0
+
+    def versions_seen(self) -> list[int]:
+        """Placement versions the live replicas' beats and the partitions' claims name
+        (the group leader goes above them all)."""
+        beats = [beat.placement_version for beat in self._alive().values()]
+        claims = [i.owner.placement_version for i in self.log.images.values() if i.owner]
+        return beats + claims
+
+    def _alive(self) -> dict[str, ReplicaBeat]:
+        return self.log.alive(self._timeout_beats)
+
+    def directory_arrived(self, directory: Directory) -> None:
+        self.directory = directory
+        log.info(
+            "replica placement: %s",
+            ", ".join(f"{p}->{r}" for p, r in sorted(directory.assignment.items())),
+        )
+        self._changed.set()
+
+    # ---- life cycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.started_at = loop.time()
+        group = self._group = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.settings.group_id,
+            enable_auto_commit=False,
+            partition_assignment_strategy=(_assignor_for(self),),
+            session_timeout_ms=self.settings.session_timeout_ms,
+            heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
+            max_poll_interval_ms=300_000,
+            **self.kafka.consumer_options(),
+        )
+        await start_client(group, self.bootstrap, self.kafka, "replica group", 30.0)
+        group.subscribe([self.topic], listener=_PauseAll(group))
+        self._tasks = [
+            asyncio.create_task(self._poll_group(), name="replica-group"),
+            asyncio.create_task(self._beat(), name="replica-beat"),
+            asyncio.create_task(self._place(), name="replica-placement"),
+        ]
+
+    async def stop(self) -> None:
+        """Hand every partition over before exiting: store each group, tell its members
+        to find the new owner, say so in a last beat, and leave the group (which makes
+        Kafka rebalance at once)."""
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for partition in list(self.runtime.owned_partitions()):
+            await self._hand_over(partition, "the coordinator replica is shutting down")
+        with contextlib.suppress(Exception):
+            await self.log.beat(leaving=True, placement_version=self.placement_version)
+        if self._group is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._group.stop(), 10)
+
+    async def _poll_group(self) -> None:
+        """Keep the group membership alive (its partitions are paused: nothing is read)."""
+        assert self._group is not None
+        while True:
+            await self._group.getmany(timeout_ms=1000)
+
+    async def _beat(self) -> None:
+        while True:
+            try:
+                await self.log.beat(placement_version=self.placement_version)
+            except StoreError as err:
+                log.warning("replica beat failed: %s", err)
+            self._changed.set()
+            await asyncio.sleep(self.settings.beat_interval_s)
+
+    # ---- placement ----------------------------------------------------------------------
+
+    def desired_owners(self) -> Assignment:
+        """Every partition's owner as this replica sees it now (see the module docstring).
+
+        The group's placement, with the partitions of replicas whose beats stopped given
+        to live ones (`take_orphans`); and a live replica that claimed a partition under
+        this placement or a newer one keeps it (a takeover sticks until the group places
+        again, so a replica back from a freeze does not take its old partitions back).
+        Before the group has placed anyone, this replica takes everything only once it
+        has listened to beats long enough to know that no other replica is alive (two
+        beat intervals): a lone coordinator starts at once, and one of several waits for
+        the group's answer.
+        """
+        me = self.identity.replica_id
+        alive = set(self._alive()) | {me}
+        if self.directory is not None:
+            members = set(self.directory.replicas) | {me}
+            owners = take_orphans(self.directory.assignment, self.partitions, alive & members)
+        elif alive == {me} and self._listened() >= 2 * self.settings.beat_interval_s:
+            owners = take_orphans({}, self.partitions, [me])
+        else:
+            return {}
+        for partition, image in self.log.images.items():
+            claim = image.owner
+            if (
+                claim is not None and not claim.released and claim.replica_id in alive
+                and claim.placement_version >= self.placement_version
+            ):  # fmt: skip
+                owners[partition] = claim.replica_id
+        return owners
+
+    def _listened(self) -> float:
+        return asyncio.get_running_loop().time() - self.started_at
+
+    async def _place(self) -> None:
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            if not self.log.caught_up:
+                await asyncio.sleep(0.05)
+                self._changed.set()
+                continue
+            try:
+                await self.reconcile_ownership()
+            except (StoreError, OSError, TimeoutError) as err:
+                log.warning("taking over or handing over a state partition failed: %s", err)
+                await asyncio.sleep(self.settings.beat_interval_s)
+                self._changed.set()
+
+    async def reconcile_ownership(self) -> None:
+        me = self.identity.replica_id
+        self.desired = desired = self.desired_owners()
+        owned = self.runtime.owned_partitions()
+        for partition, epoch in owned.items():
+            newer = self.log.images[partition].epoch > epoch
+            if newer:
+                self.runtime.release_partition(partition, "fenced: another coordinator has it")
+                await self.log.release(partition)
+            elif desired.get(partition, me) != me:
+                await self._hand_over(partition, f"the group moved to {desired[partition]}")
+        wanted = [
+            p for p, r in sorted(desired.items())
+            if r == me and p not in self.runtime.owned_partitions() and self._may_claim(p)
+        ]  # fmt: skip
+        version = self.placement_version
+        claims = await asyncio.gather(
+            *(self.log.claim(p, version) for p in wanted), return_exceptions=True
+        )
+        failed: BaseException | None = None
+        for partition, claimed in zip(wanted, claims, strict=True):
+            if isinstance(claimed, BaseException):
+                failed = claimed
+            else:
+                self.runtime.adopt_partition(partition, *claimed)
+        if failed is not None:
+            raise failed
+
+    def _may_claim(self, partition: int) -> bool:
+        """Whether to claim a partition the placement gives us now. Claiming fences the
+        holder, so not while a live holder may still hand it over in order (stored, its
+        members told, a released marker written): only once nobody holds it, its holder
+        is gone, or its holder acts on an older placement and has had a replica timeout
+        to catch up. A holder on a placement as new as ours or newer is never fenced by
+        us: either it hands over, or ours is the stale view (a replica back from a
+        freeze)."""
+        holder = self.log.images[partition].holder
+        alive = self._alive()
+        if holder is None or holder == self.identity.replica_id or holder not in alive:
+            self._behind_since.pop(partition, None)
+            return True
+        if alive[holder].placement_version >= self.placement_version:
+            self._behind_since.pop(partition, None)
+            return False
+        now = asyncio.get_running_loop().time()
+        since = self._behind_since.setdefault(partition, now)
+        return now - since >= self.settings.replica_timeout_s
+
+    async def _hand_over(self, partition: int, reason: str) -> None:
+        epoch = self.runtime.owned_partitions().get(partition)
+        for group in self.runtime.groups_in(partition):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.runtime.writer.flush(group), 5)
+        self.runtime.release_partition(partition, reason)
+        await self.log.release(partition, handed_over_at=epoch)
+
+    # ---- where groups are ---------------------------------------------------------------
+
+    def locate(self, group: str) -> Location:
+        """Who serves `group`: this replica if it does; else the replica the log says
+        holds its partition, if alive; else (a takeover under way) whom the placement
+        names, as not serving yet."""
+        partition = partition_of(group, self.partitions)
+        me = self.identity
+        image = self.log.images.get(partition)
+        epoch = image.epoch if image is not None else 0
+        if partition in self.runtime.owned_partitions():
+            return Location(me.replica_id, me.address, me.admin_url, epoch, True, True)
+        holder = image.holder if image is not None else None
+        if holder is not None and holder != me.replica_id and holder in self._alive():
+            where = self._where(holder)
+            if where is not None:
+                return Location(holder, where[0], where[1], epoch, True, False)
+        owner = self.desired.get(partition)
+        if owner == me.replica_id:
+            return Location(me.replica_id, me.address, me.admin_url, epoch, False, True)
+        where = self._where(owner)
+        if owner is None or where is None:
+            return Location(None, None, None, epoch, False, False)
+        return Location(owner, where[0], where[1], epoch, False, False)
+
+    def peers(self) -> dict[str, str]:
+        alive = self._alive()
+        return {
+            rid: beat.admin_url for rid, beat in alive.items() if rid != self.identity.replica_id
+        }
+
+    def _where(self, replica: str | None) -> tuple[str, str] | None:
+        if replica is None:
+            return None
+        seen = self.log.beats.get(replica)
+        if seen is not None:
+            return seen.beat.address, seen.beat.admin_url
+        if self.directory is not None and replica in self.directory.replicas:
+            claim = self.directory.replicas[replica]
+            return claim.address, claim.admin_url
+        return None

@@ -1,0 +1,36 @@
+"""A group as a replica taking it over finds it in the state log, as group records.
+
+Positions come back as they were stored. Members the log says owned ranges become pending
+claims: their ranges are quarantined until the member must have stopped on its own (the
+lease rule: its session timeout from now, when it could at the latest have heard from
+the coordinator that had the group, plus the margin), and a member that re-registers with
+a matching claim before then keeps them with no pause (`handlers.reclaim`). Slots no
+member owned are free at once: a cold start with an empty log grants immediately.
+
+The target starts empty and current: the members that come back fill it in with what they
+kept (`handlers.reclaim`), so adopting them moves nothing; anything else (a slot free, a
+new member) makes the strategy compute a new one, as always.
+"""
+
+from __future__ import annotations
+
+from coordinator.group.effects import QuarantineTimer, Result, SetTimer
+from coordinator.group.records import ClaimAwaited, PositionsLoaded, Record, TargetComputed
+from coordinator.group.state import PendingClaim
+from coordinator.storage.image import GroupImage
+
+
+def takeover_result(image: GroupImage, now: float, margin_s: float) -> Result:
+    records: list[Record] = [PositionsLoaded(tp, pmap) for tp, pmap in image.positions.items()]
+    records.append(TargetComputed((), inputs_version=0))  # a fresh group's first inputs
+    result = Result(records=records)
+    for member in image.members.values():
+        if not member.owned:
+            continue
+        until = now + member.session_timeout_ms / 1000 + margin_s
+        claim = PendingClaim(
+            member.member_id, member.name, member.member_epoch, member.owned, until
+        )
+        result.records.append(ClaimAwaited(claim))
+        result.effects.append(SetTimer(QuarantineTimer(member.member_id), until))
+    return result

@@ -1,0 +1,60 @@
+"""A state log and a cluster in memory, for runtime tests that need no broker.
+
+`MemoryLog` is both the runtime's `StateLog` and its `ClusterMetadata`; what it is given
+to write lands in one `PartitionImage` per partition, so a test can read back what a
+replica taking the groups over would find. `serving_runtime` makes a runtime that owns
+every partition (at epoch 1), as a lone replica does after its claims.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from coordinator.runtime.runtime import CoordinatorRuntime
+from coordinator.runtime.settings import RuntimeSettings
+from coordinator.storage.image import PartitionImage
+from coordinator.storage.records import decode
+
+
+class MemoryLog:
+    def __init__(self, partitions: int = 1, topic_partitions: int = 1) -> None:
+        self.images = {p: PartitionImage(p) for p in range(partitions)}
+        self.topic_partitions = topic_partitions
+        self.released = asyncio.Event()  # writes wait for it (set: they don't)
+        self.released.set()
+        self.writes = 0
+        self.reachable = True  # drives the readiness probe
+        self.on_write: Callable[[], None] | None = None
+
+    async def write(
+        self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> None:
+        if self.on_write is not None:
+            self.on_write()
+        await self.released.wait()
+        image = self.images[partition]
+        for key, value in records:
+            image.apply(image.next_offset, decode(key, value))
+        self.writes += 1
+
+    async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
+        return dict.fromkeys(topics, self.topic_partitions)
+
+    async def commit_low_watermarks(self, group: str, positions: Any) -> None: ...
+
+    async def probe(self) -> None:
+        if not self.reachable:
+            raise ConnectionError("no broker")
+
+
+def serving_runtime(
+    settings: RuntimeSettings, log: MemoryLog | None = None, **kwargs: Any
+) -> CoordinatorRuntime:
+    """A runtime that serves every group: it owns every partition of `log`, at epoch 1."""
+    log = log or MemoryLog()
+    runtime = CoordinatorRuntime(settings, log, metadata=log, partitions=len(log.images), **kwargs)
+    for partition, image in log.images.items():
+        runtime.adopt_partition(partition, 1, image)
+    return runtime
