@@ -25,18 +25,19 @@ KUBE_VERSIONS = ("1.25.0", kv.latest_version())
 MINIMAL: dict[str, Any] = {"config": {"bootstrapServers": "kafka-0.kafka:9092"}}
 
 # Everything non-default at once: every daemon setting changed, tokens on (the chart's
-# own Secret), reads protected, ServiceMonitor, PDB, resources and the rest.
+# own Secret), reads protected, ServiceMonitor, PDB, more replicas, resources and the rest.
 FULL: dict[str, Any] = {
-    "replicaCount": 1,
+    "replicaCount": 5,
     "image": {"repository": "registry.example/keyshard", "tag": "9.9.9", "pullPolicy": "Always"},
     "imagePullSecrets": [{"name": "regcred"}],
     "config": {
         "bootstrapServers": "kafka-0.kafka:9092,kafka-1.kafka:9092",
         "stateTopic": "__keyshard_state_prod",
+        "statePartitions": 12,
+        "replicaTimeoutMs": 3_000,
         "assignor": "balanced",
         "groupAssignors": {"orders": "sticky", "audit": "consistent-hash"},
         "drainTimeoutMs": 12_345,
-        "startupGraceMs": 20_000,
         "lostMemberMarginMs": 750,
         "rebalanceThreshold": 1.5,
         "rebalanceHoldMs": 45_000,
@@ -76,7 +77,7 @@ FULL: dict[str, Any] = {
         "requests": {"cpu": "250m", "memory": "256Mi"},
         "limits": {"cpu": "1", "memory": "1Gi"},
     },
-    "podDisruptionBudget": {"enabled": True, "minAvailable": 1},
+    "podDisruptionBudget": {"enabled": True, "maxUnavailable": 2},
     "serviceMonitor": {
         "enabled": True,
         "labels": {"release": "kube-prometheus-stack"},
@@ -143,7 +144,7 @@ def settings_map(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def service(objects: list[dict[str, Any]], suffix: str) -> dict[str, Any]:
-    """The Service whose name ends in -consumer or -admin."""
+    """The Service whose name ends in -consumer, -replicas or -admin."""
     (found,) = [
         o
         for o in objects

@@ -71,7 +71,15 @@ def test_strict_validation_catches_an_unknown_field() -> None:
 
 def test_minimal_values_render_the_expected_objects() -> None:
     kinds = sorted(o["kind"] for o in manifests(MINIMAL))
-    assert kinds == ["ConfigMap", "Deployment", "Service", "Service", "ServiceAccount"]
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Service",
+        "Service",
+        "Service",
+        "ServiceAccount",
+    ]
 
 
 def test_full_values_render_the_optional_objects() -> None:
@@ -82,6 +90,7 @@ def test_full_values_render_the_optional_objects() -> None:
         "Deployment",
         "PodDisruptionBudget",
         "Secret",
+        "Service",
         "Service",
         "Service",
         "ServiceAccount",
@@ -105,16 +114,74 @@ def test_every_object_carries_the_standard_labels() -> None:
             assert obj["metadata"]["namespace"] == "streaming"
 
 
-def test_one_coordinator_never_two() -> None:
-    """No leader election: the Deployment must never run an old and a new coordinator at
-    once (Recreate), and more than one replica is refused."""
-    deployment = find(manifests(FULL), "Deployment")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+def pod_labels(objects: list[dict[str, Any]]) -> dict[str, str]:
+    labels = find(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    return dict(labels)
+
+
+def test_three_replicas_rolled_one_at_a_time() -> None:
+    """Replicas fence each other through coordinator epochs, so an old and a new one may
+    run side by side: one new pod at a time, and no old one goes before it is ready."""
+    deployment = find(manifests(MINIMAL), "Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert find(manifests(FULL), "Deployment")["spec"]["replicas"] == FULL["replicaCount"]
     assert find(manifests(PARKED), "Deployment")["spec"]["replicas"] == 0
     assert "PARKED" in notes(PARKED)
-    with pytest.raises(helm.HelmValuesError, match=r"/replicaCount': maximum: got 2, want 1"):
-        render(merged(MINIMAL, {"replicaCount": 2}))
+    assert "standbys only" not in notes(MINIMAL)
+    assert "standbys only" in notes(merged(MINIMAL, {"replicaCount": 7}))
+
+
+def test_disruption_budget_lets_one_replica_go_at_a_time() -> None:
+    objects = manifests(MINIMAL)
+    budget = find(objects, "PodDisruptionBudget")["spec"]
+    assert budget["maxUnavailable"] == 1
+    assert "minAvailable" not in budget
+    assert budget["selector"]["matchLabels"].items() <= pod_labels(objects).items()
+    full = find(manifests(FULL), "PodDisruptionBudget")["spec"]
+    assert full["maxUnavailable"] == FULL["podDisruptionBudget"]["maxUnavailable"]
+    # One replica (or none): a budget could only allow a drain or block it for good.
+    for values in (merged(MINIMAL, {"replicaCount": 1}), PARKED):
+        assert not [o for o in manifests(values) if o["kind"] == "PodDisruptionBudget"]
+    off = merged(MINIMAL, {"podDisruptionBudget": {"enabled": False}})
+    assert not [o for o in manifests(off) if o["kind"] == "PodDisruptionBudget"]
+
+
+def test_headless_service_lists_the_ready_replicas_for_consumers() -> None:
+    """Consumers are given the headless Service's name: it resolves to every ready pod,
+    which they reach directly, so its port is the container's consumer port."""
+    for values in (MINIMAL, FULL):
+        objects = manifests(values)
+        replicas = service(objects, "replicas")["spec"]
+        assert replicas["clusterIP"] == "None"
+        assert replicas["publishNotReadyAddresses"] is False
+        assert replicas["selector"].items() <= pod_labels(objects).items()
+        ports = {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
+        (port,) = replicas["ports"]
+        assert (port["name"], port["targetPort"]) == ("consumer", "consumer")
+        assert port["port"] == ports["consumer"]
+        name = service(objects, "replicas")["metadata"]["name"]
+        assert f'coordinator="{name}.streaming.svc:{ports["consumer"]}"' in notes(values)
+    # The consumer Service is still there, for first contact.
+    assert service(manifests(MINIMAL), "consumer")["spec"]["type"] == "ClusterIP"
+
+
+def test_each_replica_names_itself_and_its_address_from_the_downward_api() -> None:
+    for values in (MINIMAL, FULL, PARKED):
+        env = container(manifests(values))["env"]
+        names = [e["name"] for e in env]
+        by_name = {e["name"]: e for e in env}
+        assert by_name["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        assert by_name["KEYSHARD_REPLICA_ID"]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "metadata.name"}
+        }
+        port = merged({"ports": {"consumer": 7171}}, values)["ports"]["consumer"]
+        assert by_name["KEYSHARD_ADVERTISE"]["value"] == f"$(POD_IP):{port}"
+        # Kubernetes expands $(POD_IP) only from entries defined before it.
+        assert names.index("POD_IP") < names.index("KEYSHARD_ADVERTISE")
 
 
 def test_security_context_is_locked_down() -> None:
@@ -154,7 +221,8 @@ def test_existing_secret_is_referenced_not_created() -> None:
     objects = manifests(PARKED)
     assert not [o for o in objects if o["kind"] == "Secret"]
     env = {e["name"]: e for e in container(objects)["env"]}
-    assert set(env) == {"KEYSHARD_ADMIN_TOKEN"}  # consumerTokenKey "" = no consumer token
+    downward = {"POD_IP", "KEYSHARD_REPLICA_ID", "KEYSHARD_ADVERTISE"}
+    assert set(env) - downward == {"KEYSHARD_ADMIN_TOKEN"}  # consumerTokenKey "": none
     assert env["KEYSHARD_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {
         "name": "keyshard-tokens",
         "key": "admin-token",
@@ -256,9 +324,29 @@ BAD_VALUES = [
         id="unknown-group-assignor",
     ),
     pytest.param(
-        merged(MINIMAL, {"replicaCount": 3}),
-        r"/replicaCount': maximum: got 3, want 1",
-        id="replicas",
+        merged(MINIMAL, {"replicaCount": -1}),
+        r"/replicaCount': minimum: got -1, want 0",
+        id="negative-replicas",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"config": {"statePartitions": 0}}),
+        r"/config/statePartitions': minimum: got 0, want 1",
+        id="no-state-partitions",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"config": {"replicaTimeoutMs": 400}}),
+        r"/config/replicaTimeoutMs': minimum: got 400, want 1,000",
+        id="replica-timeout-below-two-beats",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"config": {"startupGraceMs": 10_500}}),
+        r"additional properties 'startupGraceMs' not allowed",
+        id="startup-grace-is-gone",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"podDisruptionBudget": {"minAvailable": 2}}),
+        r"additional properties 'minAvailable' not allowed",
+        id="pdb-min-available",
     ),
     pytest.param(
         merged(MINIMAL, {"ports": {"admin": 70000}}),
@@ -309,9 +397,9 @@ def test_schema_refuses_bad_values(values: dict[str, Any], message: str) -> None
 def test_a_bad_values_file_is_refused(tmp_path: Path) -> None:
     """The same through a YAML file, as `helm install -f bad.yaml` reads it."""
     bad = tmp_path / "bad.yaml"
-    bad.write_text("config:\n  bootstrapServers: kafka:9092\n  startupGraceMs: soon\n")
+    bad.write_text("config:\n  bootstrapServers: kafka:9092\n  replicaTimeoutMs: soon\n")
     values = helm.values_from_yaml(bad.read_text())
-    message = r"/config/startupGraceMs': got string, want integer"
+    message = r"/config/replicaTimeoutMs': got string, want integer"
     with pytest.raises(helm.HelmValuesError, match=message):
         render(values)
 
@@ -320,7 +408,6 @@ def test_a_bad_values_file_is_refused(tmp_path: Path) -> None:
     ("values", "message"),
     [
         ({}, "config.bootstrapServers is required"),
-        (merged(MINIMAL, {"replicaCount": 2}), "replicaCount must be 0 or 1"),
         (
             merged(MINIMAL, {"config": {"adminAuthReads": True}}),
             "config.adminAuthReads needs an admin token",

@@ -37,11 +37,12 @@ VALUE_FOR_DEST = {
     "listen": ("ports", "consumer"),
     "admin_listen": ("ports", "admin"),
     "state_topic": ("config", "stateTopic"),
+    "state_partitions": ("config", "statePartitions"),
+    "replica_timeout_ms": ("config", "replicaTimeoutMs"),
     "auth_token": ("auth", "consumerToken"),
     "admin_token": ("auth", "adminToken"),
     "admin_auth_reads": ("config", "adminAuthReads"),
     "drain_timeout_ms": ("config", "drainTimeoutMs"),
-    "startup_grace_ms": ("config", "startupGraceMs"),
     "lost_member_margin_ms": ("config", "lostMemberMarginMs"),
     "assignor": ("config", "assignor"),
     "group_assignor": ("config", "groupAssignors"),
@@ -60,6 +61,12 @@ VALUE_FOR_DEST = {
     "tls_client_ca_file": ("tls", "requireClientCert"),
     "admin_tls_cert_file": ("adminTls", "existingSecret"),
     "admin_tls_key_file": ("adminTls", "existingSecret"),
+}
+# argparse dest -> the pod field it comes from (the downward API): what differs per pod
+# has no value. The daemon sees a stand-in, "<field>" (see pod_environment).
+FROM_THE_POD = {
+    "replica_id": "metadata.name",
+    "advertise": "status.podIP",
 }
 KAFKA_CONFIG_PATH = "/etc/keyshard/kafka/kafka.properties"
 
@@ -100,9 +107,27 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' expansion of an env value: $(VAR) is the value of a variable defined
+    before it (envFrom, then the earlier env entries), $$ is a literal $, and a reference
+    to an undefined variable stays as written."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match[0] == "$$":
+            return "$"
+        return env.get(match[1], match[0])
+
+    return _REFERENCE.sub(replace, text)
+
+
 def pod_environment(values: dict[str, Any]) -> dict[str, str]:
     """The environment the coordinator container gets: the ConfigMap (envFrom) plus the
-    env entries, with secretKeyRefs resolved through the rendered Secret."""
+    env entries in order, with $(VAR) references expanded, secretKeyRefs resolved through
+    the rendered Secret, and fieldRefs (the downward API) as marked stand-ins such as
+    "<metadata.name>"."""
     objects = manifests(values)
     env = dict(settings_map(objects)["data"])
     secrets = {
@@ -112,7 +137,9 @@ def pod_environment(values: dict[str, Any]) -> dict[str, str]:
     }
     for entry in container(objects).get("env", []):
         if "value" in entry:
-            env[entry["name"]] = entry["value"]
+            env[entry["name"]] = expand(entry["value"], env)
+        elif "fieldRef" in entry["valueFrom"]:
+            env[entry["name"]] = f"<{entry['valueFrom']['fieldRef']['fieldPath']}>"
         else:
             ref = entry["valueFrom"]["secretKeyRef"]
             # A Secret the user manages is not rendered: stand in a marked value.
@@ -145,7 +172,14 @@ def test_every_flag_has_its_env_variable_in_the_help() -> None:
 
 
 def test_every_flag_is_reachable_from_values() -> None:
-    assert set(daemon_flags().values()) == set(VALUE_FOR_DEST)
+    assert set(daemon_flags().values()) == set(VALUE_FOR_DEST) | set(FROM_THE_POD)
+    assert not set(VALUE_FOR_DEST) & set(FROM_THE_POD)
+
+
+def test_env_expansion_is_kubernetes_own() -> None:
+    env = {"POD_IP": "10.0.0.7"}
+    assert expand("$(POD_IP):7171", env) == "10.0.0.7:7171"
+    assert expand("$$(POD_IP) $(NOPE) $$$(POD_IP)", env) == "$(POD_IP) $(NOPE) $10.0.0.7"
 
 
 def test_full_values_set_every_variable_and_the_daemon_reads_them(
@@ -163,11 +197,14 @@ def test_full_values_set_every_variable_and_the_daemon_reads_them(
         "listen": (config["listenHost"], FULL["ports"]["consumer"]),
         "admin_listen": (config["listenHost"], FULL["ports"]["admin"]),
         "state_topic": config["stateTopic"],
+        "state_partitions": config["statePartitions"],
+        "replica_timeout_ms": config["replicaTimeoutMs"],
+        "replica_id": "<metadata.name>",
+        "advertise": ("<status.podIP>", FULL["ports"]["consumer"]),
         "auth_token": auth["consumerToken"],
         "admin_token": auth["adminToken"],
         "admin_auth_reads": config["adminAuthReads"],
         "drain_timeout_ms": config["drainTimeoutMs"],
-        "startup_grace_ms": config["startupGraceMs"],
         "lost_member_margin_ms": config["lostMemberMarginMs"],
         "assignor": config["assignor"],
         "group_assignor": sorted(config["groupAssignors"].items()),
@@ -213,12 +250,13 @@ def test_the_pods_kafka_settings_are_the_values_with_secrets_from_their_secret(
 
 
 def test_chart_defaults_are_the_daemons_defaults(clean_env: pytest.MonkeyPatch) -> None:
-    """Only where the chart must differ: Kafka is required, and in a pod the listeners
-    bind every interface instead of loopback."""
+    """Only where the chart must differ: Kafka is required, in a pod the listeners bind
+    every interface instead of loopback, and each pod names itself and its address."""
     daemon = build_parser().parse_args(["coordinator"])
     chart = parse_with_env(clean_env, pod_environment(MINIMAL))
-    differ = {d for d in VALUE_FOR_DEST if getattr(daemon, d) != getattr(chart, d)}
-    assert differ == {"bootstrap_servers", "listen", "admin_listen"}
+    dests = set(VALUE_FOR_DEST) | set(FROM_THE_POD)
+    differ = {d for d in dests if getattr(daemon, d) != getattr(chart, d)}
+    assert differ == {"bootstrap_servers", "listen", "admin_listen", *FROM_THE_POD}
     assert chart.listen == ("0.0.0.0", daemon.listen[1])
     assert chart.admin_listen == ("0.0.0.0", daemon.admin_listen[1])
 
@@ -231,6 +269,9 @@ def test_container_ports_are_the_ports_the_daemon_listens_on(
         args = parse_with_env(clean_env, pod_environment(values))
         ports = {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
         assert ports == {"consumer": args.listen[1], "admin": args.admin_listen[1]}
+        # Each replica is its pod, reached at the pod's IP on the port it listens on.
+        assert args.replica_id == f"<{FROM_THE_POD['replica_id']}>"
+        assert args.advertise == (f"<{FROM_THE_POD['advertise']}>", args.listen[1])
         for name in ("consumer", "admin"):
             (svc_port,) = service(objects, name)["spec"]["ports"]
             assert svc_port["targetPort"] == name  # resolves to the container port above

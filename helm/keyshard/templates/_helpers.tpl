@@ -30,6 +30,11 @@ unless the release name already contains it. Truncated to 63 characters (DNS lab
 {{- printf "%s-consumer" (include "keyshard.fullname" . | trunc 54 | trimSuffix "-") }}
 {{- end }}
 
+{{/* Name of the headless Service listing every ready replica (pod IPs, for consumers). */}}
+{{- define "keyshard.replicasServiceName" -}}
+{{- printf "%s-replicas" (include "keyshard.fullname" . | trunc 54 | trimSuffix "-") }}
+{{- end }}
+
 {{/* Name of the admin API Service. */}}
 {{- define "keyshard.adminServiceName" -}}
 {{- printf "%s-admin" (include "keyshard.fullname" . | trunc 57 | trimSuffix "-") }}
@@ -101,9 +106,6 @@ the same rules as values.schema.json, with the reason.
 {{- define "keyshard.validate" -}}
 {{- if not .Values.config.bootstrapServers }}
 {{- fail "config.bootstrapServers is required: the Kafka cluster as HOST:PORT[,HOST:PORT...] (in a cluster the coordinator never starts its embedded test broker)" }}
-{{- end }}
-{{- if gt (int .Values.replicaCount) 1 }}
-{{- fail "replicaCount must be 0 or 1: keyshard has no leader election and the coordinator must be the only writer of its state topic" }}
 {{- end }}
 {{- if and .Values.config.adminAuthReads (ne (include "keyshard.hasAdminToken" .) "true") }}
 {{- fail "config.adminAuthReads needs an admin token: set auth.adminToken, or auth.existingSecret with auth.adminTokenKey" }}
