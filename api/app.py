@@ -13,7 +13,7 @@ import ssl
 from importlib import resources
 from typing import Any, Literal
 
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -60,6 +60,24 @@ GROUP_ERRORS: dict[int | str, dict[str, Any]] = {
     **AUTH_ERRORS,
     404: {"model": ErrorView, "description": "unknown group (or member)"},
 }
+
+
+QUERY_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorView, "description": "a query parameter the operation does not take"},
+}
+
+
+def only_query(*names: str) -> Any:
+    """Refuses a query parameter the operation does not take: `?scop=local` is a typo to
+    name, not a request to answer as if it had not been given."""
+    allowed = frozenset(names)
+
+    def check(request: Request) -> None:
+        unknown = sorted(set(request.query_params) - allowed)
+        if unknown:
+            raise StarletteHTTPException(400, f"unknown query parameter: {', '.join(unknown)}")
+
+    return Depends(check)
 
 
 def _error(status_code: int, error: str, detail: str, **headers: str) -> JSONResponse:
@@ -158,8 +176,8 @@ def create_app(
     @app.get(
         "/v1/groups",
         response_model=GroupsView,
-        dependencies=[read],
-        responses=AUTH_ERRORS,
+        dependencies=[read, only_query("scope")],
+        responses={**AUTH_ERRORS, **QUERY_ERRORS},
     )
     async def list_groups(
         request: Request,
@@ -244,8 +262,8 @@ def create_app(
     @app.get(
         "/v1/groups/{group}/keys/{key:path}",
         response_model=KeyView,
-        dependencies=[read],
-        responses=GROUP_ERRORS,
+        dependencies=[read, only_query("topic")],
+        responses={**GROUP_ERRORS, **QUERY_ERRORS},
     )
     async def get_key(
         group: str,

@@ -160,6 +160,9 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         advertised = config.advertised(config.listen_port)
         admin_host = config.advertised(admin_socket.getsockname()[1]).rpartition(":")[0]
         scheme = "https" if admin_tls is not None else "http"
+        # An IPv6 literal needs brackets in a URL; the advertised host:port has none.
+        if ":" in admin_host and not admin_host.startswith("["):
+            admin_host = f"[{admin_host}]"
         identity = ReplicaIdentity(
             config.replica_id,
             advertised,
@@ -198,6 +201,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         )  # fmt: skip
         await server.start()
         await replicas.start()
+        log.info("%s", limits.describe())
     except BaseException:
         admin_socket.close()
         if server is not None:

@@ -139,6 +139,10 @@ _COORDINATOR_ACLS = [
     # gives partition counts, not offset commits).
     ("topic", SECURED_PREFIX, ("Describe", "Read")),
     ("group", SECURED_PREFIX, ("Read", "Describe")),
+    # HA: the replicas place state partitions as a Kafka group, and each partition's
+    # writer is a transactional producer, so the broker fences a replaced replica.
+    ("group", "keyshard-coordinators.__keyshard", ("Read", "Describe")),
+    ("transactional-id", "keyshard.__keyshard", ("Write", "Describe")),
 ]
 ACLS = {
     "keyshard": _COORDINATOR_ACLS,

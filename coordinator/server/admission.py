@@ -44,6 +44,17 @@ class ConnectionLimits:
     register_timeout_ms: int = DEFAULT_REGISTER_TIMEOUT_MS
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
+    # The open-file limit they were derived from, for the start-up log line.
+    open_files: str = ""
+
+    def describe(self) -> str:
+        """The line the daemon logs once it serves: logged earlier, it would stand above
+        the one line of a refusal to start (a wrong password, say) and blur it."""
+        return (
+            f"open-file limit: {self.open_files}; consumer connections: at most "
+            f"{self.max_connections}, {self.max_connections_per_peer} per address, "
+            f"{self.register_timeout_ms} ms to register"
+        )
 
     def __post_init__(self) -> None:
         for name in ("register_timeout_ms", "max_connections", "max_connections_per_peer"):
@@ -209,7 +220,7 @@ def connection_limits(
     max_connections_per_peer: int | None = None,
 ) -> ConnectionLimits:
     """The limits in force, each None taking its default. Raises the open-file limit
-    first (the default cap is derived from it) and logs both limits."""
+    first (the default cap is derived from it); warns at once of a cap it cannot hold."""
     nofile = raise_open_file_limit()
     fitting = fitting_max_connections(nofile.soft)
     defaults = ConnectionLimits()
@@ -217,13 +228,10 @@ def connection_limits(
         register_timeout_ms=register_timeout_ms or defaults.register_timeout_ms,
         max_connections=max_connections or default_max_connections(nofile.soft),
         max_connections_per_peer=max_connections_per_peer or defaults.max_connections_per_peer,
+        open_files=(
+            f"soft {_limit(nofile.soft)} (was {_limit(nofile.before)}), hard {_limit(nofile.hard)}"
+        ),
     )
-    log.info(
-        "open-file limit: soft %s (was %s), hard %s; consumer connections: at most %d, "
-        "%d per address, %d ms to register",
-        _limit(nofile.soft), _limit(nofile.before), _limit(nofile.hard),
-        limits.max_connections, limits.max_connections_per_peer, limits.register_timeout_ms,
-    )  # fmt: skip
     if limits.max_connections > fitting:
         log.warning(
             "--max-connections %d is more than the open-file limit %s leaves room for "

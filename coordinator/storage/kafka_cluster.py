@@ -28,7 +28,7 @@ from aiokafka.errors import (
     for_code,
 )
 
-from coordinator.kafka.connect import start_client
+from coordinator.kafka.connect import quiet_bootstrap, start_client, unreachable
 from coordinator.kafka.metadata import fetch_partitions
 from coordinator.kafka.settings import KafkaSettings
 from coordinator.storage.base import Positions, StoreError
@@ -139,7 +139,16 @@ class KafkaCluster:
         self._metadata = AIOKafkaClient(
             bootstrap_servers=self.bootstrap, **self.settings.client_options()
         )
-        await asyncio.wait_for(self._metadata.bootstrap(), self.timeout)
+        try:
+            with quiet_bootstrap():
+                await asyncio.wait_for(self._metadata.bootstrap(), self.timeout)
+        except (KafkaError, OSError, TimeoutError) as err:
+            # The first client of the daemon: its failure is the one line a wrong password,
+            # an untrusted certificate or a wrong address gets, naming what to check.
+            await self.stop()
+            raise await unreachable(
+                err, self.bootstrap, self.settings, "cluster metadata", self.timeout
+            ) from err
 
     async def stop(self) -> None:
         for committer in self._committers.values():

@@ -52,6 +52,16 @@ def test_reads_are_open_unless_protected() -> None:
     assert closed.get("/healthz").status_code == 200  # liveness never needs a token
 
 
+def test_an_unknown_query_parameter_is_named_not_ignored() -> None:
+    http, _ = client()
+    typo = http.get("/v1/groups?scop=local")
+    assert typo.status_code == 400
+    assert typo.json() == {"error": "bad_request", "detail": "unknown query parameter: scop"}
+    assert http.get("/v1/groups?scope=local").status_code == 200
+    assert http.get(f"/v1/groups/{GROUP}/keys/k?topc={TOPIC}").status_code == 400
+    assert http.get(f"/v1/groups/{GROUP}/keys/k?topic={TOPIC}").status_code == 200
+
+
 def test_readyz_names_the_reason() -> None:
     http, runtime = client()
     assert http.get("/readyz").json() == {"ready": True, "reason": None}
