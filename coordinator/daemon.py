@@ -82,6 +82,15 @@ class DaemonConfig:
         return f"{host}:{port}"
 
 
+def admin_url(advertised: str, admin_port: int, *, https: bool) -> str:
+    """Where the other replicas forward admin requests: the advertised host on the admin
+    port. An IPv6 host needs brackets in a URL, which `host:port` may lack."""
+    host = advertised.rpartition(":")[0]
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{'https' if https else 'http'}://{host}:{admin_port}"
+
+
 def default_replica_id() -> str:
     """Unique per process: a restarted pod is a new replica (its name with a suffix)."""
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
@@ -158,15 +167,10 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     state_log: KafkaStateLog | None = None
     try:
         advertised = config.advertised(config.listen_port)
-        admin_host = config.advertised(admin_socket.getsockname()[1]).rpartition(":")[0]
-        scheme = "https" if admin_tls is not None else "http"
-        # An IPv6 literal needs brackets in a URL; the advertised host:port has none.
-        if ":" in admin_host and not admin_host.startswith("["):
-            admin_host = f"[{admin_host}]"
         identity = ReplicaIdentity(
             config.replica_id,
             advertised,
-            f"{scheme}://{admin_host}:{admin_socket.getsockname()[1]}",
+            admin_url(advertised, admin_socket.getsockname()[1], https=admin_tls is not None),
         )
         state_log = KafkaStateLog(
             bootstrap, config.state_topic, settings=config.kafka, identity=identity,
