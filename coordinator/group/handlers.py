@@ -62,6 +62,20 @@ from coordinator.strategies.base import (
 GRANT_HOLD_S = 4.0
 
 
+def _inconsistent_topics(state: GroupState, topics: tuple[str, ...]) -> Result | None:
+    """Every member of a group reads the same topics: the slot space is shared by all of
+    them (one key, one owner, in every topic)."""
+    if state.members and set(topics) != set(state.topics):
+        return Result(
+            error=(
+                ErrorCode.INCONSISTENT_TOPICS,
+                f"group {state.group!r} reads topics {sorted(state.topics)}; "
+                f"this consumer asked for {sorted(topics)}",
+            )
+        )
+    return None
+
+
 def register(
     state: GroupState,
     *,
@@ -83,14 +97,8 @@ def register(
     3. Record the member and arm its session timer.
     The next `reconcile` computes the new target and starts the handoff.
     """
-    if state.members and set(topics) != set(state.topics):
-        return Result(
-            error=(
-                ErrorCode.INCONSISTENT_TOPICS,
-                f"group {state.group!r} reads topics {sorted(state.topics)}; "
-                f"this consumer asked for {sorted(topics)}",
-            )
-        )
+    if (refused := _inconsistent_topics(state, topics)) is not None:
+        return refused
     if validate_ranges is not None:
         declared = {
             mid: m.fixed_ranges for mid, m in state.members.items() if m.fixed_ranges is not None
@@ -271,14 +279,8 @@ def reclaim(
     The caller checks that a pending claim exists (else this is a fresh Register).
     """
     pending = state.claims[member_id]
-    if state.members and set(topics) != set(state.topics):
-        return Result(
-            error=(
-                ErrorCode.INCONSISTENT_TOPICS,
-                f"group {state.group!r} reads topics {sorted(state.topics)}; "
-                f"this consumer asked for {sorted(topics)}",
-            )
-        )
+    if (refused := _inconsistent_topics(state, topics)) is not None:
+        return refused
     owned = claimed & pending.owned
     records: list[Record] = []
     advanced = _clip_positions(positions, pending.owned)

@@ -134,24 +134,33 @@ async def diagnose(
     return problems
 
 
-class _QuietBootstrap(logging.Filter):
-    """Drops aiokafka's per-address 'Unable connect to ...' while a client starts: a
-    failure is explained by `start_client` in one line of its own, and the same cause
-    logged first as a bare ERROR (with the password's setting unnamed) only confuses."""
+class _Dropping(logging.Filter):
+    def __init__(self, containing: str) -> None:
+        super().__init__()
+        self.containing = containing
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Unable connect to")
+        return self.containing not in str(record.msg)
 
 
 @contextlib.contextmanager
-def quiet_bootstrap() -> Iterator[None]:
-    quiet = _QuietBootstrap()
-    logger = logging.getLogger("aiokafka")
+def quiet_aiokafka(logger_name: str, containing: str) -> Iterator[None]:
+    """Drops an aiokafka log message while we explain the same failure in one line of our
+    own: the cause logged first as a bare ERROR (with the setting to fix unnamed) only
+    confuses."""
+    quiet = _Dropping(containing)
+    logger = logging.getLogger(logger_name)
     logger.addFilter(quiet)
     try:
         yield
     finally:
         logger.removeFilter(quiet)
+
+
+def quiet_bootstrap() -> contextlib.AbstractContextManager[None]:
+    """Without aiokafka's per-address 'Unable connect to ...' while a client starts: a
+    failure is explained by `start_client`."""
+    return quiet_aiokafka("aiokafka", "Unable connect to")
 
 
 async def start_client(

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from aiokafka.errors import (
     TransactionalIdAuthorizationFailed,
 )
 
-from coordinator.kafka.connect import KafkaUnreachable, start_client
+from coordinator.kafka.connect import KafkaUnreachable, quiet_aiokafka, start_client
 from coordinator.kafka.metadata import partitions_of
 from coordinator.kafka.settings import KafkaSettings
 from coordinator.storage.base import DEFAULT_STATE_PARTITIONS, Fenced, StoreError
@@ -54,23 +54,10 @@ FETCH_WAIT_MS = 20
 HISTORY = -(10**9)  # what a beat from before we started counts as: long gone
 
 
-class _QuietProbe(logging.Filter):
+def quiet_transactions_probe() -> contextlib.AbstractContextManager[None]:
     """aiokafka logs a broker's refusal of InitProducerId as an ERROR; here it only means
     the broker has no transactions, which `_broker_has_transactions` says in one line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "InitProducerId" not in str(record.msg)
-
-
-@contextlib.contextmanager
-def quiet_transactions_probe() -> Iterator[None]:
-    quiet = _QuietProbe()
-    logger = logging.getLogger("aiokafka.producer.sender")
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
+    return quiet_aiokafka("aiokafka.producer.sender", "InitProducerId")
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,32 +313,32 @@ class KafkaStateLog:
             await self.wait_tailed(partition, await self.end_of(partition), self.timeout * 3)
             image = self.images[partition]
             epoch = image.epoch + 1
-            marker = EpochMarker(
-                partition, epoch, self.identity.replica_id, self.identity.address,
-                self.identity.admin_url, placement_version=placement_version,
-            )  # fmt: skip
-            value = encode(marker)
-            assert value is not None
-            offset = await self._write_locked(partition, epoch, [(marker.key, value)])
+            marker = self._marker(partition, epoch, placement_version=placement_version)
+            offset = await self._write_locked(partition, epoch, [marker])
         await self.wait_tailed(partition, offset + 1, self.timeout * 3)
         if image.epoch != epoch:
             raise Fenced(f"state partition {partition} was taken over again while claiming")
         return epoch, image
+
+    def _marker(self, partition: int, epoch: int, **fields: Any) -> tuple[bytes, bytes]:
+        """This replica's epoch marker for `partition`, as the (key, value) to write."""
+        marker = EpochMarker(
+            partition, epoch, self.identity.replica_id, self.identity.address,
+            self.identity.admin_url, **fields,
+        )  # fmt: skip
+        value = encode(marker)
+        assert value is not None
+        return marker.key, value
 
     async def release(self, partition: int, handed_over_at: int | None = None) -> None:
         """Stop writing `partition`: handed over (as its owner at epoch `handed_over_at`:
         say so in the log, so the next owner claims it at once), or fenced (nothing to
         say). Its producer goes."""
         if handed_over_at is not None:
-            marker = EpochMarker(
-                partition, handed_over_at, self.identity.replica_id, self.identity.address,
-                self.identity.admin_url, released=True,
-            )  # fmt: skip
-            value = encode(marker)
-            assert value is not None
+            marker = self._marker(partition, handed_over_at, released=True)
             async with self._locks.setdefault(partition, asyncio.Lock()):
                 with contextlib.suppress(StoreError):  # fenced meanwhile: nothing to hand
-                    await self._write_locked(partition, handed_over_at, [(marker.key, value)])
+                    await self._write_locked(partition, handed_over_at, [marker])
         producer = self._txn.pop(partition, None)
         if producer is not None:
             with contextlib.suppress(Exception):
