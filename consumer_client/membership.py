@@ -162,7 +162,10 @@ class Membership:
             if self.member_id is not None and self._lease_left() <= 0:
                 await self._lose("the lease ran out before a coordinator took the claim")
             try:
-                channel = await self._register()
+                if self.member_id is None:
+                    channel = await self._register()
+                else:  # with a claim: not past the lease, whatever the addresses make us wait
+                    channel = await asyncio.wait_for(self._register(), self._lease_left())
             except ConsumerError:
                 raise
             except (OSError, ChannelClosed, RemoteError, TimeoutError) as err:
@@ -221,7 +224,7 @@ class Membership:
         re-registering cannot fix raises `ConsumerError`, anything else is retried by
         `run`."""
         last_error: Exception | None = None
-        for host, port in self.coordinators:
+        for host, port in self._silent_last():
             try:
                 probe = await self._connect(host, port, f"{self.name}-probe")
                 probe.start()
@@ -242,36 +245,14 @@ class Membership:
                 if target_host in ("0.0.0.0", "::"):
                     target_host, target_port = host, port
                 channel = await self._connect(target_host, target_port, f"{self.name}-connector")
-                self._held_requests = []  # until the registration is settled
-                channel.set_request_handler(self._on_request)
-                channel.start()
-                claim = self._claim()
-                request = RegisterRequest(
-                    correlation_id=0,
-                    group=self.group,
-                    topics=self.topics,
-                    consumer_name=self.name,
-                    session_timeout_ms=self.session_timeout_ms,
-                    capacity=self.capacity,
-                    auth_token=self.auth_token,
-                    claim=claim,
-                )
-                if claim is None:
-                    self._last_heard = time.monotonic()
                 try:
-                    response = await channel.request(request, timeout=10.0)
-                except RemoteError as err:
+                    await self._register_on(channel, target_host, target_port)
+                except BaseException:
+                    # Timed out, refused or cancelled (the lease ran out): a channel left
+                    # open would answer the coordinator's pings for a member that is gone.
+                    self._held_requests = None
                     await channel.aclose()
-                    if err.code in FATAL_CODES:
-                        raise ConsumerError(f"coordinator refused registration: {err}") from err
                     raise
-                except ChannelClosed:
-                    self._check_refusal(channel, target_host, target_port)
-                    raise
-                if not isinstance(response, RegisterResponse):
-                    await channel.aclose()
-                    raise ChannelClosed(f"unexpected reply to register: {response.type}")
-                await self._settle(channel, response, claim)
                 self._served_by = meta.coordinator
                 return channel
             except ConsumerError:
@@ -279,6 +260,41 @@ class Membership:
             except (OSError, ChannelClosed, RemoteError, TimeoutError) as err:
                 last_error = err
         raise ChannelClosed(f"no coordinator reachable: {last_error}")
+
+    async def _register_on(self, channel: Channel, host: str, port: int) -> None:
+        """Register (with a claim, after a loss) on a connected channel and settle."""
+        self._held_requests = []  # until the registration is settled
+        channel.set_request_handler(self._on_request)
+        channel.start()
+        if self.member_id is not None and self.tasks:
+            # A range still draining is in no claim, so the new owner frees it at once:
+            # let its records finish first (the caller bounds this by the lease).
+            await asyncio.wait(list(self.tasks))
+        claim = self._claim()
+        request = RegisterRequest(
+            correlation_id=0,
+            group=self.group,
+            topics=self.topics,
+            consumer_name=self.name,
+            session_timeout_ms=self.session_timeout_ms,
+            capacity=self.capacity,
+            auth_token=self.auth_token,
+            claim=claim,
+        )
+        if claim is None:
+            self._last_heard = time.monotonic()
+        try:
+            response = await channel.request(request, timeout=10.0)
+        except RemoteError as err:
+            if err.code in FATAL_CODES:
+                raise ConsumerError(f"coordinator refused registration: {err}") from err
+            raise
+        except ChannelClosed:
+            self._check_refusal(channel, host, port)
+            raise
+        if not isinstance(response, RegisterResponse):
+            raise ChannelClosed(f"unexpected reply to register: {response.type}")
+        await self._settle(channel, response, claim)
 
     def _claim(self) -> MemberClaim | None:
         """What to register with after losing the coordinator: what we still run."""
@@ -365,7 +381,11 @@ class Membership:
             if silent >= SUSPECT_SHARE * timeout:
                 # The replicas notice a dead one within their timeout: asked too early, the
                 # others still name it; so ask until they do not.
-                if await self._served_elsewhere():
+                try:  # not past the lease, however many addresses keep us waiting
+                    moved = await asyncio.wait_for(self._served_elsewhere(), timeout - silent)
+                except TimeoutError:
+                    continue
+                if moved:
                     channel.close("the group is served by another coordinator now")
                     return "the group moved to another coordinator", False
                 wait = min(PROBE_INTERVAL_S, timeout - silent)
@@ -378,12 +398,18 @@ class Membership:
             error = channel.peer_error
             return reason, error is not None and error.code in FENCED_CODES
 
+    def _silent_last(self) -> list[tuple[str, int]]:
+        """The known addresses, the coordinator we last registered with at the end: when
+        it went silent (frozen, cut off) it may still accept a connection and then answer
+        nothing until a timeout, which a claim has no time for."""
+        return sorted(self.coordinators, key=lambda a: f"{a[0]}:{a[1]}" == self._served_by)
+
     async def _served_elsewhere(self) -> bool:
         """Ask the known addresses who serves the group: True when it is not the silent
         coordinator, or it is at a newer coordinator epoch. The silent one is asked last
         (its answer would only come after the probe's timeout)."""
         silent = self._served_by
-        for host, port in sorted(self.coordinators, key=lambda a: f"{a[0]}:{a[1]}" == silent):
+        for host, port in self._silent_last():
             try:
                 probe = await self._connect(host, port, f"{self.name}-probe")
                 probe.start()
@@ -404,6 +430,8 @@ class Membership:
         if self._held_requests is not None:
             self._held_requests.append((channel, message))
             return
+        if channel is not self.channel:
+            return  # a channel given up on: answering would speak for a member that is gone
         epoch = getattr(message, "coordinator_epoch", None)
         if epoch is not None and epoch < self.coordinator_epoch:
             # A replica that lost the group (fenced) still talking: refuse, do nothing.

@@ -163,6 +163,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     # whole loop down.
     admin_socket = _bind(config.admin_host, config.admin_port)
     server: CoordinatorServer | None = None
+    runtime: CoordinatorRuntime | None = None
     cluster = KafkaCluster(bootstrap, config.kafka)
     state_log: KafkaStateLog | None = None
     try:
@@ -210,6 +211,8 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         admin_socket.close()
         if server is not None:
             await server.stop()
+        if runtime is not None:
+            await runtime.stop()
         if state_log is not None:
             await state_log.stop()
         await cluster.stop()

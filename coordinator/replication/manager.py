@@ -42,7 +42,7 @@ from coordinator.replication.placement import (
 )
 from coordinator.runtime.location import Location
 from coordinator.runtime.runtime import CoordinatorRuntime
-from coordinator.storage.base import StoreError, partition_of
+from coordinator.storage.base import partition_of
 from coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
 from coordinator.storage.records import ReplicaBeat
 
@@ -59,6 +59,14 @@ class ReplicationSettings:
     # Kafka's own failure detection for the group (brokers refuse less than 6 s).
     session_timeout_ms: int = 6_000
     heartbeat_interval_ms: int = 1_000
+
+
+def cut_off(silent_s: float, replica_timeout_s: float) -> bool:
+    """Whether a replica that has read none of its own beats back for `silent_s` must
+    stop serving: at half the replica timeout, so that it has let go well before the
+    others count it gone (they count in their own beats, so a slow reader on their side
+    only delays them)."""
+    return silent_s >= replica_timeout_s / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +192,14 @@ class ReplicaManager:
         # When we first saw a partition we should own held by a live replica acting on an
         # older placement: it gets that long to hand over before we take it.
         self._behind_since: dict[int, float] = {}
-        runtime.on_fenced = lambda _: self._changed.set()
+        self._fenced_producers: set[int] = set()
+        # Handed over, at this epoch, but the released marker is not written yet.
+        self._unreleased: dict[int, int | None] = {}
+        runtime.on_fenced = self._on_fenced
+
+    def _on_fenced(self, partition: int) -> None:
+        self._fenced_producers.add(partition)
+        self._changed.set()
 
     @property
     def partitions(self) -> int:
@@ -258,6 +273,7 @@ class ReplicaManager:
             asyncio.create_task(self._poll_group(), name="replica-group"),
             asyncio.create_task(self._beat(), name="replica-beat"),
             asyncio.create_task(self._place(), name="replica-placement"),
+            asyncio.create_task(self._watch_own_beats(), name="replica-cut-off-watch"),
         ]
 
     async def stop(self) -> None:
@@ -269,7 +285,10 @@ class ReplicaManager:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for partition in list(self.runtime.owned_partitions()):
-            await self._hand_over(partition, "the coordinator replica is shutting down")
+            try:
+                await self._hand_over(partition, "the coordinator replica is shutting down")
+            except Exception as err:  # the others take it after the replica timeout
+                log.warning("handing over state partition %d failed: %s", partition, err)
         with contextlib.suppress(Exception):
             await self.log.beat(leaving=True, placement_version=self.placement_version)
         if self._group is not None:
@@ -280,16 +299,41 @@ class ReplicaManager:
         """Keep the group membership alive (its partitions are paused: nothing is read)."""
         assert self._group is not None
         while True:
-            await self._group.getmany(timeout_ms=1000)
+            try:
+                await self._group.getmany(timeout_ms=1000)
+            except Exception as err:  # the beats still place partitions meanwhile
+                log.warning("the replicas' Kafka group failed (retrying): %s", err)
+                await asyncio.sleep(self.settings.beat_interval_s)
 
     async def _beat(self) -> None:
         while True:
             try:
                 await self.log.beat(placement_version=self.placement_version)
-            except StoreError as err:
+            except Exception as err:  # a dead beat task would get us taken for dead
                 log.warning("replica beat failed: %s", err)
             self._changed.set()
             await asyncio.sleep(self.settings.beat_interval_s)
+
+    async def _watch_own_beats(self) -> None:
+        """Apart from `_beat`: a beat to a cut-off Kafka blocks for the write timeout."""
+        while True:
+            await asyncio.sleep(self.settings.beat_interval_s / 4)
+            self._stop_serving_if_cut_off()
+
+    def _stop_serving_if_cut_off(self) -> None:
+        """A replica whose own beats stop coming back from the log may be cut off from
+        Kafka while its consumers still reach it: the others take its partitions over
+        after the replica timeout, so it must stop commanding (and pinging, which renews
+        their leases) well before that. It lets go of every partition at half the
+        timeout; consumers ride through to the new owner, or back to it."""
+        owned = self.runtime.owned_partitions()
+        silent = self._unheard_s()
+        if owned and cut_off(silent, self.settings.replica_timeout_s):
+            for partition in list(owned):
+                self.runtime.release_partition(
+                    partition, f"cut off: no beat of ours read back from Kafka for {silent:.1f} s"
+                )
+                self._fenced_producers.add(partition)
 
     # ---- placement ----------------------------------------------------------------------
 
@@ -323,6 +367,11 @@ class ReplicaManager:
                 owners[partition] = claim.replica_id
         return owners
 
+    def _unheard_s(self) -> float:
+        """How long none of our own beats has been read back from the log."""
+        last = max(self.log.own_beat_seen_at, self.started_at)
+        return asyncio.get_running_loop().time() - last
+
     def _listened(self) -> float:
         return asyncio.get_running_loop().time() - self.started_at
 
@@ -336,7 +385,7 @@ class ReplicaManager:
                 continue
             try:
                 await self.reconcile_ownership()
-            except (StoreError, OSError, TimeoutError) as err:
+            except Exception as err:  # a dead placement task never takes over again
                 log.warning("taking over or handing over a state partition failed: %s", err)
                 await asyncio.sleep(self.settings.beat_interval_s)
                 self._changed.set()
@@ -345,6 +394,12 @@ class ReplicaManager:
         me = self.identity.replica_id
         self.desired = desired = self.desired_owners()
         owned = self.runtime.owned_partitions()
+        for partition in sorted(set(self._unreleased) - set(owned)):
+            await self._say_released(partition)
+        # Partitions let go of without a hand-over (fenced, cut off): their producer goes.
+        for partition in sorted(self._fenced_producers - set(owned)):
+            await self.log.release(partition)
+            self._fenced_producers.discard(partition)
         for partition, epoch in owned.items():
             newer = self.log.images[partition].epoch > epoch
             if newer:
@@ -352,6 +407,8 @@ class ReplicaManager:
                 await self.log.release(partition)
             elif desired.get(partition, me) != me:
                 await self._hand_over(partition, f"the group moved to {desired[partition]}")
+        if cut_off(self._unheard_s(), self.settings.replica_timeout_s):
+            return  # no claim while our own beats do not come back (`_watch_own_beats`)
         wanted = [
             p for p, r in sorted(desired.items())
             if r == me and p not in self.runtime.owned_partitions() and self._may_claim(p)
@@ -395,7 +452,15 @@ class ReplicaManager:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.runtime.writer.flush(group), 5)
         self.runtime.release_partition(partition, reason)
-        await self.log.release(partition, handed_over_at=epoch)
+        self._unreleased[partition] = epoch
+        await self._say_released(partition)
+
+    async def _say_released(self, partition: int) -> None:
+        """Write the released marker of a partition we stopped serving. Until it is in the
+        log the others see us holding the partition and wait; a failed write is tried
+        again at every reconcile."""
+        await self.log.release(partition, handed_over_at=self._unreleased[partition])
+        del self._unreleased[partition]
 
     # ---- where groups are ---------------------------------------------------------------
 

@@ -59,6 +59,7 @@ class StateWriter:
         spawn: Spawn,
         owner_of: Callable[[str], tuple[int, int] | None],
         max_record_bytes: int = MAX_RECORD_BYTES,
+        write_failed: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self.log = log_writer
         self.committer = committer
@@ -67,6 +68,7 @@ class StateWriter:
         self.spawn = spawn
         self.owner_of = owner_of  # group -> (state partition, coordinator epoch) if ours
         self.max_record_bytes = max_record_bytes
+        self.write_failed = write_failed  # a periodic flush was refused (fenced, say)
         self.flushed: dict[str, int] = {}  # per group: log_version known stored
         self.writes: dict[str, asyncio.Task[None]] = {}  # per group: the write in flight
         self.waiting = 0  # callers waiting for a write (a gauge for the activity line)
@@ -186,12 +188,17 @@ class StateWriter:
         while True:
             await asyncio.sleep(max(interval, 9 * took))
             began = time.perf_counter()
-            try:
-                await self.flush_all()
-            except NotOwned:
-                pass  # handed over meanwhile
-            except Exception as err:
-                log.error("could not persist group state: %s", err)
+            for group in list(self.groups):
+                if self.owner_of(group) is None:
+                    continue
+                try:
+                    await self.flush(group)
+                except NotOwned:
+                    pass  # handed over meanwhile
+                except Exception as err:
+                    log.error("could not persist the state of group %s: %s", group, err)
+                    if self.write_failed is not None:
+                        self.write_failed(group, err)  # fenced: let the partition go
             took = time.perf_counter() - began
 
 

@@ -125,8 +125,9 @@ class CoordinatorRuntime:
         self._partition_counts = CoalescedPartitionCounts(metadata)
         self.activity = Activity()
         self.writer = StateWriter(
-            log, metadata, self._groups, self.activity, self._spawn, self.owner_of
-        )
+            log, metadata, self._groups, self.activity, self._spawn, self.owner_of,
+            write_failed=self._write_failed,
+        )  # fmt: skip
         self._recomputer = TargetRecomputer(
             self._adopt_target,
             self.activity,
@@ -280,11 +281,7 @@ class CoordinatorRuntime:
         """Validate a Register, admit the member and start pinging it."""
         if not self.ready:
             raise CoordinatorError(ErrorCode.NOT_COORDINATOR, "coordinator is still starting")
-        if self.owner_of(request.group) is None:
-            raise CoordinatorError(
-                ErrorCode.NOT_COORDINATOR,
-                f"group {request.group!r} is not coordinated here: ask Metadata for its owner",
-            )
+        self._require_owned(request.group)
         expected = self.settings.auth_token
         if expected is not None and not hmac.compare_digest(
             (request.auth_token or "").encode(), expected.encode()
@@ -299,6 +296,9 @@ class CoordinatorRuntime:
                 f"topic(s) {missing} do not exist on {self.settings.bootstrap_servers}",
             )
         partitions = tuple((t, p) for t in sorted(topics) for p in range(counts[t]))
+        # Again: the partition may have been handed over while we asked Kafka, and a group
+        # created now would be served by nobody's authority.
+        self._require_owned(request.group)
         state = self._group(request.group)
         fixed = None if request.fixed_ranges is None else ranges_from_wire(request.fixed_ranges)
         claim = request.claim
@@ -400,6 +400,13 @@ class CoordinatorRuntime:
         return True
 
     # ---- the apply loop -----------------------------------------------------------
+
+    def _require_owned(self, group: str) -> None:
+        if self.owner_of(group) is None:
+            raise CoordinatorError(
+                ErrorCode.NOT_COORDINATOR,
+                f"group {group!r} is not coordinated here: ask Metadata for its owner",
+            )
 
     def _group(self, group: str) -> GroupState:
         state = self._groups.get(group)

@@ -45,7 +45,10 @@ class PartitionImage:
         self.next_offset = max(self.next_offset, offset + 1)
         match record:
             case EpochMarker():
-                if record.epoch >= self.epoch:
+                # Two replicas claiming at once both write the next epoch: the first in
+                # the log has it; at an equal epoch only the holder speaks (its release).
+                same_holder = self.owner is not None and self.owner.replica_id == record.replica_id
+                if record.epoch > self.epoch or (record.epoch == self.epoch and same_holder):
                     self.epoch = record.epoch
                     self.owner = record
             case ReplicaBeat():

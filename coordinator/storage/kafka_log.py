@@ -50,6 +50,8 @@ from coordinator.storage.records import (
 log = logging.getLogger(__name__)
 BEAT_KIND = b"H\x00"
 TAIL_POLL_MS = 100
+RETRY_S = 0.5  # after a failed read of the state log
+PROBE_ATTEMPTS = 3  # of a transactional producer at start, on passing failures
 FETCH_WAIT_MS = 20
 HISTORY = -(10**9)  # what a beat from before we started counts as: long gone
 
@@ -99,6 +101,9 @@ class KafkaStateLog:
         self.images: dict[int, PartitionImage] = {}
         self.beats: dict[str, SeenBeat] = {}
         self.own_beats = 0  # our own beats read back from the log
+        # When the last of them was read back (loop time): a replica whose beats stop
+        # coming back is cut off from Kafka, and the others will soon take over.
+        self.own_beat_seen_at = 0.0
         self._producer: AIOKafkaProducer | None = None
         self._txn: dict[int, AIOKafkaProducer] = {}
         self._locks: dict[int, asyncio.Lock] = {}
@@ -150,26 +155,35 @@ class KafkaStateLog:
 
     async def _broker_has_transactions(self) -> bool:
         """Whether the broker takes transactional producers (Kafka does; the embedded test
-        broker does not): with them the broker itself fences a zombie writer."""
-        probe = self._transactional_producer(f"keyshard.{self.topic}.probe")
-        try:
-            with quiet_transactions_probe():
-                await asyncio.wait_for(probe.start(), self.timeout)
-        except TransactionalIdAuthorizationFailed as err:
-            raise StoreError(
-                f"Kafka refused the coordinator's transactional ids ({err}): grant its "
-                f"principal Write and Describe on transactional ids prefixed keyshard.{self.topic}"
-            ) from None
-        except (KafkaError, OSError, TimeoutError) as err:
-            log.warning(
-                "the broker takes no transactional producer (%s): replicas fence each other "
-                "through epoch markers in the state log only", type(err).__name__,
-            )  # fmt: skip
-            return False
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(probe.stop(), self.timeout)
-        return True
+        broker does not): with them the broker itself fences a zombie writer. A passing
+        failure (a transaction coordinator still loading after a broker restart) is asked
+        again: giving fencing up for the replica's whole life on it would be wrong."""
+        for attempt in range(1, PROBE_ATTEMPTS + 1):
+            probe = self._transactional_producer(f"keyshard.{self.topic}.probe")
+            try:
+                with quiet_transactions_probe():
+                    await asyncio.wait_for(probe.start(), self.timeout)
+                return True
+            except TransactionalIdAuthorizationFailed as err:
+                raise StoreError(
+                    f"Kafka refused the coordinator's transactional ids ({err}): grant its "
+                    "principal Write and Describe on transactional ids prefixed "
+                    f"keyshard.{self.topic}"
+                ) from None
+            except (KafkaError, OSError, TimeoutError) as err:
+                passing = isinstance(err, TimeoutError) or getattr(err, "retriable", False)
+                if passing and attempt < PROBE_ATTEMPTS:
+                    await asyncio.sleep(RETRY_S * attempt)
+                    continue
+                log.warning(
+                    "the broker takes no transactional producer (%s): replicas fence each "
+                    "other through epoch markers in the state log only", type(err).__name__,
+                )  # fmt: skip
+                return False
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(probe.stop(), self.timeout)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _transactional_producer(self, transactional_id: str) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -224,14 +238,16 @@ class KafkaStateLog:
         while True:
             try:
                 batches = await tail.getmany(timeout_ms=TAIL_POLL_MS)
-            except TopicAuthorizationFailedError as err:
-                raise denied(self.settings, self.topic, "Read", err) from None
-            for ktp, records in batches.items():
-                _replay_into(self.images[ktp.partition], records)
-            # Markers and aborted records take offsets no record is delivered for.
-            for partition, image in self.images.items():
-                position = await tail.position(KafkaTP(self.topic, partition))
-                image.next_offset = max(image.next_offset, position)
+                for ktp, records in batches.items():
+                    _replay_into(self.images[ktp.partition], records)
+                # Markers and aborted records take offsets no record is delivered for.
+                for partition, image in self.images.items():
+                    position = await tail.position(KafkaTP(self.topic, partition))
+                    image.next_offset = max(image.next_offset, position)
+            except Exception as err:  # a dead tail would leave every image stale for good
+                log.warning("reading the state log failed (retrying): %s", self._why(err, "Read"))
+                await asyncio.sleep(RETRY_S)
+                continue
             async with self._tailed:
                 self._tailed.notify_all()
 
@@ -240,7 +256,12 @@ class KafkaStateLog:
         reader = self._beat_reader
         me = self.identity.replica_id
         while True:
-            batches = await reader.getmany(timeout_ms=TAIL_POLL_MS)
+            try:
+                batches = await reader.getmany(timeout_ms=TAIL_POLL_MS)
+            except Exception as err:  # a dead reader would take every replica for dead
+                log.warning("reading replica beats failed (retrying): %s", self._why(err, "Read"))
+                await asyncio.sleep(RETRY_S)
+                continue
             for records in batches.values():
                 for record in records:
                     if record.key is None or not record.key.startswith(BEAT_KIND):
@@ -257,7 +278,13 @@ class KafkaStateLog:
                         continue
                     if beat.replica_id == me:
                         self.own_beats += 1
+                        self.own_beat_seen_at = asyncio.get_running_loop().time()
                     self.beats[beat.replica_id] = SeenBeat(beat, self.own_beats)
+
+    def _why(self, err: BaseException, operation: str) -> str:
+        if isinstance(err, TopicAuthorizationFailedError):
+            return str(denied(self.settings, self.topic, operation, err))
+        return f"{type(err).__name__}: {err}"
 
     def alive(self, within_own_beats: int) -> dict[str, ReplicaBeat]:
         """Replicas whose latest beat came after our own last `within_own_beats` beats
@@ -316,7 +343,8 @@ class KafkaStateLog:
             marker = self._marker(partition, epoch, placement_version=placement_version)
             offset = await self._write_locked(partition, epoch, [marker])
         await self.wait_tailed(partition, offset + 1, self.timeout * 3)
-        if image.epoch != epoch:
+        owner = image.owner
+        if image.epoch != epoch or owner is None or owner.replica_id != self.identity.replica_id:
             raise Fenced(f"state partition {partition} was taken over again while claiming")
         return epoch, image
 

@@ -8,6 +8,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
+from coordinator.replication.manager import cut_off
 from coordinator.replication.placement import ReplicaClaim, assign, take_orphans
 
 names = st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=6, unique=True)
@@ -86,3 +87,11 @@ def test_the_kafka_rebalance_after_a_takeover_keeps_it() -> None:
     for p, r in after.items():
         held.setdefault(r, {})[p] = 2 if current[p] == "b" else 1
     assert assign(6, claims(["a", "c"], held)) == after
+
+
+def test_a_replica_cut_off_from_kafka_lets_go_well_before_the_others_take_over() -> None:
+    assert not cut_off(0.9, replica_timeout_s=2.0)
+    assert cut_off(1.0, replica_timeout_s=2.0)
+    # However long the timeout, half of it is left between letting go and the takeover.
+    for timeout in (1.0, 2.0, 10.0):
+        assert cut_off(timeout / 2, timeout) and not cut_off(timeout / 2 - 0.01, timeout)

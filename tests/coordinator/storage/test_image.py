@@ -54,3 +54,18 @@ def test_a_fenced_writer_after_the_marker_is_ignored_and_before_it_counts() -> N
     image.apply(6, Tombstone(member_key("g", "m1")))
     assert image.groups()["g"].members == {}
     assert image.next_offset == 7
+
+
+def test_of_two_claims_at_the_same_epoch_the_first_in_the_log_holds() -> None:
+    """Without transactions (Tansu) two replicas may claim at once and both write the
+    next epoch; the first marker in the log wins, and only its writer may speak at that
+    epoch again (its release)."""
+    image = PartitionImage(0)
+    image.apply(0, EpochMarker(0, 1, "a", "a:1", "http://a:2"))
+    image.apply(1, EpochMarker(0, 2, "b", "b:1", "http://b:2"))
+    image.apply(2, EpochMarker(0, 2, "c", "c:1", "http://c:2"))  # too late: ignored
+    assert (image.epoch, image.holder) == (2, "b")
+    image.apply(3, EpochMarker(0, 2, "b", "b:1", "http://b:2", released=True))
+    assert (image.epoch, image.holder) == (2, None)
+    image.apply(4, EpochMarker(0, 3, "c", "c:1", "http://c:2"))
+    assert (image.epoch, image.holder) == (3, "c")
