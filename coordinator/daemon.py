@@ -145,7 +145,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     # Before anything starts: a bad certificate file is a TlsConfigError naming its flag.
     channel_tls = config.tls.context() if config.tls is not None else None
     admin_tls = config.admin_tls.context() if config.admin_tls is not None else None
-    limits = connection_limits(
+    limits, limits_summary = connection_limits(
         config.register_timeout_ms, config.max_connections, config.max_connections_per_peer
     )
     bootstrap = config.bootstrap_servers
@@ -220,6 +220,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     # uvicorn exposes readiness only as a flag, so poll it (bounded by the task ending).
     while not admin.started and not admin_task.done():  # noqa: ASYNC110
         await asyncio.sleep(0.01)
+    log.info("%s", limits_summary)  # only now: a refusal to start is one line, not two
     return RunningDaemon(
         config, bootstrap, runtime, server, app, admin, admin_task, replicas, state_log, cluster,
         restore,

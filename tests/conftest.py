@@ -139,6 +139,9 @@ _COORDINATOR_ACLS = [
     # gives partition counts, not offset commits).
     ("topic", SECURED_PREFIX, ("Describe", "Read")),
     ("group", SECURED_PREFIX, ("Read", "Describe")),
+    # The state log's transactional producers (coordinator.storage.kafka_log) are named
+    # after the state topic.
+    ("transactional-id", "keyshard.__keyshard", ("Write", "Describe")),
 ]
 ACLS = {
     "keyshard": _COORDINATOR_ACLS,

@@ -207,9 +207,13 @@ def connection_limits(
     register_timeout_ms: int | None = None,
     max_connections: int | None = None,
     max_connections_per_peer: int | None = None,
-) -> ConnectionLimits:
-    """The limits in force, each None taking its default. Raises the open-file limit
-    first (the default cap is derived from it) and logs both limits."""
+) -> tuple[ConnectionLimits, str]:
+    """The limits in force, each None taking its default, and the line that describes
+    them. Raises the open-file limit first (the default cap is derived from it).
+
+    The description is returned, not logged: the daemon logs it once it has started, so
+    a coordinator that refuses to start says so in exactly one line on stderr.
+    """
     nofile = raise_open_file_limit()
     fitting = fitting_max_connections(nofile.soft)
     defaults = ConnectionLimits()
@@ -218,19 +222,19 @@ def connection_limits(
         max_connections=max_connections or default_max_connections(nofile.soft),
         max_connections_per_peer=max_connections_per_peer or defaults.max_connections_per_peer,
     )
-    log.info(
-        "open-file limit: soft %s (was %s), hard %s; consumer connections: at most %d, "
-        "%d per address, %d ms to register",
-        _limit(nofile.soft), _limit(nofile.before), _limit(nofile.hard),
-        limits.max_connections, limits.max_connections_per_peer, limits.register_timeout_ms,
-    )  # fmt: skip
+    summary = (
+        f"open-file limit: soft {_limit(nofile.soft)} (was {_limit(nofile.before)}), hard "
+        f"{_limit(nofile.hard)}; consumer connections: at most {limits.max_connections}, "
+        f"{limits.max_connections_per_peer} per address, {limits.register_timeout_ms} ms "
+        "to register"
+    )
     if limits.max_connections > fitting:
         log.warning(
             "--max-connections %d is more than the open-file limit %s leaves room for "
             "(%d): a flood can use up the descriptors before the cap refuses anyone",
             limits.max_connections, _limit(nofile.soft), fitting,
         )  # fmt: skip
-    return limits
+    return limits, summary
 
 
 def _limit(value: int) -> str:

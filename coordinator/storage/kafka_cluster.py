@@ -28,7 +28,7 @@ from aiokafka.errors import (
     for_code,
 )
 
-from coordinator.kafka.connect import start_client
+from coordinator.kafka.connect import quiet_bootstrap, start_client, unreachable
 from coordinator.kafka.metadata import fetch_partitions
 from coordinator.kafka.settings import KafkaSettings
 from coordinator.storage.base import Positions, StoreError
@@ -136,10 +136,22 @@ class KafkaCluster:
         self._commit_locks: dict[str, asyncio.Lock] = {}
 
     async def start(self) -> None:
+        """Bootstrap the metadata client; a failure is a `KafkaUnreachable` naming the
+        setting to check (aiokafka's own per-address error lines are held back: the
+        daemon's refusal to start is one line)."""
         self._metadata = AIOKafkaClient(
             bootstrap_servers=self.bootstrap, **self.settings.client_options()
         )
-        await asyncio.wait_for(self._metadata.bootstrap(), self.timeout)
+        try:
+            with quiet_bootstrap():
+                await asyncio.wait_for(self._metadata.bootstrap(), self.timeout)
+            return
+        except (KafkaError, OSError, TimeoutError) as err:
+            failure: BaseException = err
+        await self.stop()
+        raise await unreachable(
+            failure, self.bootstrap, self.settings, "cluster metadata", self.timeout
+        ) from failure
 
     async def stop(self) -> None:
         for committer in self._committers.values():
