@@ -169,6 +169,7 @@ class CoordinatedConsumer:
         self.endpoints: ConsumerEndpoints | None = None
         if metrics_listen is not None:
             self.metrics = ConsumerMetrics()
+            self.metrics.prime(self.topics)
             self.endpoints = ConsumerEndpoints(
                 self.metrics, self.snapshot, session_timeout_ms / 1000, metrics_listen
             )

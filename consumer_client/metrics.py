@@ -78,6 +78,15 @@ class ConsumerMetrics:
         r.register(_SnapshotCollector(self))
         self._failing: set[tuple[str, int, int]] = set()
 
+    def prime(self, topics: list[str]) -> None:
+        """Every per-topic series at zero from the start: a rate() over a counter that
+        appears only with its first failure misses that failure, and a dashboard shows
+        "no data" instead of 0."""
+        for topic in topics:
+            for family in (self.processed, self.failed, self.retried, self.dead_lettered):
+                family.labels(topic)
+            self.latency.labels(topic)
+
     def wrap(self, handler: Handler) -> Handler:
         """`handler`, counted and timed. A coroutine function itself, so a handler that
         completes without awaiting still completes inline (`KeyLanes.dispatch`)."""

@@ -7,6 +7,7 @@ said at once, in one line when fatal."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
@@ -22,6 +23,8 @@ from consumer_client import ConsumerError, CoordinatedConsumer
 from coordinator.local.processes import free_port
 from coordinator.local.verify import check
 from coordinator.model.ranges import RangeSet
+from tests.deploy.chart import DASHBOARD
+from tests.deploy.test_kubernetes_doc import dashboard_metric_names
 from tests.integration.harness import (
     CoordinatorProcess,
     Workers,
@@ -125,6 +128,44 @@ async def _ready_is(base: str, code: int) -> str | None:
     if response is None or response.status_code != code:
         return None
     return response.text or "empty"
+
+
+def _exported(text: str) -> set[str]:
+    """Metric names of the samples of a /metrics answer (histograms as _bucket, _sum...)."""
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1].isalpha()}
+
+
+@pytest.mark.brokers("tansu")
+async def test_every_metric_the_dashboard_queries_is_exported(
+    coordinator: CoordinatorProcess, workers: Workers
+) -> None:
+    """The chart's Grafana dashboard against a running coordinator and two workers, after
+    traffic and a handoff (some series exist only from then on)."""
+    await create_topic(coordinator.bootstrap)
+    ports = [free_port(), free_port()]
+    workers.spawn_cli("w0", "--metrics-listen", f"127.0.0.1:{ports[0]}")
+    await wait_for(lambda: coordinator.settled(1), 60, "w0 owning every slot")
+    await produce(coordinator.bootstrap, 100, 20)
+    await wait_for(lambda: workers.unique() >= 100, 60, "100 records processed")
+    workers.spawn_cli("w1", "--metrics-listen", f"127.0.0.1:{ports[1]}")
+    await wait_for(lambda: coordinator.settled(2), 60, "w1 owning its share")
+    wanted = dashboard_metric_names(json.loads(DASHBOARD.read_text(encoding="utf-8")))
+    urls = [f"{coordinator.admin_url}/metrics", *(f"http://127.0.0.1:{p}/metrics" for p in ports)]
+    missing: set[str] = set()
+
+    async def covered() -> bool:
+        """Gauges come from a snapshot taken once a second: wait for the next ones."""
+        exported: set[str] = set()
+        for url in urls:
+            response = await _get(url)
+            exported |= _exported(response.text) if response is not None else set()
+        missing.clear()
+        missing.update(wanted - exported)
+        return not missing
+
+    with contextlib.suppress(AssertionError):
+        await wait_for(covered, 30, "every metric the dashboard queries")
+    assert not missing, f"the dashboard queries metrics nothing exports: {sorted(missing)}"
 
 
 def _json_lines(text: str) -> list[dict[str, str]]:
