@@ -277,7 +277,10 @@ class CoordinatedConsumer:
                 self._fetcher.kafka = None
                 if err.lasting:
                     raise ConsumerError(str(err)) from None
-                self._kafka_unreachable.failed(self.bootstrap_servers, err)
+                # The diagnosis says "consumer: cannot reach Kafka at X: why": keep the why.
+                detail = str(err).removeprefix("consumer: ")
+                detail = detail.removeprefix(f"cannot reach Kafka at {self.bootstrap_servers}: ")
+                self._kafka_unreachable.failed(self.bootstrap_servers, detail)
                 await asyncio.sleep(KAFKA_RETRY_S)
                 continue
             self._kafka_unreachable.succeeded()

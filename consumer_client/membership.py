@@ -153,7 +153,7 @@ class Membership:
         # Requests that arrived while a registration was being settled, in order.
         self._held_requests: list[tuple[Channel, Message]] | None = None
         self.tasks: set[asyncio.Task[None]] = set()  # StopFetcher drains in progress
-        self.unreachable = Unreachable(log, "coordinator", connect_timeout_s=connect_timeout_s)
+        self.unreachable = Unreachable(log, "the coordinator", connect_timeout_s=connect_timeout_s)
 
     async def run(self) -> None:
         """Register, watch, and after a loss register again (with a claim while the lease

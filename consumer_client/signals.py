@@ -86,7 +86,13 @@ class GracefulSignals:
 
     def install(self, signals: list[signal.Signals]) -> None:
         for sig in signals:
-            self._loop.add_signal_handler(sig, self._received, sig)
+            try:
+                self._loop.add_signal_handler(sig, self._received, sig)
+            except (NotImplementedError, RuntimeError, ValueError) as err:
+                # A loop without signal support (Windows' proactor, some embedded loops):
+                # the app keeps Python's default and can still call close().
+                log.debug("%s: cannot handle %s here: %s", self._name, sig.name, err)
+                continue
             self._installed.append(sig)
 
     def remove(self) -> None:

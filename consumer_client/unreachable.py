@@ -22,7 +22,8 @@ REPEAT_INTERVAL_S = 30.0
 
 
 class Unreachable:
-    """Failures in a row to reach `what`: logs them and enforces `connect_timeout_s`."""
+    """Failures in a row to reach `what` ("the coordinator", "Kafka"): logs them and
+    enforces `connect_timeout_s`."""
 
     def __init__(
         self,
@@ -59,28 +60,28 @@ class Unreachable:
         elapsed = now - self._since
         if self._timeout is not None and elapsed >= self._timeout:
             raise ConsumerError(
-                f"cannot reach the {self._what} at {addresses} within connect_timeout_s="
+                f"cannot reach {self._what} at {addresses} within connect_timeout_s="
                 f"{self._timeout:g}: {error}"
             )
         if now >= self._next_warning:
             self._next_warning = now + self._interval
             if self._failures == 1:
                 self._log.warning(
-                    "cannot reach the %s at %s: %s (retrying%s)", self._what, addresses, error,
+                    "cannot reach %s at %s: %s (retrying%s)", self._what, addresses, error,
                     "" if self._timeout is None else f" for up to {self._timeout:g} s",
                 )  # fmt: skip
             else:
                 self._log.warning(
-                    "still cannot reach the %s at %s after %.0f s (%d attempts): %s",
+                    "still cannot reach %s at %s after %.0f s (%d attempts): %s",
                     self._what, addresses, elapsed, self._failures, error,
                 )  # fmt: skip
         else:
-            self._log.debug("cannot reach the %s at %s: %s", self._what, addresses, error)
+            self._log.debug("cannot reach %s at %s: %s", self._what, addresses, error)
 
     def succeeded(self) -> None:
         if self._since is not None and self._failures > 1:
             self._log.info(
-                "reached the %s after %.1f s of failures", self._what, self._clock() - self._since
+                "reached %s after %.1f s of failures", self._what, self._clock() - self._since
             )
         self._since = None
         self._next_warning = 0.0

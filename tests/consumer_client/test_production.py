@@ -33,7 +33,7 @@ def test_unreachable_warns_at_once_then_at_most_every_30_s(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = FakeClock()
-    seen = Unreachable(logging.getLogger("t"), "coordinator", clock=clock)
+    seen = Unreachable(logging.getLogger("t"), "the coordinator", clock=clock)
     with caplog.at_level(logging.WARNING, logger="t"):
         seen.failed("127.0.0.1:7999", "Connect call failed")
         for _ in range(20):
@@ -193,3 +193,28 @@ def test_gauges_come_from_the_snapshot() -> None:
 def test_a_bad_metrics_address_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="metrics_listen"):
         ConsumerEndpoints(ConsumerMetrics(), _snapshot, 10.0, "nope")
+
+
+async def test_an_unreachable_kafka_is_warned_about_then_connect_timeout_raises(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Real sockets, nothing listening: no mock needed to be refused."""
+    from consumer_client import ConsumerError as Error
+    from consumer_client import CoordinatedConsumer
+    from coordinator.local.processes import free_port
+
+    kafka = f"127.0.0.1:{free_port()}"
+    consumer = CoordinatedConsumer(
+        group="g", topics=["t"], coordinator=f"127.0.0.1:{free_port()}",
+        bootstrap_servers=kafka, connect_timeout_s=2.5, handle_signals=False,
+    )  # fmt: skip
+    expected = f"Kafka at {kafka} within connect_timeout_s=2.5"
+    with (
+        caplog.at_level(logging.WARNING, logger="consumer_client.consumer"),
+        pytest.raises(Error, match=expected),
+    ):
+        await asyncio.wait_for(consumer.run(lambda record: asyncio.sleep(0)), 60)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings and warnings[0].startswith(
+        f"cannot reach Kafka at {kafka}: Connect call failed"
+    ), warnings

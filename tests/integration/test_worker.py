@@ -130,6 +130,33 @@ async def _ready_is(base: str, code: int) -> str | None:
     return response.text or "empty"
 
 
+async def test_a_second_sigterm_aborts_a_drain_that_does_not_end(
+    coordinator: CoordinatorProcess, workers: Workers
+) -> None:
+    await create_topic(coordinator.bootstrap)
+    port = free_port()
+    proc = workers.spawn_cli(
+        "w0", "--metrics-listen", f"127.0.0.1:{port}",
+        target="tests.integration.worker_app:handle_stuck",
+    )  # fmt: skip
+    await wait_for(lambda: coordinator.settled(1), 60, "w0 owning every slot")
+    await produce(coordinator.bootstrap, 20, 20)
+
+    async def stuck() -> bool:
+        response = await _get(f"http://127.0.0.1:{port}/metrics")
+        return response is not None and "keyshard_consumer_in_flight 20.0" in response.text
+
+    await wait_for(stuck, 30, "20 handlers stuck")
+    proc.send_signal(signal.SIGTERM)
+    await wait_for(lambda: "SIGTERM: closing gracefully" in workers.output("w0"), 30, "closing")
+    assert proc.poll() is None, "the drain waits for the stuck handlers (30 s by default)"
+    proc.send_signal(signal.SIGTERM)
+    await wait_for(lambda: proc.poll() is not None, 30, "w0 to abort")
+    assert proc.returncode == 130
+    err = workers.output("w0", "err").strip().splitlines()
+    assert len(err) == 1 and "aborted by a second signal" in err[0], err
+
+
 def _exported(text: str) -> set[str]:
     """Metric names of the samples of a /metrics answer (histograms as _bucket, _sum...)."""
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1].isalpha()}

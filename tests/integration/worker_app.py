@@ -42,4 +42,9 @@ def handle_sync(record: Any) -> None:
     _write(record, t0)
 
 
+async def handle_stuck(record: Any) -> None:
+    """Never finishes: a drain that only a second signal ends."""
+    await asyncio.Event().wait()
+
+
 not_a_function = 42
