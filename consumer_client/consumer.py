@@ -331,7 +331,9 @@ class CoordinatedConsumer:
         lanes = self._dispatcher.lanes
         return ConsumerSnapshot(
             taken=time.monotonic(),
-            registered=self._membership.registered.is_set(),
+            # A member riding through a coordinator failover keeps its member id (and
+            # its ranges) while its lease lasts: still a member, as readiness should say.
+            registered=self._membership.member_id is not None,
             closing=self._closing,
             heard_ago=self._membership.heard_ago(),
             in_flight=len(lanes.in_flight()) if lanes is not None else 0,

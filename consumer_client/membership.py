@@ -168,7 +168,10 @@ class Membership:
                 raise
             except (OSError, ChannelClosed, RemoteError, TimeoutError) as err:
                 self.unreachable.failed(self.addresses, err)  # ConsumerError past the timeout
-                await asyncio.sleep(min(backoff, max(0.05, self._lease_left())))
+                # Riding on a lease, look again before it runs out; otherwise back off (a
+                # wrong address is not worth 20 connection attempts a second).
+                lease = self._lease_left() if self.member_id is not None else backoff
+                await asyncio.sleep(min(backoff, max(0.05, lease)))
                 backoff = min(backoff * 2, 2.0)
                 continue
             backoff = 0.1

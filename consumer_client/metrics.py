@@ -133,7 +133,8 @@ class _SnapshotCollector(Collector):
         if snap is None:
             return
         yield _gauge("keyshard_consumer_registered",
-                     "1 while registered with a coordinator", int(snap.registered))  # fmt: skip
+                     "1 while a member of its group (riding through a failover too)",
+                     int(snap.registered))  # fmt: skip
         yield _gauge("keyshard_consumer_in_flight", "Records whose handler is running",
                      snap.in_flight)  # fmt: skip
         yield _gauge("keyshard_consumer_busy_lanes",

@@ -15,6 +15,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -27,8 +28,10 @@ from tests.deploy.chart import DASHBOARD
 from tests.deploy.test_kubernetes_doc import dashboard_metric_names
 from tests.integration.harness import (
     CoordinatorProcess,
+    ReplicaSet,
     Workers,
     create_topic,
+    is_settled,
     produce,
     wait_for,
 )
@@ -121,6 +124,48 @@ async def test_worker_readiness_follows_the_coordinator(
     await coordinator.start()
     await wait_for(lambda: _ready_is(base, 200), 60, "/readyz 200 with the coordinator back")
     assert workers.procs["w0"].poll() is None
+
+
+async def test_worker_stays_ready_through_a_coordinator_failover(
+    broker: Any, tmp_path: Path
+) -> None:
+    """Two replicas; the one serving the group is killed. The worker runs on on its lease
+    and re-registers with the other: /readyz never leaves 200 meanwhile."""
+    replicas = ReplicaSet(broker.bootstrap_servers, tmp_path, extra=["--drain-timeout-ms", "2000"])
+    workers = Workers(CoordinatorProcess(broker.bootstrap_servers, tmp_path), tmp_path)
+    try:
+        await replicas.start("r0", "r1")
+        workers.addresses = replicas.addresses  # both, as a headless Service gives them
+        await create_topic(replicas.bootstrap)
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        workers.spawn_cli("w0", "--metrics-listen", f"127.0.0.1:{port}")
+        await wait_for(lambda: replicas.settled(1), 60, "w0 owning every slot")
+        await wait_for(lambda: _ready_is(base, 200), 30, "/readyz 200")
+        owner = await replicas.owner()
+        assert owner is not None
+        (other,) = [r for r in replicas.replicas.values() if r is not owner]
+        owner.kill()
+        codes: list[int | None] = []
+
+        async def back_on_the_other() -> bool:
+            codes.append(await _status(f"{base}/readyz"))
+            try:
+                view = await other.group()
+            except httpx.HTTPError:  # still forwarded to the dead owner
+                return False
+            return (
+                view is not None
+                and view["served_by"]["replica_id"] == other.replica_id
+                and (is_settled(view, 1))
+            )
+
+        await wait_for(back_on_the_other, 60, "the other replica serving w0")
+        assert set(codes) == {200}, codes
+        assert await _status(f"{base}/readyz") == 200
+    finally:
+        workers.stop_all()
+        replicas.stop_all()
 
 
 async def _ready_is(base: str, code: int) -> str | None:
