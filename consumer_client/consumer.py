@@ -233,7 +233,9 @@ class CoordinatedConsumer:
             retry=self.retry,
             dead_letter=dead_letter,
         )
-        await self._start_kafka()
+        if not await self._until_stopped(self._start_kafka(), aborted):
+            await self._shutdown_clients()  # stopped (or aborted) before Kafka was reached
+            return
         connector = asyncio.create_task(self._membership.run(), name=f"{self.name}-connector")
         self._fetcher.start()
         assert self._fetcher.failed is not None
@@ -253,6 +255,26 @@ class CoordinatedConsumer:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._shutdown_clients()
+
+    async def _until_stopped(self, step: Awaitable[None], aborted: asyncio.Future[None]) -> bool:
+        """Run `step` unless a close or an abort comes first (a SIGTERM while Kafka is
+        still being retried must not wait for Kafka): True when it completed."""
+        running = asyncio.ensure_future(step)
+        stopped: asyncio.Future[Any] = asyncio.ensure_future(self._stopped.wait())
+        waiters: set[asyncio.Future[Any]] = {running, stopped, aborted}
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (running, stopped):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(running, stopped, return_exceptions=True)
+        if aborted.done():
+            aborted.result()  # raises ConsumerAborted
+        if running.cancelled():
+            return False
+        running.result()  # raises what the step raised
+        return True
 
     async def _start_kafka(self) -> None:
         """Start the Kafka clients, retrying while Kafka cannot be reached (warned about

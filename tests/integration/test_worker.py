@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from consumer_client import ConsumerError, CoordinatedConsumer
-from coordinator.local.processes import free_port
+from coordinator.local.processes import free_port, stop_process
 from coordinator.local.verify import check
 from coordinator.model.ranges import RangeSet
 from tests.deploy.chart import DASHBOARD
@@ -325,3 +325,27 @@ def test_a_bad_module_path_is_one_line_and_exit_2(
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], done.stderr
+
+
+async def test_a_sigterm_while_kafka_is_unreachable_still_stops_the_worker(
+    tmp_path: Path,
+) -> None:
+    """Nothing listens at the Kafka address: the worker warns and retries, and a SIGTERM
+    ends it at once rather than after Kafka."""
+    log = tmp_path / "w.log"
+    kafka = f"127.0.0.1:{free_port()}"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "coordinator.cli", "worker",
+             "tests.integration.worker_app:handle", "--group", "g", "--topics", "t",
+             "--bootstrap-servers", kafka, "--coordinator", f"127.0.0.1:{free_port()}"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        warned = f"WARNING consumer_client.consumer: cannot reach Kafka at {kafka}"
+        await wait_for(lambda: warned in log.read_text(), 30, "the Kafka warning")
+        proc.send_signal(signal.SIGTERM)
+        await wait_for(lambda: proc.poll() is not None, 30, "the worker to stop")
+        assert proc.returncode == 0, log.read_text()
+    finally:
+        stop_process(proc)
