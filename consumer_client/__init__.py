@@ -4,8 +4,22 @@ Layer: may import only `coordinator.model`, `coordinator.protocol` and `coordina
 (import contracts in pyproject.toml), so a consumer-only install needs no server part.
 """
 
-from consumer_client.consumer import ConsumerError, ConsumerStats, CoordinatedConsumer
+from consumer_client.consumer import (
+    ConsumerAborted,
+    ConsumerError,
+    ConsumerStats,
+    CoordinatedConsumer,
+)
+from consumer_client.endpoints import ConsumerEndpoints
 from consumer_client.lanes import RetryPolicy
 from coordinator.security.tls import ClientTls
 
-__all__ = ["ClientTls", "ConsumerError", "ConsumerStats", "CoordinatedConsumer", "RetryPolicy"]
+__all__ = [
+    "ClientTls",
+    "ConsumerAborted",
+    "ConsumerEndpoints",
+    "ConsumerError",
+    "ConsumerStats",
+    "CoordinatedConsumer",
+    "RetryPolicy",
+]

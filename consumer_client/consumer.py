@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,11 +26,16 @@ from aiokafka.abc import AbstractTokenProvider
 
 from consumer_client.dead_letters import DeadLetters
 from consumer_client.dispatch import Dispatcher
+from consumer_client.endpoints import ConsumerEndpoints
+from consumer_client.errors import ConsumerError
 from consumer_client.fetcher import Fetcher
 from consumer_client.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy
-from consumer_client.membership import ConsumerError, Membership
+from consumer_client.membership import Membership
+from consumer_client.metrics import ConsumerMetrics, ConsumerSnapshot, DeadLetter
 from consumer_client.progress import ConsumerProgress
+from consumer_client.signals import ConsumerAborted, GracefulSignals, signals_to_handle
 from consumer_client.stats import ConsumerStats
+from consumer_client.unreachable import Unreachable
 from coordinator.kafka.connect import KafkaUnreachable, start_client
 from coordinator.kafka.settings import KafkaSettings
 from coordinator.model.addresses import parse_host_ports
@@ -45,7 +51,10 @@ AsyncHandler = Callable[[Any], Awaitable[None]]
 CLIENT_STOP_TIMEOUT_S = 10.0
 KAFKA_START_TIMEOUT_S = 30.0
 
-__all__ = ["ConsumerError", "ConsumerStats", "CoordinatedConsumer"]
+#: Between attempts to start the Kafka client while Kafka cannot be reached.
+KAFKA_RETRY_S = 1.0
+
+__all__ = ["ConsumerAborted", "ConsumerError", "ConsumerStats", "CoordinatedConsumer"]
 
 
 class CoordinatedConsumer:
@@ -71,7 +80,17 @@ class CoordinatedConsumer:
         drain_timeout_s: float = 30.0,
         fetch_max_wait_ms: int = 100,
         replay_window: int = 10_000,
+        handle_signals: bool = True,
+        connect_timeout_s: float | None = None,
+        metrics_listen: str | None = None,
     ) -> None:
+        """`handle_signals`: SIGTERM/SIGINT close gracefully, a second one aborts
+        (`consumer_client.signals`; only in the main thread, and only when the app has no
+        handlers of its own). `connect_timeout_s`: how long the coordinator or Kafka may
+        stay unreachable before `run()` raises `ConsumerError` (None: retry forever,
+        warning at once and then every 30 s). `metrics_listen`: HOST:PORT to serve
+        /healthz, /readyz and /metrics on while `run()` runs (`consumer_client.endpoints`).
+        """
         if not topics:
             raise ValueError("topics must name at least one topic")
         if max_concurrency < 1:
@@ -112,6 +131,8 @@ class CoordinatedConsumer:
         # waiting, so it bounds delivery latency; on Kafka it only matters when idle.
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.replay_window = replay_window
+        self.handle_signals = handle_signals
+        self.connect_timeout_s = connect_timeout_s
         self.progress = ConsumerProgress()
         self.stats = ConsumerStats()
         self._dispatcher = Dispatcher(
@@ -141,9 +162,20 @@ class CoordinatedConsumer:
             capacity=capacity,
             auth_token=auth_token,
             tls=coordinator_tls,
+            connect_timeout_s=connect_timeout_s,
         )
+        self._kafka_unreachable = Unreachable(log, "Kafka", connect_timeout_s=connect_timeout_s)
+        self.metrics: ConsumerMetrics | None = None
+        self.endpoints: ConsumerEndpoints | None = None
+        if metrics_listen is not None:
+            self.metrics = ConsumerMetrics()
+            self.metrics.prime(self.topics)
+            self.endpoints = ConsumerEndpoints(
+                self.metrics, self.snapshot, session_timeout_ms / 1000, metrics_listen
+            )
         self._dead_letters: DeadLetters | None = None
         self._closing = False
+        self._close_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -156,36 +188,54 @@ class CoordinatedConsumer:
         await self.close()
 
     async def run(self, handler: AsyncHandler) -> None:
-        """Consume until `close()` (or `request_stop()`); a normal return acknowledges."""
-        self._loop = asyncio.get_running_loop()
+        """Consume until `close()` (or `request_stop()`, or SIGTERM/SIGINT); a normal
+        return acknowledges. A second signal during the graceful close raises
+        `ConsumerAborted`."""
+        loop = self._loop = asyncio.get_running_loop()
+        aborted: asyncio.Future[None] = loop.create_future()
+        signals = None
+        if self.handle_signals and (wanted := signals_to_handle()):
+            signals = GracefulSignals(
+                loop, self.name, close=self.request_stop, abort=lambda: _abort(aborted)
+            )
+            signals.install(wanted)
+        try:
+            if self.endpoints is not None:
+                await self.endpoints.start()
+            await self._run(handler, aborted)
+        finally:
+            if signals is not None:
+                signals.remove()
+            aborted.cancel()
+            close_task = self._close_task
+            if close_task is not None and not close_task.done():
+                close_task.cancel()  # aborted mid-drain
+                with contextlib.suppress(asyncio.CancelledError):
+                    await close_task
+            if self.endpoints is not None:
+                await self.endpoints.stop()
+
+    async def _run(self, handler: AsyncHandler, aborted: asyncio.Future[None]) -> None:
+        dead_letter: DeadLetter | None = None
         if self.dead_letter_topic:
             self._dead_letters = DeadLetters(
                 self.bootstrap_servers, self.dead_letter_topic, self.kafka.client_options()
             )
+            dead_letter = self._dead_letters.send
+        if self.metrics is not None:
+            handler = self.metrics.wrap(handler)
+            if dead_letter is not None:
+                dead_letter = self.metrics.wrap_dead_letter(dead_letter)
         self._dispatcher.lanes = KeyLanes(
             handler,
             max_concurrency=self.max_concurrency,
             on_done=self._dispatcher.on_done,
             retry=self.retry,
-            dead_letter=self._dead_letters.send if self._dead_letters else None,
+            dead_letter=dead_letter,
         )
-        kafka = self._fetcher.kafka = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap_servers,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            fetch_max_wait_ms=self.fetch_max_wait_ms,
-            **self.kafka.consumer_options(),
-        )
-        self._fetcher.read_committed = self.kafka.isolation_level == "read_committed"
-        try:
-            await start_client(
-                kafka, self.bootstrap_servers, self.kafka, "consumer", KAFKA_START_TIMEOUT_S
-            )
-            if self._dead_letters is not None:
-                await self._dead_letters.start()
-        except KafkaUnreachable as err:
-            self._fetcher.kafka = None
-            raise ConsumerError(str(err)) from None
+        if not await self._until_stopped(self._start_kafka(), aborted):
+            await self._shutdown_clients()  # stopped (or aborted) before Kafka was reached
+            return
         connector = asyncio.create_task(self._membership.run(), name=f"{self.name}-connector")
         self._fetcher.start()
         assert self._fetcher.failed is not None
@@ -193,7 +243,7 @@ class CoordinatedConsumer:
         stopped: asyncio.Future[Any] = asyncio.create_task(self._stopped.wait())
         try:
             done, _ = await asyncio.wait(
-                {connector, fetch_failed, stopped}, return_when=asyncio.FIRST_COMPLETED
+                {connector, fetch_failed, stopped, aborted}, return_when=asyncio.FIRST_COMPLETED
             )
             for finished in done:
                 if finished is not stopped and finished.exception() is not None:
@@ -205,6 +255,58 @@ class CoordinatedConsumer:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._shutdown_clients()
+
+    async def _until_stopped(self, step: Awaitable[None], aborted: asyncio.Future[None]) -> bool:
+        """Run `step` unless a close or an abort comes first (a SIGTERM while Kafka is
+        still being retried must not wait for Kafka): True when it completed."""
+        running = asyncio.ensure_future(step)
+        stopped: asyncio.Future[Any] = asyncio.ensure_future(self._stopped.wait())
+        waiters: set[asyncio.Future[Any]] = {running, stopped, aborted}
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (running, stopped):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(running, stopped, return_exceptions=True)
+        if aborted.done():
+            aborted.result()  # raises ConsumerAborted
+        if running.cancelled():
+            return False
+        running.result()  # raises what the step raised
+        return True
+
+    async def _start_kafka(self) -> None:
+        """Start the Kafka clients, retrying while Kafka cannot be reached (warned about
+        at once, then every 30 s) until `connect_timeout_s`; a lasting problem (bad
+        credentials, TLS) is a `ConsumerError` at once."""
+        self._fetcher.read_committed = self.kafka.isolation_level == "read_committed"
+        while True:
+            kafka = self._fetcher.kafka = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap_servers,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                fetch_max_wait_ms=self.fetch_max_wait_ms,
+                **self.kafka.consumer_options(),
+            )
+            try:
+                await start_client(
+                    kafka, self.bootstrap_servers, self.kafka, "consumer", KAFKA_START_TIMEOUT_S
+                )
+                if self._dead_letters is not None:
+                    await self._dead_letters.start()
+            except KafkaUnreachable as err:
+                self._fetcher.kafka = None
+                if err.lasting:
+                    raise ConsumerError(str(err)) from None
+                # The diagnosis says "consumer: cannot reach Kafka at X: why": keep the why.
+                detail = str(err).removeprefix("consumer: ")
+                detail = detail.removeprefix(f"cannot reach Kafka at {self.bootstrap_servers}: ")
+                self._kafka_unreachable.failed(self.bootstrap_servers, detail)
+                await asyncio.sleep(KAFKA_RETRY_S)
+                continue
+            self._kafka_unreachable.succeeded()
+            return
 
     def run_sync(self, fn: Callable[[Any], None]) -> None:
         """Blocking variant for plain functions, run in a pool of `max_concurrency` threads."""
@@ -221,7 +323,11 @@ class CoordinatedConsumer:
     def request_stop(self) -> None:
         """Thread-safe: ask a running consumer to close gracefully."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.close()))
+            self._loop.call_soon_threadsafe(self._begin_close)
+
+    def _begin_close(self) -> None:
+        if self._close_task is None:
+            self._close_task = asyncio.ensure_future(self.close())
 
     async def close(self) -> None:
         """Graceful: stop dispatching, let in-flight records finish, report exact positions
@@ -241,6 +347,23 @@ class CoordinatedConsumer:
             await self._membership.leave(self.progress.positions())
         finally:
             self._stopped.set()
+
+    def snapshot(self) -> ConsumerSnapshot:
+        """What this consumer holds now (the endpoints take one a second, on the loop)."""
+        lanes = self._dispatcher.lanes
+        return ConsumerSnapshot(
+            taken=time.monotonic(),
+            # A member riding through a coordinator failover keeps its member id (and
+            # its ranges) while its lease lasts: still a member, as readiness should say.
+            registered=self._membership.member_id is not None,
+            closing=self._closing,
+            heard_ago=self._membership.heard_ago(),
+            in_flight=len(lanes.in_flight()) if lanes is not None else 0,
+            busy_lanes=len(lanes.busy_keys) if lanes is not None else 0,
+            owned_slots=self.progress.owned.size,
+            lag=self._fetcher.fetch_lag(),
+            reads=self.stats.as_dict(),
+        )
 
     @property
     def owned_slots(self) -> list[tuple[int, int]]:
@@ -277,6 +400,11 @@ class CoordinatedConsumer:
             await self._dead_letters.stop()
         if self._membership.channel is not None:
             await self._membership.channel.aclose()
+
+
+def _abort(aborted: asyncio.Future[None]) -> None:
+    if not aborted.done():
+        aborted.set_exception(ConsumerAborted("aborted by a second signal during the drain"))
 
 
 class _MemberCallbacks:

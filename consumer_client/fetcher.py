@@ -75,6 +75,8 @@ class Fetcher:
         self.read_committed = True
         self.closing = False
         self.windows: dict[TopicPartition, ReplayWindow] = {}
+        # The offset after the last record fetched per partition: the fetch lag metric.
+        self.fetched_upto: dict[TopicPartition, int] = {}
         # Set whenever a fetcher held back by `max_pending` should look again: an ack, a
         # lost session, a replay queued (its records are owed, not new work).
         self.room = asyncio.Event()
@@ -222,6 +224,8 @@ class Fetcher:
         for ktp, records in batches.items():
             self.stats.fetched += len(records)
             tp = (ktp.topic, ktp.partition)
+            if records:
+                self.fetched_upto[tp] = records[-1].offset + 1
             generation = generations.get(tp)
             progress = self.progress.partitions.get(tp)
             window = self.windows.get(tp)
@@ -297,6 +301,7 @@ class Fetcher:
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         assert self.kafka is not None
+        self.fetched_upto[tp] = offset
         self.kafka.seek(KafkaTP(*tp), offset)
         if self.replay_window:
             window = self.windows.get(tp)
@@ -304,6 +309,15 @@ class Fetcher:
                 self.windows[tp] = ReplayWindow(offset, self.replay_window)
             else:
                 window.reset(offset)
+
+    def fetch_lag(self) -> dict[TopicPartition, int]:
+        """Per assigned partition: records between what was fetched and its end."""
+        return {
+            (mark.topic, mark.partition): max(
+                0, mark.offset - self.fetched_upto.get((mark.topic, mark.partition), mark.offset)
+            )
+            for mark in self.high_watermarks()
+        }
 
     def high_watermarks(self) -> list[HighWatermark]:
         """Each assigned partition's end as the last fetch saw it (the lag reference): the

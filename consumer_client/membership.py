@@ -31,7 +31,9 @@ import time
 from collections.abc import Awaitable
 from typing import Protocol
 
+from consumer_client.errors import ConsumerError
 from consumer_client.tls_errors import closed_problem, handshake_problem
+from consumer_client.unreachable import Unreachable
 from coordinator.model.addresses import parse_host_port
 from coordinator.model.positions import PositionUpdate
 from coordinator.model.ranges import RangeSet
@@ -64,10 +66,7 @@ from coordinator.security.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
-
-class ConsumerError(RuntimeError):
-    """A condition the consumer cannot recover from by re-registering (bad config,
-    unknown topic, wrong token)."""
+__all__ = ["ConsumerError", "MemberHooks", "Membership"]
 
 
 #: A channel closed with one of these means this member is out: stop everything.
@@ -120,6 +119,7 @@ class Membership:
         capacity: int,
         auth_token: str | None = None,
         tls: ClientTls | None = None,
+        connect_timeout_s: float | None = None,
     ) -> None:
         self.hooks = hooks
         self.group = group
@@ -153,6 +153,7 @@ class Membership:
         # Requests that arrived while a registration was being settled, in order.
         self._held_requests: list[tuple[Channel, Message]] | None = None
         self.tasks: set[asyncio.Task[None]] = set()  # StopFetcher drains in progress
+        self.unreachable = Unreachable(log, "the coordinator", connect_timeout_s=connect_timeout_s)
 
     async def run(self) -> None:
         """Register, watch, and after a loss register again (with a claim while the lease
@@ -169,11 +170,15 @@ class Membership:
             except ConsumerError:
                 raise
             except (OSError, ChannelClosed, RemoteError, TimeoutError) as err:
-                log.info("%s: coordinator not reachable yet: %s", self.name, err)
-                await asyncio.sleep(min(backoff, max(0.05, self._lease_left())))
+                self.unreachable.failed(self.addresses, err)  # ConsumerError past the timeout
+                # Riding on a lease, look again before it runs out; otherwise back off (a
+                # wrong address is not worth 20 connection attempts a second).
+                lease = self._lease_left() if self.member_id is not None else backoff
+                await asyncio.sleep(min(backoff, max(0.05, lease)))
                 backoff = min(backoff * 2, 2.0)
                 continue
             backoff = 0.1
+            self.unreachable.succeeded()
             reason, fenced = await self._watch(channel)
             if self.closing:
                 return
@@ -185,6 +190,14 @@ class Membership:
                     "%s: lost the coordinator (%s); running on while the lease lasts "
                     "(%.1f s) and looking for it", self.name, reason, self._lease_left(),
                 )  # fmt: skip
+
+    @property
+    def addresses(self) -> str:
+        return ", ".join(f"{host}:{port}" for host, port in self.coordinators)
+
+    def heard_ago(self) -> float | None:
+        """Seconds since a coordinator last spoke to this member (None: never did)."""
+        return None if self._last_heard == 0.0 else time.monotonic() - self._last_heard
 
     def _lease_left(self) -> float:
         """docs/protocol.md §7.1: a member may run its ranges for a session timeout after
@@ -259,7 +272,8 @@ class Membership:
                 raise
             except (OSError, ChannelClosed, RemoteError, TimeoutError) as err:
                 last_error = err
-        raise ChannelClosed(f"no coordinator reachable: {last_error}")
+        # run() names the addresses tried; this is the last error, in words.
+        raise ChannelClosed(str(last_error) or type(last_error).__name__)
 
     async def _register_on(self, channel: Channel, host: str, port: int) -> None:
         """Register (with a claim, after a loss) on a connected channel and settle."""

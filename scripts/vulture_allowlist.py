@@ -52,3 +52,8 @@ _.capture_signals, _.should_exit
 
 # Settings of the libraries bench/_worker.py compares against.
 _.dlq_enabled, _.ordering_mode, _.max_in_flight, _.process_count
+
+# The standard library's HTTP server calls do_GET and log_message, and reads
+# daemon_threads; logging.Formatter reads converter (consumer_client.endpoints, the
+# worker's JSON log lines).
+_.do_GET, _.log_message, _.daemon_threads, _.converter

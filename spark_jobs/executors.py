@@ -123,6 +123,9 @@ class ConsumerSettings:
     # exist on every executor): strings, so they pickle; each task checks them.
     kafka_config: dict[str, str] = field(default_factory=dict)
     coordinator_tls: ClientTls | None = None  # paths as the executors see them
+    # How long a task's coordinator or Kafka may stay unreachable before it fails (None:
+    # retry, warning at once and then every 30 s, as `CoordinatedConsumer` does).
+    connect_timeout_s: float | None = None
 
 
 _current: CoordinatedConsumer | None = None
@@ -190,6 +193,9 @@ async def consume_until(
         session_timeout_ms=settings.session_timeout_ms,
         capacity=settings.capacity,
         coordinator_tls=settings.coordinator_tls,
+        connect_timeout_s=settings.connect_timeout_s,
+        # Spark owns its Python workers' signals: it stops a task by interrupting it.
+        handle_signals=False,
     )
     counter = _Counter()
     reason = ""
@@ -286,6 +292,7 @@ def run_executor_consumers(
     name: str = "spark",
     kafka_config: Mapping[str, str] | None = None,
     coordinator_tls: ClientTls | None = None,
+    connect_timeout_s: float | None = None,
 ) -> list[TaskReport]:
     """Run `consumers` tasks (default: one per task slot), each a member of `group` calling
     `handler(record)` (an aiokafka ConsumerRecord; sync or async) per record, keys in order.
@@ -327,6 +334,7 @@ def run_executor_consumers(
         capacity=capacity,
         kafka_config=dict(kafka_config or {}),
         coordinator_tls=coordinator_tls,
+        connect_timeout_s=connect_timeout_s,
     )
     sc = spark.sparkContext
     sc.setJobGroup(f"keyshard-{group}", f"keyshard consumers of {group}", interruptOnCancel=True)
@@ -368,6 +376,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-file", default=None)
     p.add_argument("--max-concurrency", type=int, default=16, help="keys in flight per task")
     p.add_argument("--session-timeout-ms", type=int, default=10_000)
+    p.add_argument(
+        "--connect-timeout-s",
+        type=float,
+        default=None,
+        help="fail a task whose coordinator or Kafka stays unreachable this long "
+        "(default: retry, warning at once and then every 30 s)",
+    )
     p.add_argument("--master", default=None, help="default: spark-submit's, else local[consumers]")
     p.add_argument("--stats", default=None, help="also write the per-task stats here (JSON)")
     p.add_argument(
@@ -432,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             session_timeout_ms=args.session_timeout_ms,
             kafka_config=load_properties(args.kafka_config) if args.kafka_config else None,
             coordinator_tls=tls,
+            connect_timeout_s=args.connect_timeout_s,
         )
     except (ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -174,6 +174,8 @@ class MemberRuntime:
         if self.member_task in done:
             self.member_task.result()  # raises the coordinator's refusal
         if not self.membership.registered.is_set():
+            # The membership warned at the first failure already (addresses, error); not
+            # given the timeout, so a later outage is ridden through, not fatal.
             raise SourceError(
                 f"coordinator unreachable: no registration at {s.coordinator!r} within "
                 f"{s.connect_timeout:g} s"

@@ -62,6 +62,10 @@ def _run(args: argparse.Namespace) -> int:
         from coordinator.local.demo import run_demo
 
         return run_demo(args)
+    if args.command == "worker":
+        from coordinator.cli.worker import run_worker_command
+
+        return run_worker_command(args)
     if args.command == "demo-worker":
         from coordinator.local.demo_worker import run_worker
 

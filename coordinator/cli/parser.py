@@ -256,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_endpoint_flags(coord)
 
     add_admin_commands(sub)
+    add_worker_command(sub)
 
     demo = sub.add_parser("demo", help="embedded broker + coordinator + consumers + producer")
     demo.add_argument("--records", type=int, default=20_000)
@@ -290,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--stuck-key", default=None)
     worker.add_argument("--fail-key", default=None)
     worker.add_argument("--dead-letter-topic", default=None)
+    # SIGTERM as a crash (the library's signal handling off): bench/sigterm_handoff.py.
+    worker.add_argument("--no-signals", action="store_true")
     return parser
 
 
@@ -351,6 +354,116 @@ def add_endpoint_flags(coord: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_CONNECTIONS_PER_PEER,
         help="consumer connections at once from one IP address",
     )
+
+
+def add_worker_command(sub: Any) -> None:
+    """`keyshard worker module:function`: a handler run as a coordinated consumer
+    (coordinator.cli.worker). Flags read KEYSHARD_* variables like the daemon's."""
+    w = sub.add_parser(
+        "worker",
+        help="run module:function (async or sync) as a coordinated consumer",
+        description="Run a handler function as a coordinated consumer until SIGTERM/SIGINT "
+        "(the first closes gracefully, a second aborts). Log lines go to stdout; a fatal "
+        "refusal is one line on stderr and a non-zero exit.",
+    )
+    w.add_argument(
+        "target",
+        metavar="MODULE:FUNCTION",
+        help="the handler, called once per record (an aiokafka ConsumerRecord)",
+    )
+    _add(w, "--group", default=None, help="consumer group (required)")
+    _add(w, "--topics", default=None, help="comma-separated topics (required)")
+    _add(
+        w,
+        "--coordinator",
+        type=_servers,
+        default="{}:{}".format(*DEFAULT_LISTEN),
+        help="coordinator HOST:PORT[,HOST:PORT...] (every replica, or a headless Service)",
+    )
+    _add(
+        w,
+        "--bootstrap-servers",
+        type=_servers,
+        default=None,
+        help="Kafka HOST:PORT[,...] (or bootstrap.servers in --kafka-config)",
+    )
+    _add(
+        w,
+        "--kafka-config",
+        default=None,
+        help="Kafka client settings, .properties; KEYSHARD_KAFKA_<NAME> variables win",
+    )
+    _add(w, "--name", default=None, help="consumer name (default: the host name)")
+    _add(w, "--max-concurrency", type=_positive_int, default=64, help="keys in flight at once")
+    _add(
+        w,
+        "--session-timeout-ms",
+        type=_positive_ms,
+        default=10_000,
+        help="silent this long, the coordinator moves this worker's ranges",
+    )
+    _add(
+        w,
+        "--drain-timeout-ms",
+        type=_positive_ms,
+        default=30_000,
+        help="on SIGTERM, how long in-flight records may take to finish",
+    )
+    _add(w, "--capacity", type=_positive_int, default=1, help="share of the group's load")
+    _add(w, "--auth-token", default=None, help="the coordinator's --auth-token")
+    _add(
+        w,
+        "--dead-letter-topic",
+        default=None,
+        help="after --retry-max-attempts failures a record goes here (none: retry forever)",
+    )
+    _add(
+        w,
+        "--retry-max-attempts",
+        type=_positive_int,
+        default=5,
+        help="attempts before dead-lettering",
+    )
+    _add(
+        w,
+        "--retry-initial-backoff-ms",
+        type=_positive_ms,
+        default=100,
+        help="first retry backoff, doubling",
+    )
+    _add(
+        w, "--retry-max-backoff-ms", type=_positive_ms, default=10_000, help="longest retry backoff"
+    )
+    _add(
+        w,
+        "--connect-timeout-s",
+        type=float,
+        default=None,
+        help="exit when the coordinator or Kafka stays unreachable this long (default: "
+        "retry forever, warning at once and then every 30 s)",
+    )
+    _add(
+        w,
+        "--metrics-listen",
+        type=_host_port,
+        default=None,
+        help="HOST:PORT serving /healthz, /readyz and /metrics (default: none)",
+    )
+    _add(
+        w,
+        "--log-format",
+        choices=("plain", "json"),
+        default="plain",
+        help="plain lines or one JSON object per line",
+    )
+    _add(
+        w,
+        "--coordinator-tls-ca-file",
+        default=None,
+        help="the coordinator's channel runs TLS: the CA that signed its certificate",
+    )
+    _add(w, "--coordinator-tls-cert-file", default=None, help="mutual TLS: this worker's cert")
+    _add(w, "--coordinator-tls-key-file", default=None, help="...and its private key")
 
 
 def add_admin_commands(sub: Any) -> None:

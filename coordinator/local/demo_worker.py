@@ -2,7 +2,9 @@
 
 It logs every handler run (key, offset, slot, member, start/end on the system-wide
 monotonic clock) to a JSON-lines file, which `coordinator.local.verify` checks against
-what was produced. SIGTERM closes gracefully (drain + Leave); SIGKILL is the crash case.
+what was produced. SIGTERM closes gracefully (drain + Leave: the library's own signal
+handling, `consumer_client.signals`); SIGKILL is the crash case, and so is SIGTERM with
+`--no-signals` (the library's handling off: what every consumer did before it had it).
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 import time
 from typing import Any
@@ -36,6 +37,7 @@ async def _main(args: argparse.Namespace) -> int:
         session_timeout_ms=args.session_timeout_ms,
         dead_letter_topic=args.dead_letter_topic,
         retry=RetryPolicy(initial_backoff_s=0.02, max_backoff_s=0.2, max_attempts=3),
+        handle_signals=not args.no_signals,
     )
     out = open(args.out, "a", buffering=1)  # noqa: SIM115 - closed below, line-buffered
     stuck = args.stuck_key.encode() if args.stuck_key else None
@@ -71,9 +73,6 @@ async def _main(args: argparse.Namespace) -> int:
             + "\n"
         )
 
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(consumer.close()))
     try:
         await consumer.run(handle)
     finally:

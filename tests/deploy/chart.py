@@ -25,7 +25,8 @@ KUBE_VERSIONS = ("1.25.0", kv.latest_version())
 MINIMAL: dict[str, Any] = {"config": {"bootstrapServers": "kafka-0.kafka:9092"}}
 
 # Everything non-default at once: every daemon setting changed, tokens on (the chart's
-# own Secret), reads protected, ServiceMonitor, PDB, more replicas, resources and the rest.
+# own Secret), reads protected, ServiceMonitor, Grafana dashboard, PDB, more replicas,
+# resources and the rest.
 FULL: dict[str, Any] = {
     "replicaCount": 5,
     "image": {"repository": "registry.example/keyshard", "tag": "9.9.9", "pullPolicy": "Always"},
@@ -84,6 +85,11 @@ FULL: dict[str, Any] = {
         "interval": "15s",
         "scrapeTimeout": "5s",
     },
+    "grafanaDashboard": {
+        "enabled": True,
+        "labels": {"grafana_dashboard": "1"},
+        "annotations": {"grafana_folder": "Streaming"},
+    },
     "nodeSelector": {"kubernetes.io/os": "linux"},
     "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
     "priorityClassName": "high",
@@ -136,6 +142,9 @@ def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
     found = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
     assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
     return found[0]
+
+
+DASHBOARD = CHART / "dashboards" / "keyshard.json"
 
 
 def settings_map(objects: list[dict[str, Any]]) -> dict[str, Any]:

@@ -87,6 +87,7 @@ def test_full_values_render_the_optional_objects() -> None:
     assert kinds == [
         "ConfigMap",
         "ConfigMap",  # the Kafka client settings file
+        "ConfigMap",  # the Grafana dashboard
         "Deployment",
         "PodDisruptionBudget",
         "Secret",
@@ -382,6 +383,13 @@ BAD_VALUES = [
         merged(MINIMAL, {"kafka": {"secretRefs": {"sasl.password": {"name": "s"}}}}),
         r"/kafka/secretRefs/sasl.password': missing property 'key'",
         id="kafka-secret-ref-without-key",
+    ),
+    pytest.param(
+        merged(
+            MINIMAL, {"grafanaDashboard": {"enabled": True, "labels": {"grafana_dashboard": 1}}}
+        ),
+        r"/grafanaDashboard/labels/grafana_dashboard': got number, want string",
+        id="dashboard-label-not-a-string",
     ),
 ]
 

@@ -312,9 +312,11 @@ def test_schema_knows_exactly_the_daemons_assignors() -> None:
     )
 
 
-def _readme_table() -> dict[str, tuple[str, str]]:
-    """flag -> (env variable, default) from the README's flag table."""
+def _readme_table(section: str = "## Running the coordinator") -> dict[str, tuple[str, str]]:
+    """flag -> (env variable, default) from the flag table of a README section."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = text[text.index(section) :]
+    text = text[: text.index("\n## ", len(section))]
     rows: dict[str, tuple[str, str]] = {}
     row = re.compile(r"^\| `(--[a-z-]+)[^`]*` \| `(KEYSHARD_[A-Z_]+)[^|]*\| ([^|]+)\|", re.M)
     for match in row.finditer(text):
@@ -336,6 +338,29 @@ def test_readme_table_lists_every_flag_with_its_variable_and_default(
             value = ":".join(map(str, value))
         if value in (None, False, []):
             assert default in ("none", "off", "embedded broker"), flag
+        else:
+            assert default == str(value), flag
+
+
+def test_readme_worker_table_lists_every_worker_flag(clean_env: pytest.MonkeyPatch) -> None:
+    """README "Using the consumer": the `keyshard worker` flags, variables and defaults."""
+    rows = _readme_table("## Using the consumer")
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command")
+    worker = commands.choices["worker"]  # type: ignore[index]
+    flags = {
+        o: a.dest for a in worker._actions for o in a.option_strings
+        if o.startswith("--") and o != "--help"
+    }  # fmt: skip
+    assert set(rows) == set(flags)
+    defaults = parser.parse_args(["worker", "m:f"])
+    for flag, (env, default) in rows.items():
+        assert env == env_name(flag), flag
+        value = getattr(defaults, flags[flag])
+        if isinstance(value, tuple):
+            value = ":".join(map(str, value))
+        if value is None:
+            assert default.startswith("none"), flag
         else:
             assert default == str(value), flag
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -190,6 +191,35 @@ class Workers:
         err.close()
         self.procs[name] = proc
         return proc
+
+    def spawn_cli(
+        self, name: str, *extra: str, target: str = "tests.integration.worker_app:handle",
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:  # fmt: skip
+        """`keyshard worker TARGET` (coordinator.cli.worker) as a user runs it, configured
+        through KEYSHARD_* variables and flags; stdout (its log) in NAME.log, stderr in
+        NAME.err, its records in NAME.jsonl."""
+        variables = {
+            **os.environ,
+            "KEYSHARD_GROUP": self.group,
+            "KEYSHARD_TOPICS": self.topic,
+            "KEYSHARD_COORDINATOR": self.addresses or self.coordinator.address,
+            "KEYSHARD_BOOTSTRAP_SERVERS": self.coordinator.bootstrap,
+            "KEYSHARD_NAME": name,
+            "KEYSHARD_TEST_OUT": str(self.out_dir / f"{name}.jsonl"),
+            **(env or {}),
+        }
+        with open(self.out_dir / f"{name}.log", "wb") as out, \
+                open(self.out_dir / f"{name}.err", "wb") as err:  # fmt: skip
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "coordinator.cli", "worker", target, *extra],
+                stdout=out, stderr=err, env=variables,
+            )  # fmt: skip
+        self.procs[name] = proc
+        return proc
+
+    def output(self, name: str, stream: str = "log") -> str:
+        return (self.out_dir / f"{name}.{stream}").read_text(errors="replace")
 
     def processed(self) -> list[Processed]:
         return read_processed(self.out_dir.glob("*.jsonl"))

@@ -12,8 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from consumer_client import ConsumerError
 from coordinator.local.processes import free_port
-from spark_jobs.executors import StopWhen, _Counter, as_async, load_handler, run_executor_consumers
+from spark_jobs.executors import (
+    ConsumerSettings,
+    StopWhen,
+    _Counter,
+    as_async,
+    consume_until,
+    load_handler,
+    run_executor_consumers,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -101,6 +110,18 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "spark_jobs.executors", *args],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
+
+
+async def test_a_task_whose_kafka_stays_unreachable_fails_at_connect_timeout() -> None:
+    """Nothing listens at either address: the task warns, retries, then fails with the
+    addresses and the timeout (in Spark: the task's error) instead of hanging."""
+    kafka = f"127.0.0.1:{free_port()}"
+    settings = ConsumerSettings(
+        group="g", topics=["t"], coordinator=f"127.0.0.1:{free_port()}",
+        bootstrap_servers=kafka, until=StopWhen(), connect_timeout_s=1.5,
+    )  # fmt: skip
+    with pytest.raises(ConsumerError, match=f"Kafka at {kafka} within connect_timeout_s=1.5"):
+        await asyncio.wait_for(consume_until(settings, lambda record: None, task=0), 60)
 
 
 def test_cli_missing_arguments_are_named() -> None:

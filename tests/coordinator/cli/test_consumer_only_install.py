@@ -56,6 +56,10 @@ def test_keyshard_on_a_consumer_only_install(tmp_path: Path) -> None:
     assert helped.returncode == 0, helped.stderr
     assert "coordinator" in helped.stdout and helped.stderr == ""
     assert run([keyshard, "coordinator", "--help"], env, tmp_path).returncode == 0
+    # The worker needs no server extra: prometheus-client (its /metrics) is a base dependency.
+    assert run([keyshard, "worker", "--help"], env, tmp_path).returncode == 0
+    bad_target = run([keyshard, "worker", "nope", "--group", "g", "--topics", "t"], env, tmp_path)
+    assert bad_target.returncode == 2 and "is not MODULE:FUNCTION" in bad_target.stderr
 
     for command in (["coordinator"], ["groups"], ["demo"], ["broker"]):
         refused = run([keyshard, *command], env, tmp_path)

@@ -1,0 +1,220 @@
+"""Pure unit tests of the production pieces: warning about an unreachable peer, which
+signals `run()` takes over, the metrics' handler wrapper and the readiness answer."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import signal
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from consumer_client.endpoints import STALL_AFTER_S, ConsumerEndpoints
+from consumer_client.errors import ConsumerError
+from consumer_client.metrics import ConsumerMetrics, ConsumerSnapshot
+from consumer_client.signals import GracefulSignals, ShutdownState, signals_to_handle
+from consumer_client.unreachable import Unreachable
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_unreachable_warns_at_once_then_at_most_every_30_s(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    seen = Unreachable(logging.getLogger("t"), "the coordinator", clock=clock)
+    with caplog.at_level(logging.WARNING, logger="t"):
+        seen.failed("127.0.0.1:7999", "Connect call failed")
+        for _ in range(20):
+            clock.now += 1
+            seen.failed("127.0.0.1:7999", "Connect call failed")
+        clock.now += 10
+        seen.failed("127.0.0.1:7999", "refused again")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "cannot reach the coordinator at 127.0.0.1:7999: Connect call failed (retrying)",
+        "still cannot reach the coordinator at 127.0.0.1:7999 after 30 s (22 attempts): "
+        "refused again",
+    ]
+    assert all(r.levelno == logging.WARNING for r in caplog.records)
+
+
+def test_unreachable_raises_past_connect_timeout_and_resets_on_success() -> None:
+    clock = FakeClock()
+    seen = Unreachable(logging.getLogger("t"), "Kafka", connect_timeout_s=5, clock=clock)
+    seen.failed("k:9092", "refused")
+    clock.now += 4
+    seen.failed("k:9092", "refused")
+    seen.succeeded()
+    assert not seen.failing
+    clock.now += 100
+    seen.failed("k:9092", "refused")  # a new run of failures: its own 5 s
+    clock.now += 5
+    with pytest.raises(ConsumerError, match=r"Kafka at k:9092 within connect_timeout_s=5: refused"):
+        seen.failed("k:9092", "refused")
+
+
+def test_connect_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="connect_timeout_s"):
+        Unreachable(logging.getLogger("t"), "Kafka", connect_timeout_s=0)
+
+
+def test_signals_are_taken_only_in_the_main_thread_and_only_when_default() -> None:
+    assert signals_to_handle() == [signal.SIGTERM, signal.SIGINT]
+    found: list[object] = []
+    thread = threading.Thread(target=lambda: found.append(signals_to_handle()))
+    thread.start()
+    thread.join()
+    assert found == [[]]
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        assert signals_to_handle() == []  # the app handles its shutdown itself
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+async def test_asyncio_runner_sigint_handler_counts_as_default() -> None:
+    # pytest-asyncio runs this loop in the main thread without a Runner SIGINT handler;
+    # a Runner's bound method is what asyncio.run() installs.
+    runner = asyncio.Runner()
+    on_sigint = functools.partial(runner._on_sigint, main_task=None)  # type: ignore[attr-defined]
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        assert signal.SIGINT in signals_to_handle()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        runner.close()
+
+
+async def test_first_signal_closes_second_aborts() -> None:
+    calls: list[str] = []
+    handlers = GracefulSignals(
+        asyncio.get_running_loop(), "c", close=lambda: calls.append("close"),
+        abort=lambda: calls.append("abort"),
+    )  # fmt: skip
+    handlers.install([signal.SIGTERM])
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(0.05)  # the loop's signal handler runs on its next iteration
+        assert calls == ["close"] and handlers.state is ShutdownState.CLOSING
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(0.05)
+        assert calls == ["close", "abort"] and handlers.state is ShutdownState.ABORTED
+    finally:
+        handlers.remove()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def _record(offset: int, topic: str = "orders") -> Any:
+    return SimpleNamespace(topic=topic, partition=0, offset=offset)
+
+
+def _sample(metrics: ConsumerMetrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+async def test_metrics_count_processed_failed_retried_and_dead_lettered() -> None:
+    metrics = ConsumerMetrics()
+    attempts: dict[int, int] = {}
+
+    async def handler(record: Any) -> None:
+        attempts[record.offset] = attempts.get(record.offset, 0) + 1
+        if record.offset == 1 and attempts[1] < 3:
+            raise RuntimeError("flaky")
+
+    async def send(record: Any, error: BaseException) -> None:
+        pass
+
+    counted = metrics.wrap(handler)
+    await counted(_record(0))
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            await counted(_record(1))
+    await counted(_record(1))
+    await metrics.wrap_dead_letter(send)(_record(2), RuntimeError("x"))
+    topic = {"topic": "orders"}
+    assert _sample(metrics, "keyshard_consumer_records_processed_total", **topic) == 2
+    assert _sample(metrics, "keyshard_consumer_records_failed_total", **topic) == 2
+    assert _sample(metrics, "keyshard_consumer_records_retried_total", **topic) == 2
+    assert _sample(metrics, "keyshard_consumer_records_dead_lettered_total", **topic) == 1
+    assert _sample(metrics, "keyshard_consumer_handler_seconds_count", **topic) == 4
+
+
+def _snapshot(**changes: Any) -> ConsumerSnapshot:
+    fields: dict[str, Any] = dict(
+        taken=time.monotonic(), registered=True, closing=False, heard_ago=0.5, in_flight=3,
+        busy_lanes=4, owned_slots=100, lag={("orders", 0): 7}, reads={"fetched": 9},
+    )  # fmt: skip
+    fields.update(changes)
+    return ConsumerSnapshot(**fields)
+
+
+def test_readiness_follows_registration_contact_and_closing() -> None:
+    metrics = ConsumerMetrics()
+    endpoints = ConsumerEndpoints(metrics, _snapshot, 10.0, "127.0.0.1:9")
+    assert endpoints.readiness() == (503, "not started")
+    metrics.snapshot = _snapshot()
+    assert endpoints.readiness() == (200, "ready") and endpoints.health() == (200, "ok")
+    metrics.snapshot = _snapshot(heard_ago=12.0)
+    assert endpoints.readiness()[1].startswith("no coordinator heard from for 12.")
+    metrics.snapshot = _snapshot(registered=False)
+    assert endpoints.readiness() == (503, "not registered with a coordinator")
+    metrics.snapshot = _snapshot(closing=True)
+    assert endpoints.readiness() == (503, "closing")
+    metrics.snapshot = _snapshot(taken=time.monotonic() - STALL_AFTER_S - 1)
+    code, text = endpoints.health()
+    assert code == 503 and text.startswith("event loop stalled for")
+    assert endpoints.readiness()[0] == 503
+
+
+def test_gauges_come_from_the_snapshot() -> None:
+    metrics = ConsumerMetrics()
+    metrics.snapshot = _snapshot()
+    assert _sample(metrics, "keyshard_consumer_in_flight") == 3
+    assert _sample(metrics, "keyshard_consumer_busy_lanes") == 4
+    assert _sample(metrics, "keyshard_consumer_owned_slots") == 100
+    assert _sample(metrics, "keyshard_consumer_fetch_lag", topic="orders", partition="0") == 7
+    assert _sample(metrics, "keyshard_consumer_records_fetched_total") == 9
+    assert _sample(metrics, "keyshard_consumer_coordinator_contact_age_seconds") >= 0.5
+
+
+def test_a_bad_metrics_address_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="metrics_listen"):
+        ConsumerEndpoints(ConsumerMetrics(), _snapshot, 10.0, "nope")
+
+
+async def test_an_unreachable_kafka_is_warned_about_then_connect_timeout_raises(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Real sockets, nothing listening: no mock needed to be refused."""
+    from consumer_client import ConsumerError as Error
+    from consumer_client import CoordinatedConsumer
+    from coordinator.local.processes import free_port
+
+    kafka = f"127.0.0.1:{free_port()}"
+    consumer = CoordinatedConsumer(
+        group="g", topics=["t"], coordinator=f"127.0.0.1:{free_port()}",
+        bootstrap_servers=kafka, connect_timeout_s=2.5, handle_signals=False,
+    )  # fmt: skip
+    expected = f"Kafka at {kafka} within connect_timeout_s=2.5"
+    with (
+        caplog.at_level(logging.WARNING, logger="consumer_client.consumer"),
+        pytest.raises(Error, match=expected),
+    ):
+        await asyncio.wait_for(consumer.run(lambda record: asyncio.sleep(0)), 60)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings and warnings[0].startswith(
+        f"cannot reach Kafka at {kafka}: Connect call failed"
+    ), warnings
