@@ -99,9 +99,9 @@ def worker_plans(
     return plans
 
 
-async def groups_settled(owners: dict[str, Coordinator], sizes: dict[str, int]) -> bool:
-    """Every group, as the replica serving it shows it: all members, every slot running,
-    nothing moving or pending."""
+async def groups_settled(owners: dict[str, Coordinator], sizes: dict[str, int]) -> list[str]:
+    """The groups that are not settled as the replica serving each shows it (settled: all
+    members, every slot running, nothing moving or pending), each with what it shows."""
     async with httpx.AsyncClient(timeout=60) as client:
 
         async def view(group: str) -> Any:
@@ -109,4 +109,18 @@ async def groups_settled(owners: dict[str, Coordinator], sizes: dict[str, int]) 
             return response.json() if response.status_code == 200 else None
 
         views = await asyncio.gather(*(view(g) for g in sizes))
-    return all(settled(v, sizes[g]) for g, v in zip(sizes, views, strict=True))
+    return [
+        f"{g}: {_summary(v)}" for g, v in zip(sizes, views, strict=True) if not settled(v, sizes[g])
+    ]
+
+
+def _summary(view: Any) -> str:
+    if view is None:
+        return "no view"
+    members = view["members"]
+    return (
+        f"{len(members)} members, unowned {view['unowned']}, target_pending "
+        f"{view['target_pending']}, quarantined {view['quarantined']}, draining "
+        f"{sum(1 for m in members if m['draining'])}, starting "
+        f"{sum(1 for m in members if m['starting'])}"
+    )

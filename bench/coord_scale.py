@@ -2,6 +2,14 @@
 
     python bench/coord_scale.py            # 1,000 and 5,000 members, 3 runs each
     python bench/coord_scale.py --quick    # 1,000 and 5,000 members, 1 run each, short windows
+    python bench/coord_scale.py --replicas 3 --groups 150 --members 15000   # 3 replicas
+
+With `--replicas N` the coordinator runs as N replicas on one state topic (fresh per run)
+and the members are split over `--groups` groups; each group's consumers connect to the
+replica serving it (bench/_coord_replicas.py) and CPU is reported per replica. The
+simulated consumers do not follow a takeover (no lease, no re-registration elsewhere):
+a replica taken over during a run leaves its groups' consumers unserved, and the run
+does not settle.
 
 A real Tansu broker and a real coordinator process (`keyshard coordinator`); the consumers
 are protocol-level clients (coordinator/protocol/: codec and channel), several
@@ -281,12 +289,15 @@ async def one_run(
     log_dir: Path,
     replicas: int = 1,
     groups: int = 1,
+    replica_timeout_ms: int | None = None,
 ) -> RunResult:
     stamp = f"{members}-{run}-{int(time.time())}"
     names = [f"scale-{stamp}"] if groups == 1 else [f"scale-{stamp}-g{k}" for k in range(groups)]
     # Every simulated client connects from 127.0.0.1: lift the per-address limit
     # (default 1,000, a flood guard) or the 1,001st registration is refused.
     limit = ["--max-connections-per-peer", str(members + 100)]
+    if replica_timeout_ms is not None:
+        limit += ["--replica-timeout-ms", str(replica_timeout_ms)]
     if replicas == 1:
         coords = [
             Coordinator(
@@ -341,8 +352,10 @@ async def one_run(
                 break
         else:
             note = f"not stable within {deadline_s:.0f} s"
-        if stable_s is not None and not await groups_settled(owners, sizes):
-            note = "admin API does not show a settled group"
+            cpu_stable = [cpu_seconds(c.pid) for c in coords]
+        unsettled = await groups_settled(owners, sizes) if stable_s is not None else []
+        if unsettled:
+            note = f"admin API: {len(unsettled)} group(s) not settled ({unsettled[0]})"
             stable_s = None
         # Steady state: every member has been pinged at least once since settling.
         await asyncio.sleep(1.0)
@@ -352,9 +365,8 @@ async def one_run(
         await asyncio.sleep(0.3)  # one more status line
         cpu1, t1, pings1 = [cpu_seconds(c.pid) for c in coords], time.monotonic(), total("pings")
         steady = [(b - a) / (t1 - t0) for a, b in zip(cpu0, cpu1, strict=True)]
-        storm = [
-            (b - a) / stable_s if stable_s else 0.0 for a, b in zip(cpu_go, cpu_stable, strict=True)
-        ]
+        storm_s = stable_s if stable_s else deadline_s  # not stable: go -> deadline
+        storm = [(b - a) / storm_s for a, b in zip(cpu_go, cpu_stable, strict=True)]
         return RunResult(
             members=members,
             stable_s=stable_s,
@@ -414,7 +426,7 @@ async def driver(args: argparse.Namespace) -> list[RunResult]:
                 r = await one_run(
                     broker, members, args.per_process, run, args.window, args.quiet,
                     args.deadline, args.session_timeout_ms, log_dir, args.replicas,
-                    args.groups,
+                    args.groups, args.replica_timeout_ms,
                 )  # fmt: skip
                 if args.replicas > 1:
                     print(
@@ -545,6 +557,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--replicas", type=int, default=1, help="coordinator replicas")
     parser.add_argument("--groups", type=int, default=1, help="members split over this many")
+    parser.add_argument(
+        "--replica-timeout-ms", type=int, default=None, help="replicas' flag (default: theirs)"
+    )
     parser.add_argument("--json", default=None, help="also write every run's results here")
     parser.add_argument("--session-timeout-ms", type=int, default=10_000, help="as the client")
     parser.add_argument("--window", type=float, default=20.0, help="CPU window, s")

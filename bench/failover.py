@@ -76,6 +76,13 @@ LABELS = {
     "restart-1": "(d) single coordinator: kill -9, restarted 2 s later",
     "none": "(e) control: no failure (joiner only)",
 }
+SHORT = {
+    "kill": "(a) kill -9",
+    "sigterm": "(b) SIGTERM",
+    "freeze": "(c) frozen",
+    "restart-1": "(d) 1 coordinator,\nrestarted",
+    "none": "(e) no failure",
+}
 CONSUMERS = 4
 SESSION = ("--session-timeout-ms", "10000")
 KEYS = 200
@@ -99,6 +106,7 @@ class Outcome:
     joiner_served_s: float | None = None
     members_kept: bool = False  # the 4 members kept their ids (adopted, not replaced)
     owner: str = ""  # the replica that failed (its place in the consumers' address list)
+    handoffs: dict[str, int] = field(default_factory=dict)  # by kind, as the last owner has them
     load: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -262,6 +270,8 @@ def _analyse(
     for member, ranges in owners_before.items():
         unmoved = unmoved | (ranges & owners_after.get(member, EMPTY))
     result.moved_slots = 65536 - unmoved.size
+    for h in after.get("handoffs", []):
+        result.handoffs[h["kind"]] = result.handoffs.get(h["kind"], 0) + 1
 
     sent = {(p.partition, p.offset): t for p, t in zip(produced, sent_ns, strict=True)}
     first: dict[tuple[int, int], Processed] = {}
@@ -324,7 +334,7 @@ def table(results: list[Outcome]) -> str:
                 ", ".join(str(r.duplicates) for r in rs),
                 ", ".join(str(r.order_violations) for r in rs),
                 each(lambda r: r.joiner_served_s),
-                ", ".join(f"{r.moved_slots:,}" for r in rs),
+                ", ".join(f"{r.moved_slots:,}{_kinds(r.handoffs)}" for r in rs),
                 ", ".join("yes" if r.members_kept else "no" for r in rs),
                 ", ".join(r.owner for r in rs),
                 ", ".join(r.load for r in rs),
@@ -338,12 +348,16 @@ def table(results: list[Outcome]) -> str:
             "joiner's (moved) slots: largest extra delay (ms)",
             "records lost", "duplicates", "per-key order violations",
             "failure -> joining consumer's first record (s)",
-            "slots moved (to the joiner, or reshuffled)", "4 members adopted",
+            "slots that changed owner (handoffs by kind)", "4 members adopted",
             "failed replica (of r0, r1, r2)",
             "load average (1/5/15 min) at start",
         ],
         rows,
     )  # fmt: skip
+
+
+def _kinds(handoffs: dict[str, int]) -> str:
+    return f" ({', '.join(f'{k} {n}' for k, n in sorted(handoffs.items()))})" if handoffs else ""
 
 
 def plot(results: list[Outcome], path: Path) -> None:
@@ -370,9 +384,7 @@ def plot(results: list[Outcome], path: Path) -> None:
                     ys.append(max(value, 1.0))
         ax.plot(xs, ys, "o", alpha=0.7, label=name)
     ax.axhline(1000, ls=":", color="tab:red", label="acceptance: extra delay < 1 s")
-    ax.set_xticks(
-        range(len(SCENARIOS)), [LABELS[s].split(":")[0][:40] for s in SCENARIOS], fontsize=7
-    )
+    ax.set_xticks(range(len(SCENARIOS)), [SHORT[s] for s in SCENARIOS], fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("ms (log)")
     ax.set_title("coordinator failover under load (4 consumers, a 5th joining at the failure)")
