@@ -41,6 +41,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -174,7 +175,9 @@ async def run_scenario(
     broker: Broker, scenario: str, rnd: int, args: argparse.Namespace, work: Path
 ) -> Outcome:
     out = work / f"{scenario}-{rnd}"
-    out.mkdir(parents=True, exist_ok=True)
+    # A previous invocation's handler logs would be read as this one's (same topic names).
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
     topic, group = f"failover.{scenario}.{rnd}", f"failover-{scenario}-{rnd}"
     extra = ["--drain-timeout-ms", "2000", "--replica-timeout-ms", str(args.replica_timeout_ms)]
     replicas = ReplicaSet(broker.bootstrap_servers, out, extra=extra)
@@ -345,7 +348,7 @@ def table(results: list[Outcome]) -> str:
             "scenario", "takeover: failure -> group served again (s)",
             "largest extra record delay, unmoved ranges (ms over the normal p99)",
             "normal record delay p50 / p99 (ms)",
-            "joiner's (moved) slots: largest extra delay (ms)",
+            "slots that changed owner (joiner's, or a replaced member's): largest extra delay (ms)",
             "records lost", "duplicates", "per-key order violations",
             "failure -> joining consumer's first record (s)",
             "slots that changed owner (handoffs by kind)", "4 members adopted",
