@@ -79,6 +79,11 @@ class Coordinator:
         return self.proc.pid
 
     def start(self, log_level: str = "INFO") -> None:
+        self.launch(log_level)
+        self.wait_ready()
+
+    def launch(self, log_level: str = "INFO") -> None:
+        """Start the process without waiting (replicas start together: `wait_ready`)."""
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [
@@ -89,6 +94,9 @@ class Coordinator:
                 ],
                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
             )  # fmt: skip
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

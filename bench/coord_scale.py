@@ -2,6 +2,14 @@
 
     python bench/coord_scale.py            # 1,000 and 5,000 members, 3 runs each
     python bench/coord_scale.py --quick    # 1,000 and 5,000 members, 1 run each, short windows
+    python bench/coord_scale.py --replicas 3 --groups 150 --members 15000   # 3 replicas
+
+With `--replicas N` the coordinator runs as N replicas on one state topic (fresh per run)
+and the members are split over `--groups` groups; each group's consumers connect to the
+replica serving it (bench/_coord_replicas.py) and CPU is reported per replica. The
+simulated consumers do not follow a takeover (no lease, no re-registration elsewhere):
+a replica taken over during a run leaves its groups' consumers unserved, and the run
+does not settle.
 
 A real Tansu broker and a real coordinator process (`keyshard coordinator`); the consumers
 are protocol-level clients (coordinator/protocol/: codec and channel), several
@@ -45,6 +53,7 @@ from bench._coord_common import (
     median,
     rss_mib,
 )
+from bench._coord_replicas import groups_settled, placed_groups, start_replicas, worker_plans
 from coordinator.local.broker import EmbeddedBroker
 from coordinator.model.addresses import parse_host_port
 from coordinator.model.hashing import SLOT_COUNT
@@ -186,19 +195,22 @@ class SimClient:
 
 
 async def worker_main(args: argparse.Namespace) -> None:
-    """Start `--clients` consumers at the time read from stdin; report status as JSON lines."""
+    """Start the consumers of `--plan` (JSON: [group, coordinator address, clients] each)
+    at the time read from stdin; report status as JSON lines."""
     stats = SimStats()
-    host, port = parse_host_port(args.coordinator)
     loop = asyncio.get_running_loop()
     print(json.dumps({"ready": True}), flush=True)
     line = await loop.run_in_executor(None, sys.stdin.readline)
     go_at = float(line)
     await asyncio.sleep(max(0.0, go_at - time.monotonic()))
-    clients = [
-        SimClient(f"sim-{args.index}-{i}", stats, args.session_timeout_ms)
-        for i in range(args.clients)
-    ]
-    tasks = [asyncio.create_task(c.run(host, port, args.group)) for c in clients]
+    clients: list[SimClient] = []
+    tasks = []
+    for k, (group, address, count) in enumerate(json.loads(args.plan)):
+        host, port = parse_host_port(address)
+        for i in range(count):
+            client = SimClient(f"sim-{args.index}-{k}-{i}", stats, args.session_timeout_ms)
+            clients.append(client)
+            tasks.append(asyncio.create_task(client.run(host, port, group)))
     try:
         while True:
             await asyncio.sleep(0.25)
@@ -232,12 +244,20 @@ class RunResult:
     stable_s: float | None
     starts: int
     stops: int
-    cpu_cores: float
+    cpu_cores: float  # the busiest replica's (the only one's, with one replica)
     rss_idle_mib: float
     rss_mib: float
     max_silence_s: float
     pings_per_s: float
     note: str = ""
+    replicas: int = 1
+    groups: int = 1
+    # Per replica (r0, r1, ...): CPU at steady pings and from go to stable (cores),
+    # members served, RSS at steady state.
+    cpu_per_replica: list[float] = field(default_factory=list)
+    storm_cpu_per_replica: list[float] = field(default_factory=list)
+    members_per_replica: list[int] = field(default_factory=list)
+    rss_per_replica: list[float] = field(default_factory=list)
 
 
 class WorkerProc:
@@ -267,38 +287,54 @@ async def one_run(
     deadline_s: float,
     session_timeout_ms: int,
     log_dir: Path,
+    replicas: int = 1,
+    groups: int = 1,
+    replica_timeout_ms: int | None = None,
 ) -> RunResult:
-    group = f"scale-{members}-{run}-{int(time.time())}"
-    coord = Coordinator(broker.bootstrap_servers, log_dir / f"coordinator-{members}-{run}.log")
-    coord.start()
+    stamp = f"{members}-{run}-{int(time.time())}"
+    names = [f"scale-{stamp}"] if groups == 1 else [f"scale-{stamp}-g{k}" for k in range(groups)]
+    # Every simulated client connects from 127.0.0.1: lift the per-address limit
+    # (default 1,000, a flood guard) or the 1,001st registration is refused.
+    limit = ["--max-connections-per-peer", str(members + 100)]
+    if replica_timeout_ms is not None:
+        limit += ["--replica-timeout-ms", str(replica_timeout_ms)]
+    if replicas == 1:
+        coords = [
+            Coordinator(
+                broker.bootstrap_servers, log_dir / f"coordinator-{members}-{run}.log", limit
+            )
+        ]
+        coords[0].start()
+    else:
+        coords = start_replicas(broker.bootstrap_servers, replicas, log_dir, stamp, limit)
     procs: list[WorkerProc] = []
     try:
+        owners = await placed_groups(coords, names)
         await asyncio.sleep(1.0)
-        rss_idle = rss_mib(coord.pid)
-        counts = [per_process] * (members // per_process)
-        if members % per_process:
-            counts.append(members % per_process)
-        for index, n in enumerate(counts):
+        rss_idle = max(rss_mib(c.pid) for c in coords)
+        sizes = {g: members // groups + (k < members % groups) for k, g in enumerate(names)}
+        for index, plan in enumerate(worker_plans(sizes, owners, per_process)):
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, SCRIPT, "--worker",
-                "--index", str(index), "--clients", str(n), "--group", group,
-                "--coordinator", coord.address,
-                "--session-timeout-ms", str(session_timeout_ms),
+                sys.executable, SCRIPT, "--worker", "--index", str(index),
+                "--plan", json.dumps(plan), "--session-timeout-ms", str(session_timeout_ms),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=ROOT,
             )  # fmt: skip
             procs.append(WorkerProc(proc))
-        await asyncio.wait_for(asyncio.gather(*(p.ready.wait() for p in procs)), 60)
+        await asyncio.wait_for(asyncio.gather(*(p.ready.wait() for p in procs)), 120)
         go_at = time.monotonic() + 0.5
         for p in procs:
             assert p.proc.stdin is not None
             p.proc.stdin.write(f"{go_at}\n".encode())
             await p.proc.stdin.drain()
+        await asyncio.sleep(max(0.0, go_at - time.monotonic()))
+        cpu_go = [cpu_seconds(c.pid) for c in coords]
 
         def total(key: str) -> int:
             return sum(int(p.status.get(key, 0)) for p in procs)
 
         stable_s: float | None = None
         note = ""
+        cpu_stable = cpu_go
         while time.monotonic() < go_at + deadline_s:
             await asyncio.sleep(0.25)
             if total("failed"):
@@ -308,35 +344,48 @@ async def one_run(
             if (
                 total("registered") == members
                 and total("owning") == members
-                and total("slots") == SLOT_COUNT
+                and total("slots") == SLOT_COUNT * groups
                 and time.monotonic() - last >= quiet_s
             ):
                 stable_s = last - go_at
+                cpu_stable = [cpu_seconds(c.pid) for c in coords]
                 break
         else:
             note = f"not stable within {deadline_s:.0f} s"
-        if stable_s is not None:
-            view = coord.group(group, timeout=60)
-            if not _settled(view, members):
-                note = "admin API does not show a settled group"
-                stable_s = None
+            cpu_stable = [cpu_seconds(c.pid) for c in coords]
+        unsettled = await groups_settled(owners, sizes) if stable_s is not None else []
+        if unsettled:
+            note = f"admin API: {len(unsettled)} group(s) not settled ({unsettled[0]})"
+            stable_s = None
         # Steady state: every member has been pinged at least once since settling.
         await asyncio.sleep(1.0)
-        pings0, cpu0, t0 = total("pings"), cpu_seconds(coord.pid), time.monotonic()
+        pings0, t0 = total("pings"), time.monotonic()
+        cpu0 = [cpu_seconds(c.pid) for c in coords]
         await asyncio.sleep(window_s)
         await asyncio.sleep(0.3)  # one more status line
-        cpu1, t1, pings1 = cpu_seconds(coord.pid), time.monotonic(), total("pings")
+        cpu1, t1, pings1 = [cpu_seconds(c.pid) for c in coords], time.monotonic(), total("pings")
+        steady = [(b - a) / (t1 - t0) for a, b in zip(cpu0, cpu1, strict=True)]
+        storm_s = stable_s if stable_s else deadline_s  # not stable: go -> deadline
+        storm = [(b - a) / storm_s for a, b in zip(cpu_go, cpu_stable, strict=True)]
         return RunResult(
             members=members,
             stable_s=stable_s,
             starts=total("starts"),
             stops=total("stops"),
-            cpu_cores=(cpu1 - cpu0) / (t1 - t0),
+            cpu_cores=max(steady),
             rss_idle_mib=rss_idle,
-            rss_mib=rss_mib(coord.pid),
+            rss_mib=max(rss_mib(c.pid) for c in coords),
             max_silence_s=max(float(p.status.get("max_silence", 0.0)) for p in procs),
             pings_per_s=(pings1 - pings0) / (t1 - t0),
             note=note,
+            replicas=replicas,
+            groups=groups,
+            cpu_per_replica=steady,
+            storm_cpu_per_replica=storm,
+            members_per_replica=[
+                sum(n for g, n in sizes.items() if owners[g] is c) for c in coords
+            ],
+            rss_per_replica=[rss_mib(c.pid) for c in coords],
         )
     finally:
         for p in procs:
@@ -349,15 +398,8 @@ async def one_run(
                 p.proc.kill()
                 await p.proc.wait()
             p.reader.cancel()
-        coord.stop()
-
-
-def _settled(view: Any, members: int) -> bool:
-    if view is None or len(view["members"]) != members:
-        return False
-    if view["quarantined"] or view["unowned"] or view["target_pending"]:
-        return False
-    return all(not m["draining"] and not m["starting"] for m in view["members"])
+        for c in coords:
+            c.stop()
 
 
 async def create_topic(bootstrap: str, partitions: int) -> None:
@@ -383,8 +425,17 @@ async def driver(args: argparse.Namespace) -> list[RunResult]:
             for run in range(args.runs):
                 r = await one_run(
                     broker, members, args.per_process, run, args.window, args.quiet,
-                    args.deadline, args.session_timeout_ms, log_dir,
+                    args.deadline, args.session_timeout_ms, log_dir, args.replicas,
+                    args.groups, args.replica_timeout_ms,
                 )  # fmt: skip
+                if args.replicas > 1:
+                    print(
+                        f"  per replica: members {r.members_per_replica}, CPU steady "
+                        f"{[round(c, 3) for c in r.cpu_per_replica]}, CPU registering "
+                        f"{[round(c, 3) for c in r.storm_cpu_per_replica]}, RSS "
+                        f"{[round(m) for m in r.rss_per_replica]} MiB",
+                        flush=True,
+                    )
                 print(
                     f"{members} members, run {run + 1}: stable "
                     f"{'-' if r.stable_s is None else f'{r.stable_s:.2f} s'}, "
@@ -433,6 +484,36 @@ def summarize(results: list[RunResult], args: argparse.Namespace) -> str:
     )  # fmt: skip
 
 
+def summarize_replicas(results: list[RunResult]) -> str:
+    """One row per run: stability, and CPU / members / RSS per replica."""
+
+    def each(values: list[float], digits: int = 2) -> str:
+        return " / ".join(f"{v:.{digits}f}" for v in values)
+
+    rows = [
+        [
+            f"{r.members:,}", f"{r.groups}", f"{r.replicas}",
+            "-" if r.stable_s is None else f"{r.stable_s:.2f} s",
+            f"{r.starts} / {r.stops}",
+            " / ".join(f"{m:,}" for m in r.members_per_replica),
+            each(r.storm_cpu_per_replica), each(r.cpu_per_replica),
+            f"{r.pings_per_s:.0f}", each(r.rss_per_replica, 0),
+            f"{r.max_silence_s:.2f} s", r.note or "",
+        ]
+        for r in results
+    ]  # fmt: skip
+    return markdown_table(
+        [
+            "members", "groups", "replicas", "time to stable",
+            "StartFetcher / StopFetcher sent", "members per replica (r0 / r1 / r2)",
+            "CPU per replica, go -> stable (cores)", "CPU per replica at steady pings (cores)",
+            "pings/s (all)", "RSS per replica at steady state (MiB)",
+            "longest silence seen by a client", "note",
+        ],
+        rows,
+    )  # fmt: skip
+
+
 def plot(results: list[RunResult], path: Path) -> None:
     import matplotlib
 
@@ -474,6 +555,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--per-process", type=int, default=500, help="clients per process")
     parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument("--replicas", type=int, default=1, help="coordinator replicas")
+    parser.add_argument("--groups", type=int, default=1, help="members split over this many")
+    parser.add_argument(
+        "--replica-timeout-ms", type=int, default=None, help="replicas' flag (default: theirs)"
+    )
+    parser.add_argument("--json", default=None, help="also write every run's results here")
     parser.add_argument("--session-timeout-ms", type=int, default=10_000, help="as the client")
     parser.add_argument("--window", type=float, default=20.0, help="CPU window, s")
     parser.add_argument("--quiet", type=float, default=3.0, help="no Stop/Start this long = stable")
@@ -483,9 +570,7 @@ def main() -> None:
     # worker mode (started by the driver)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--clients", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--group", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--coordinator", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--plan", default="[]", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         asyncio.run(worker_main(args))
@@ -495,15 +580,18 @@ def main() -> None:
     print(machine(), flush=True)
     started = time.monotonic()
     results = asyncio.run(driver(args))
-    table = summarize(results, args)
+    table = summarize(results, args) if args.replicas == 1 else summarize_replicas(results)
     print()
     print(
         f"command: python bench/coord_scale.py {' '.join(sys.argv[1:])}  "
         f"({time.monotonic() - started:.0f} s)"
     )
     print(table)
-    plot(results, Path(args.plot))
-    print(f"plot: {args.plot}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([vars(r) for r in results], indent=1))
+    if args.replicas == 1:
+        plot(results, Path(args.plot))
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

@@ -265,9 +265,12 @@ async def produce(
     key_of: Callable[[int], str] | None = None,
     kafka_config: Mapping[str, str] | None = None,
     compression: str | None = None,
+    sent_ns: list[int] | None = None,
 ) -> list[Produced]:
     """Produce `count` keyed records (key = record index mod `keys`, or `key_of(index)`),
-    optionally paced to `rate` records per second, with Kafka settings and a codec."""
+    optionally paced to `rate` records per second, with Kafka settings and a codec.
+    `sent_ns`, if given, gets each record's send time (CLOCK_MONOTONIC ns, as the
+    handlers log theirs), in the order of the list returned."""
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         linger_ms=2,
@@ -280,6 +283,8 @@ async def produce(
         sent = []
         for i in range(start, start + count):
             key = key_of(i) if key_of is not None else f"key-{i % keys}"
+            if sent_ns is not None:
+                sent_ns.append(time.monotonic_ns())
             sent.append((key, await producer.send(topic, key=key.encode(), value=str(i).encode())))
             if rate is not None and i % 50 == 0:
                 await asyncio.sleep(max(0.0, began + (i - start) / rate - time.monotonic()))
