@@ -93,7 +93,9 @@ class OrderedSender:
         if not isinstance(reply, StopFetcherResponse):
             self._fail_member(group, effect.member_id, reply)
             return
-        state = self._groups[group]
+        state = self._groups.get(group)
+        if state is None:
+            return  # the group's partition was let go of meanwhile
         self._run(
             group,
             handlers.stop_completed(
@@ -121,7 +123,9 @@ class OrderedSender:
         if not isinstance(reply, StartFetcherResponse):
             self._fail_member(group, effect.member_id, reply)
             return
-        state = self._groups[group]
+        state = self._groups.get(group)
+        if state is None:
+            return  # the group's partition was let go of meanwhile
         self._run(
             group,
             handlers.start_completed(
@@ -155,15 +159,15 @@ class OrderedSender:
                     self._write_failed(group, err)
                     return None
             channel = self._channels.get((group, member_id))
-            member = self._groups[group].members.get(member_id)
-            if channel is None or member is None or channel.is_closed:
+            state = self._groups.get(group)  # None: its partition was let go of meanwhile
+            member = state.members.get(member_id) if state is not None else None
+            if channel is None or state is None or member is None or channel.is_closed:
                 return None
             self._contacted(group, member_id)
             future = channel.submit(request)
             written = time.perf_counter()
             self._activity.timed(f"{request.type[:-8]} queued", written - decided)
             if stops is not None:
-                state = self._groups[group]
                 self._run(
                     group,
                     handlers.stop_written(

@@ -351,3 +351,31 @@ async def test_a_grant_leaves_only_once_the_log_has_it() -> None:
 def a_id(runtime: CoordinatorRuntime) -> str:
     (member_id,) = runtime.group_states()["g"].members
     return member_id
+
+
+async def test_a_reply_after_the_partition_was_let_go_of_is_dropped_quietly(
+    caplog: Any,
+) -> None:
+    """A StopFetcher answered after the replica let the group's partition go (handed over,
+    fenced, cut off): the group is gone here, and the reply changes nothing (it raised
+    KeyError in the sender, once per member, at 15,000 members thousands of tracebacks)."""
+    store = HeldStore()
+    runtime = runtime_on(RuntimeSettings("unused:1"), store)
+    await runtime.start()
+    try:
+        a, b = RecordingChannel(), RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+        answer(a)
+        await runtime.register(b, register("b"))  # type: ignore[arg-type]
+        await eventually(lambda: len(a.kinds()) == 2, "a is asked to stop half")
+        owner = runtime.owner_of("g")
+        assert owner is not None
+        runtime.release_partition(owner[0], "handed over (test)")
+        answer(a)
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert "g" not in runtime.group_states()
+        assert [r for r in caplog.records if r.levelname == "ERROR"] == []
+    finally:
+        await runtime.stop()
