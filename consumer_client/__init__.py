@@ -6,6 +6,14 @@ Layer: may import only `coordinator.model`, `coordinator.protocol` and `coordina
 
 from consumer_client.consumer import ConsumerError, ConsumerStats, CoordinatedConsumer
 from consumer_client.lanes import RetryPolicy
+from consumer_client.transactions import Outputs
 from coordinator.security.tls import ClientTls
 
-__all__ = ["ClientTls", "ConsumerError", "ConsumerStats", "CoordinatedConsumer", "RetryPolicy"]
+__all__ = [
+    "ClientTls",
+    "ConsumerError",
+    "ConsumerStats",
+    "CoordinatedConsumer",
+    "Outputs",
+    "RetryPolicy",
+]

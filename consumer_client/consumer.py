@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -30,6 +31,13 @@ from consumer_client.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy
 from consumer_client.membership import ConsumerError, Membership
 from consumer_client.progress import ConsumerProgress
 from consumer_client.stats import ConsumerStats
+from consumer_client.transactions import (
+    ExactlyOnceHandler,
+    TransactionalCallbacks,
+    TransactionalWriter,
+)
+from consumer_client.txn_log import DEFAULT_TOPIC as TXN_LOG_TOPIC
+from consumer_client.txn_log import TxnLog
 from coordinator.kafka.connect import KafkaUnreachable, start_client
 from coordinator.kafka.settings import KafkaSettings
 from coordinator.model.addresses import parse_host_ports
@@ -44,6 +52,10 @@ log = logging.getLogger(__name__)
 AsyncHandler = Callable[[Any], Awaitable[None]]
 CLIENT_STOP_TIMEOUT_S = 10.0
 KAFKA_START_TIMEOUT_S = 30.0
+#: Exactly-once: how often a member commits its transaction. Lower: outputs visible
+#: sooner; higher: fewer commits per record (bench/README.md, exactly-once).
+DEFAULT_TRANSACTION_INTERVAL_MS = 100
+_TXID_PREFIX = re.compile(r"[A-Za-z0-9._-]{1,100}")
 
 __all__ = ["ConsumerError", "ConsumerStats", "CoordinatedConsumer"]
 
@@ -71,6 +83,9 @@ class CoordinatedConsumer:
         drain_timeout_s: float = 30.0,
         fetch_max_wait_ms: int = 100,
         replay_window: int = 10_000,
+        transactional_id_prefix: str | None = None,  # exactly-once: see run_exactly_once
+        transaction_interval_ms: int = DEFAULT_TRANSACTION_INTERVAL_MS,
+        transaction_log_topic: str = TXN_LOG_TOPIC,
     ) -> None:
         if not topics:
             raise ValueError("topics must name at least one topic")
@@ -82,6 +97,17 @@ class CoordinatedConsumer:
             raise ValueError(f"capacity={capacity} is outside 1..100000")
         if replay_window < 0:
             raise ValueError(f"replay_window={replay_window} must be >= 0 (0 turns it off)")
+        if transactional_id_prefix is not None and not _TXID_PREFIX.fullmatch(
+            transactional_id_prefix
+        ):
+            raise ValueError(
+                f"transactional_id_prefix={transactional_id_prefix!r} must be 1..100 of "
+                "A-Z a-z 0-9 . _ -"
+            )
+        if not 1 <= transaction_interval_ms <= 30_000:
+            raise ValueError(
+                f"transaction_interval_ms={transaction_interval_ms} is outside 1..30000"
+            )
         try:
             coordinators = parse_host_ports(coordinator)
         except ValueError as err:
@@ -112,6 +138,11 @@ class CoordinatedConsumer:
         # waiting, so it bounds delivery latency; on Kafka it only matters when idle.
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.replay_window = replay_window
+        self.transactional_id_prefix = transactional_id_prefix
+        self.transaction_interval_ms = transaction_interval_ms
+        self.transaction_log_topic = transaction_log_topic
+        # The exactly-once writer, made by `run_exactly_once` (it needs the running loop).
+        self.writer: TransactionalWriter | None = None
         self.progress = ConsumerProgress()
         self.stats = ConsumerStats()
         self._dispatcher = Dispatcher(
@@ -157,6 +188,39 @@ class CoordinatedConsumer:
 
     async def run(self, handler: AsyncHandler) -> None:
         """Consume until `close()` (or `request_stop()`); a normal return acknowledges."""
+        if self.transactional_id_prefix is not None:
+            raise ValueError(
+                "this consumer has a transactional_id_prefix: run it with run_exactly_once"
+            )
+        await self._run(handler)
+
+    async def run_exactly_once(self, handler: ExactlyOnceHandler) -> None:
+        """Exactly-once read-process-write: `await handler(record, outputs)`, where every
+        `outputs.send(topic, value, key=...)` is committed in one Kafka transaction with
+        the position of `record`, or not at all (docs/protocol.md §13). Needs
+        `transactional_id_prefix` and a broker with transactions (Apache Kafka)."""
+        if self.transactional_id_prefix is None:
+            raise ValueError("run_exactly_once needs transactional_id_prefix=...")
+        self.writer = TransactionalWriter(
+            progress=self.progress,
+            txn_log=TxnLog(
+                bootstrap=self.bootstrap_servers,
+                kafka=self.kafka,
+                topic=self.transaction_log_topic,
+                group=self.group,
+                prefix=self.transactional_id_prefix,
+            ),
+            bootstrap=self.bootstrap_servers,
+            kafka=self.kafka,
+            name=self.name,
+            interval_ms=self.transaction_interval_ms,
+        )
+        self._membership.hooks = TransactionalCallbacks(
+            self.writer, self.progress, self._fetcher, self._dispatcher
+        )
+        await self._run(self.writer.wrap(handler))
+
+    async def _run(self, handler: AsyncHandler) -> None:
         self._loop = asyncio.get_running_loop()
         if self.dead_letter_topic:
             self._dead_letters = DeadLetters(
@@ -183,6 +247,8 @@ class CoordinatedConsumer:
             )
             if self._dead_letters is not None:
                 await self._dead_letters.start()
+            if self.writer is not None:
+                await self.writer.start()
         except KafkaUnreachable as err:
             self._fetcher.kafka = None
             raise ConsumerError(str(err)) from None
@@ -191,10 +257,11 @@ class CoordinatedConsumer:
         assert self._fetcher.failed is not None
         fetch_failed = self._fetcher.failed
         stopped: asyncio.Future[Any] = asyncio.create_task(self._stopped.wait())
+        waits = {connector, fetch_failed, stopped}
+        if self.writer is not None:
+            waits.add(self.writer.failed)
         try:
-            done, _ = await asyncio.wait(
-                {connector, fetch_failed, stopped}, return_when=asyncio.FIRST_COMPLETED
-            )
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             for finished in done:
                 if finished is not stopped and finished.exception() is not None:
                     raise finished.exception()  # type: ignore[misc]
@@ -238,6 +305,14 @@ class CoordinatedConsumer:
                 self.progress.begin_stop(self.progress.owned)
                 lanes.drop()
                 await lanes.wait_idle(timeout=self.drain_timeout_s)
+            if self.writer is not None:
+                # Commit what is done and claim nothing more: the Leave reports committed
+                # positions only. A failed writer leaves no report (the coordinator keeps
+                # the committed positions it had).
+                try:
+                    await self.writer.commit(releasing=self.writer.owned(), force=True)
+                except ConsumerError:
+                    return
             await self._membership.leave(self.progress.positions())
         finally:
             self._stopped.set()
@@ -275,6 +350,8 @@ class CoordinatedConsumer:
                 await asyncio.wait_for(self._fetcher.kafka.stop(), CLIENT_STOP_TIMEOUT_S)
         if self._dead_letters is not None:
             await self._dead_letters.stop()
+        if self.writer is not None:
+            await self.writer.stop()
         if self._membership.channel is not None:
             await self._membership.channel.aclose()
 

@@ -52,3 +52,6 @@ _.capture_signals, _.should_exit
 
 # Settings of the libraries bench/_worker.py compares against.
 _.dlq_enabled, _.ordering_mode, _.max_in_flight, _.process_count
+
+# Public API of the consumer library: exactly-once runs are the user's.
+_.run_exactly_once
