@@ -341,6 +341,8 @@ class CoordinatedConsumer:
         self._fetcher.room.set()
 
     async def _shutdown_clients(self) -> None:
+        if self.writer is not None:  # first: commits cut short from here on are no failure
+            await self.writer.stop()
         for task in list(self._membership.tasks):
             task.cancel()
         if self._dispatcher.lanes is not None:
@@ -350,8 +352,6 @@ class CoordinatedConsumer:
                 await asyncio.wait_for(self._fetcher.kafka.stop(), CLIENT_STOP_TIMEOUT_S)
         if self._dead_letters is not None:
             await self._dead_letters.stop()
-        if self.writer is not None:
-            await self.writer.stop()
         if self._membership.channel is not None:
             await self._membership.channel.aclose()
 

@@ -176,6 +176,7 @@ class TransactionalWriter:
         self.producer = producer
 
     async def stop(self) -> None:
+        self.state = WriterState.CLOSED
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(BaseException):
@@ -183,7 +184,6 @@ class TransactionalWriter:
         for entry in self.preparing:
             if entry.task is not None:
                 entry.task.cancel()
-        self.state = WriterState.CLOSED
         if self.producer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.producer.stop(), 10.0)
@@ -251,7 +251,15 @@ class TransactionalWriter:
             if claim:
                 merge_positions(history, claim)
             record = WriterRecord(self.txn_log.group, self.txid, owned, history)
-            await self._transact(batch, [*retire, record])
+            try:
+                await self._transact(batch, [*retire, record])
+            except asyncio.CancelledError:
+                # The batch's records are done as far as the lanes know: committing later
+                # positions without these outputs would lose them. Unless the session is
+                # gone (the batch with it) or we are closing, stop the consumer.
+                if generation == self.generation and self.state is WriterState.OPEN:
+                    self._fail("a commit was interrupted")
+                raise
             self._history = history
             self._written = (owned, snapshot)
             if generation == self.generation:

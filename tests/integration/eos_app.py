@@ -26,7 +26,10 @@ from consumer_client import CoordinatedConsumer, Outputs
 
 def output_of(record: Any) -> tuple[bytes, bytes]:
     key, seq = record.value.decode().rsplit(":", 1)
-    value = {"k": key, "seq": int(seq), "p": record.partition, "o": record.offset}
+    value = {
+        "k": key, "seq": int(seq), "p": record.partition, "o": record.offset,
+        "t": record.timestamp,  # when the input was produced (ms): for latency
+    }  # fmt: skip
     return record.key, json.dumps(value).encode()
 
 

@@ -17,12 +17,13 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from coordinator.local.processes import stop_process
-from tests.integration.harness import CoordinatorProcess, create_topic, wait_for
+from tests.integration.harness import CoordinatorProcess, ReplicaSet, create_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.brokers("kafka")]
 
@@ -36,7 +37,8 @@ OUTPUT_PARTITIONS = 3
 class Apps:
     """eos_app processes, stopped by pid whatever the outcome."""
 
-    coordinator: CoordinatorProcess
+    address: str  # the coordinator(s) given to the apps
+    bootstrap: str
     log_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -46,7 +48,7 @@ class Apps:
             [
                 sys.executable, "-m", "tests.integration.eos_app", "--group", GROUP,
                 "--input", INPUT, "--output", OUTPUT, "--coordinator",
-                self.coordinator.address, "--bootstrap", self.coordinator.bootstrap,
+                self.address, "--bootstrap", self.bootstrap,
                 "--name", name, *extra,
             ],
             stdout=log,
@@ -75,7 +77,7 @@ class Apps:
 
 @pytest.fixture
 def apps(coordinator: CoordinatorProcess, tmp_path: Path) -> object:
-    a = Apps(coordinator, tmp_path)
+    a = Apps(coordinator.address, coordinator.bootstrap, tmp_path)
     try:
         yield a
     finally:
@@ -142,6 +144,14 @@ class OutputReader:
         await self.latest.stop()
 
 
+async def _above(reader: OutputReader, n: int) -> bool:
+    return await reader.poll() >= n
+
+
+async def outputs_reach(reader: OutputReader, apps: Apps, n: int, timeout: float = 120) -> None:
+    await wait_for(lambda: _above(reader, n), timeout, f"{n} distinct outputs\n{apps.logs()}")
+
+
 def check(outputs: list[tuple[int, int, dict[str, object]]], count: int, keys: int) -> None:
     """Every input exactly once; per key, sequences in output order are 0, 1, 2, ..."""
     seen: dict[tuple[object, object], int] = defaultdict(int)
@@ -180,24 +190,21 @@ async def test_exactly_once_output_through_churn_and_crashes(
             produce_sequenced(coordinator.bootstrap, count, keys, rate=400)
         )
 
-        async def outputs_reach(n: int) -> None:
-            await wait_for(lambda: _above(reader, n), 120, f"{n} distinct outputs\n{apps.logs()}")
-
-        await outputs_reach(800)
+        await outputs_reach(reader, apps, 800)
         apps.kill("a")  # mid-transaction, most likely
         apps.spawn("d")
-        await outputs_reach(1800)
+        await outputs_reach(reader, apps, 1800)
         apps.stop("b")  # graceful leave
-        await outputs_reach(2600)
+        await outputs_reach(reader, apps, 2600)
         coordinator.kill()  # consumers ride through; the new one adopts their claims
         await coordinator.start()
         apps.spawn("e")
-        await outputs_reach(3600)
+        await outputs_reach(reader, apps, 3600)
         apps.kill("c")
         apps.kill("d")
         apps.spawn("f")
         await producing
-        await wait_for(lambda: _above(reader, count), 180, f"every input's output\n{apps.logs()}")
+        await outputs_reach(reader, apps, count, 180)
         for name in ("e", "f"):
             assert apps.alive(name), apps.logs()
             apps.stop(name)
@@ -205,10 +212,6 @@ async def test_exactly_once_output_through_churn_and_crashes(
         check(reader.outputs, count, keys)
     finally:
         await reader.stop()
-
-
-async def _above(reader: OutputReader, n: int) -> bool:
-    return await reader.poll() >= n
 
 
 async def test_graceful_restart_writes_nothing_twice(
@@ -232,3 +235,42 @@ async def test_graceful_restart_writes_nothing_twice(
         check(reader.outputs, count + 100, keys)
     finally:
         await reader.stop()
+
+
+async def test_exactly_once_through_a_replica_failover(broker: Any, tmp_path: Path) -> None:
+    """Two coordinator replicas; the one serving the group is killed with SIGKILL while
+    three apps run: they ride through to the other replica, and a consumer is killed
+    during the failover too."""
+    count, keys = 4000, 40
+    replicas = ReplicaSet(broker.bootstrap_servers, tmp_path, extra=["--drain-timeout-ms", "2000"])
+    apps = Apps(replicas.addresses, broker.bootstrap_servers, tmp_path)
+    reader = OutputReader(broker.bootstrap_servers)
+    try:
+        replicas.add("r0")
+        replicas.add("r1")
+        await replicas.start("r0", "r1")
+        apps.address = replicas.addresses
+        await make_topics(broker.bootstrap_servers)
+        await reader.start()
+        for name in ("a", "b", "c"):
+            apps.spawn(name)
+        producing = asyncio.create_task(
+            produce_sequenced(broker.bootstrap_servers, count, keys, rate=400)
+        )
+        await outputs_reach(reader, apps, 1000)
+        owner = await wait_for(lambda: replicas.owner(GROUP), 30, "the group's replica")
+        owner.kill()
+        apps.kill("a")
+        await outputs_reach(reader, apps, 2500)
+        apps.spawn("d")
+        await producing
+        await outputs_reach(reader, apps, count, 180)
+        for name in ("b", "c", "d"):
+            assert apps.alive(name), apps.logs()
+            apps.stop(name)
+        await wait_for(reader.at_end, 60, "the output read to its end")
+        check(reader.outputs, count, keys)
+    finally:
+        apps.stop_all()
+        await reader.stop()
+        replicas.stop_all()
