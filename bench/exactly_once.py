@@ -60,7 +60,7 @@ async def produce(
         await producer.stop()
 
 
-class Outputs:
+class OutputReader:
     """A read_committed reader of the output topic: counts, and each output's delay after
     its input was produced."""
 
@@ -126,7 +126,7 @@ async def run_mode(
     topic_in, topic_out = f"bench.{name}.in", f"bench.{name}.out"
     await create_topic(bootstrap, topic_in, partitions=2)
     await create_topic(bootstrap, topic_out, partitions=OUTPUT_PARTITIONS)
-    outputs = Outputs(bootstrap, topic_out)
+    outputs = OutputReader(bootstrap, topic_out)
     await outputs.start()
     proc = spawn(coordinator, args, name, mode, topic_in, topic_out, log_dir)
     try:

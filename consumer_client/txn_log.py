@@ -41,9 +41,12 @@ log = logging.getLogger(__name__)
 DEFAULT_TOPIC = "__keyshard_transactions"
 DEFAULT_PARTITIONS = 6
 RECORD_VERSION = 1
-#: A read of the log to its end waits at most this for open transactions of live writers
-#: (each commits within its commit interval) and for fenced ones to be aborted.
-READ_TIMEOUT_S = 60.0
+#: A read of the log to its end waits at most this at open transactions. A live writer's
+#: is committed within its commit interval; a dead writer's is aborted when its slots'
+#: new owner fences it (after the dead member's session) or, at the latest, by Kafka after
+#: the transaction timeout (60 s, `transactions.TRANSACTION_TIMEOUT_MS`) plus the broker's
+#: check interval (`transaction.abort.timed.out.transaction.cleanup.interval.ms`, 10 s).
+READ_TIMEOUT_S = 90.0
 
 
 class TxnLogError(RuntimeError):

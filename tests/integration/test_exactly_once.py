@@ -62,6 +62,14 @@ class Apps:
     def stop(self, name: str) -> None:
         stop_process(self.procs[name])
 
+    def freeze(self, name: str) -> None:
+        """SIGSTOP: a member cut off from everyone, whose transaction stays open."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+
+    def thaw(self, name: str) -> None:
+        if self.alive(name):
+            self.procs[name].send_signal(signal.SIGCONT)
+
     def alive(self, name: str) -> bool:
         return self.procs[name].poll() is None
 
@@ -71,6 +79,8 @@ class Apps:
         )
 
     def stop_all(self) -> None:
+        for name in self.procs:
+            self.thaw(name)
         for proc in self.procs.values():
             stop_process(proc)
 
@@ -207,6 +217,39 @@ async def test_exactly_once_output_through_churn_and_crashes(
         await outputs_reach(reader, apps, count, 180)
         for name in ("e", "f"):
             assert apps.alive(name), apps.logs()
+            apps.stop(name)
+        await wait_for(reader.at_end, 60, "the output read to its end")
+        check(reader.outputs, count, keys)
+    finally:
+        await reader.stop()
+
+
+async def test_a_frozen_member_commits_nothing_for_slots_it_lost(
+    coordinator: CoordinatorProcess, apps: Apps
+) -> None:
+    """A member frozen mid-stream (SIGSTOP) with an open transaction loses its slots after
+    its session; their new owner fences it. Thawed, it cannot commit what it had: it is
+    refused by Kafka or drops it on noticing the lost session."""
+    count, keys = 3000, 30
+    await make_topics(coordinator.bootstrap)
+    reader = OutputReader(coordinator.bootstrap)
+    await reader.start()
+    try:
+        apps.spawn("a")
+        apps.spawn("b")
+        producing = asyncio.create_task(
+            produce_sequenced(coordinator.bootstrap, count, keys, rate=300)
+        )
+        await wait_for(lambda: coordinator.settled(2, GROUP), 60, "two members")
+        await outputs_reach(reader, apps, 600)
+        apps.freeze("a")
+        await wait_for(lambda: coordinator.settled(1, GROUP), 60, "a's slots given to b")
+        await outputs_reach(reader, apps, 1500)
+        apps.thaw("a")
+        await producing
+        await outputs_reach(reader, apps, count, 180)
+        assert apps.alive("b"), apps.logs()
+        for name in ("a", "b"):
             apps.stop(name)
         await wait_for(reader.at_end, 60, "the output read to its end")
         check(reader.outputs, count, keys)
