@@ -4,14 +4,14 @@ at-least-once with the same handler, and the transaction commit interval.
 One Apache Kafka node (tests/brokers/kafka.py), one coordinator, and for every mode a
 fresh input topic (2 partitions, keys `key-0..`), output topic and group, consumed by one
 `tests.integration.eos_app` process (64 keys at once; the handler waits `--handler-ms` and
-burns `--cpu-ms` of CPU, then writes one output: a plain producer's send at-least-once,
-`Outputs.send` exactly-once). Throughput: a backlog of `--records` inputs, counted from the
-10th to the last percent of the outputs a read_committed reader sees (so exactly-once pays
-its commit latency too). Delay: then `--paced` inputs at `--rate`/s, each output's arrival
-at that reader after its input was produced. Modes run interleaved, `--rounds` times; the
-table shows medians.
+burns `--cpu-ms` of CPU, then writes one output: at-least-once through a plain producer,
+awaited until Kafka has it; exactly-once through `Outputs.send`). Throughput: a backlog of
+`--records` inputs, counted from the 10th to the last percent of the outputs that a
+read_committed reader sees (so exactly-once pays its commit latency too). Delay: then
+`--paced` inputs at `--rate`/s, each output's arrival at that reader after its input was
+produced. Modes run interleaved, `--rounds` times; the table shows medians.
 
-    .venv/bin/python bench/exactly_once.py            # ~5 min; prints a Markdown table
+    .venv/bin/python bench/exactly_once.py            # ~8 min; prints a Markdown table
 """
 
 from __future__ import annotations
@@ -195,9 +195,9 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--records", type=int, default=10_000)
-    p.add_argument("--paced", type=int, default=2_000)
-    p.add_argument("--rate", type=float, default=300.0)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--paced", type=int, default=1_000)
+    p.add_argument("--rate", type=float, default=100.0)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--keys", type=int, default=500)
     p.add_argument("--handler-ms", type=float, default=5.0)
     p.add_argument("--cpu-ms", type=float, default=1.0)
