@@ -249,8 +249,14 @@ class CoordinatedConsumer:
                 await self._dead_letters.start()
             if self.writer is not None:
                 await self.writer.start()
-        except KafkaUnreachable as err:
+        except (KafkaUnreachable, ConsumerError) as err:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(kafka.stop(), CLIENT_STOP_TIMEOUT_S)
             self._fetcher.kafka = None
+            if self._dead_letters is not None:
+                await self._dead_letters.stop()
+            if self.writer is not None:
+                await self.writer.stop()
             raise ConsumerError(str(err)) from None
         connector = asyncio.create_task(self._membership.run(), name=f"{self.name}-connector")
         self._fetcher.start()

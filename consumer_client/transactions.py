@@ -159,8 +159,17 @@ class TransactionalWriter:
     # ---- life cycle -----------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.txn_log.start()
-        await self._open_producer()
+        """The transaction log and our producer; a broker without transactions (Tansu)
+        fails here, with a ConsumerError saying so."""
+        try:
+            await self.txn_log.start()
+            await self._open_producer()
+        except (KafkaError, TxnLogError, TimeoutError, OSError) as err:
+            raise ConsumerError(
+                f"{self.name}: exactly-once needs Kafka transactions (a transactional "
+                f"producer and the topic {self.txn_log.topic!r}), which failed: {err!r}; "
+                "is this a broker with transactions (Apache Kafka; Tansu has none)?"
+            ) from None
         self.state = WriterState.OPEN
         self._loop_task = asyncio.create_task(self._commit_loop(), name=f"{self.name}-commits")
 
@@ -172,7 +181,12 @@ class TransactionalWriter:
             linger_ms=5,
             **self.kafka.client_options(),
         )
-        await asyncio.wait_for(producer.start(), 30.0)
+        try:
+            await asyncio.wait_for(producer.start(), 30.0)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), 10.0)
+            raise
         self.producer = producer
 
     async def stop(self) -> None:

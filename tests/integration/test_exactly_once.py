@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from consumer_client import ConsumerError, CoordinatedConsumer, Outputs
 from coordinator.local.processes import stop_process
 from tests.integration.harness import CoordinatorProcess, ReplicaSet, create_topic, wait_for
 
@@ -317,3 +318,22 @@ async def test_exactly_once_through_a_replica_failover(broker: Any, tmp_path: Pa
         apps.stop_all()
         await reader.stop()
         replicas.stop_all()
+
+
+@pytest.mark.brokers("tansu")
+async def test_exactly_once_on_a_broker_without_transactions_says_so(broker: Any) -> None:
+    await create_topic(broker.bootstrap_servers, INPUT)
+    consumer = CoordinatedConsumer(
+        group=GROUP,
+        topics=[INPUT],
+        coordinator="127.0.0.1:1",  # never reached: the writer fails first
+        bootstrap_servers=broker.bootstrap_servers,
+        transactional_id_prefix="app",
+    )
+
+    async def handler(record: Any, outputs: Outputs) -> None:
+        raise AssertionError("nothing is consumed")
+
+    with pytest.raises(ConsumerError, match="needs Kafka transactions") as err:
+        await asyncio.wait_for(consumer.run_exactly_once(handler), 120)
+    assert "Tansu has none" in str(err.value), err.value
