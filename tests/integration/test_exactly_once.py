@@ -1,11 +1,13 @@
-"""Exactly-once read-process-write on Apache Kafka (Tansu has no transactions: Kafka only).
+"""Exactly-once read-process-write on Apache Kafka (Tansu has no transactions: Kafka only,
+except the test that exactly-once on Tansu fails with a clear error).
 
 An app (`tests.integration.eos_app`) reads `input`, and for each record writes one output
 record (same key, the input's key and sequence in the value) through the transaction the
-consumer owns. While inputs arrive, consumers join, leave gracefully and are killed with
-SIGKILL, and the coordinator is killed with SIGKILL and restarted; a read_committed reader
-of the output must then see every input exactly once, in per-key order.
-"""
+consumer owns. While inputs arrive, consumers join, leave gracefully, are killed with
+SIGKILL or frozen with SIGSTOP (their slots move and their transactional ids are fenced),
+and the coordinator is killed with SIGKILL and restarted, or the serving replica of two is
+killed; a read_committed reader of the output must then see every input exactly once, in
+per-key order."""
 
 from __future__ import annotations
 
