@@ -12,6 +12,7 @@ from consumer_client.consumer import (
 )
 from consumer_client.endpoints import ConsumerEndpoints
 from consumer_client.lanes import RetryPolicy
+from consumer_client.transactions import Outputs
 from coordinator.security.tls import ClientTls
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
     "ConsumerError",
     "ConsumerStats",
     "CoordinatedConsumer",
+    "Outputs",
     "RetryPolicy",
 ]

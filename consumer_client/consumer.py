@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,13 @@ from consumer_client.metrics import ConsumerMetrics, ConsumerSnapshot, DeadLette
 from consumer_client.progress import ConsumerProgress
 from consumer_client.signals import ConsumerAborted, GracefulSignals, signals_to_handle
 from consumer_client.stats import ConsumerStats
+from consumer_client.transactions import (
+    ExactlyOnceHandler,
+    TransactionalCallbacks,
+    TransactionalWriter,
+)
+from consumer_client.txn_log import DEFAULT_TOPIC as TXN_LOG_TOPIC
+from consumer_client.txn_log import TxnLog
 from consumer_client.unreachable import Unreachable
 from coordinator.kafka.connect import KafkaUnreachable, start_client
 from coordinator.kafka.settings import KafkaSettings
@@ -50,6 +58,10 @@ log = logging.getLogger(__name__)
 AsyncHandler = Callable[[Any], Awaitable[None]]
 CLIENT_STOP_TIMEOUT_S = 10.0
 KAFKA_START_TIMEOUT_S = 30.0
+#: Exactly-once: how often a member commits its transaction. Lower: outputs visible
+#: sooner; higher: fewer commits per record (bench/README.md, exactly-once).
+DEFAULT_TRANSACTION_INTERVAL_MS = 100
+_TXID_PREFIX = re.compile(r"[A-Za-z0-9._-]{1,100}")
 
 #: Between attempts to start the Kafka client while Kafka cannot be reached.
 KAFKA_RETRY_S = 1.0
@@ -83,6 +95,9 @@ class CoordinatedConsumer:
         handle_signals: bool = True,
         connect_timeout_s: float | None = None,
         metrics_listen: str | None = None,
+        transactional_id_prefix: str | None = None,  # exactly-once: see run_exactly_once
+        transaction_interval_ms: int = DEFAULT_TRANSACTION_INTERVAL_MS,
+        transaction_log_topic: str = TXN_LOG_TOPIC,
     ) -> None:
         """`handle_signals`: SIGTERM/SIGINT close gracefully, a second one aborts
         (`consumer_client.signals`; only in the main thread, and only when the app has no
@@ -101,6 +116,17 @@ class CoordinatedConsumer:
             raise ValueError(f"capacity={capacity} is outside 1..100000")
         if replay_window < 0:
             raise ValueError(f"replay_window={replay_window} must be >= 0 (0 turns it off)")
+        if transactional_id_prefix is not None and not _TXID_PREFIX.fullmatch(
+            transactional_id_prefix
+        ):
+            raise ValueError(
+                f"transactional_id_prefix={transactional_id_prefix!r} must be 1..100 of "
+                "A-Z a-z 0-9 . _ -"
+            )
+        if not 1 <= transaction_interval_ms <= 30_000:
+            raise ValueError(
+                f"transaction_interval_ms={transaction_interval_ms} is outside 1..30000"
+            )
         try:
             coordinators = parse_host_ports(coordinator)
         except ValueError as err:
@@ -133,6 +159,11 @@ class CoordinatedConsumer:
         self.replay_window = replay_window
         self.handle_signals = handle_signals
         self.connect_timeout_s = connect_timeout_s
+        self.transactional_id_prefix = transactional_id_prefix
+        self.transaction_interval_ms = transaction_interval_ms
+        self.transaction_log_topic = transaction_log_topic
+        # The exactly-once writer, made by `run_exactly_once` (it needs the running loop).
+        self.writer: TransactionalWriter | None = None
         self.progress = ConsumerProgress()
         self.stats = ConsumerStats()
         self._dispatcher = Dispatcher(
@@ -191,6 +222,41 @@ class CoordinatedConsumer:
         """Consume until `close()` (or `request_stop()`, or SIGTERM/SIGINT); a normal
         return acknowledges. A second signal during the graceful close raises
         `ConsumerAborted`."""
+        if self.transactional_id_prefix is not None:
+            raise ValueError(
+                "this consumer has a transactional_id_prefix: run it with run_exactly_once"
+            )
+        await self._serve(handler)
+
+    async def run_exactly_once(self, handler: ExactlyOnceHandler) -> None:
+        """Exactly-once read-process-write: `await handler(record, outputs)`, where every
+        `outputs.send(topic, value, key=...)` is committed in one Kafka transaction with
+        the position of `record`, or not at all (docs/protocol.md §13). Needs
+        `transactional_id_prefix` and a broker with transactions (Apache Kafka). Signals
+        as for `run`."""
+        if self.transactional_id_prefix is None:
+            raise ValueError("run_exactly_once needs transactional_id_prefix=...")
+        self.writer = TransactionalWriter(
+            progress=self.progress,
+            txn_log=TxnLog(
+                bootstrap=self.bootstrap_servers,
+                kafka=self.kafka,
+                topic=self.transaction_log_topic,
+                group=self.group,
+                prefix=self.transactional_id_prefix,
+            ),
+            bootstrap=self.bootstrap_servers,
+            kafka=self.kafka,
+            name=self.name,
+            interval_ms=self.transaction_interval_ms,
+        )
+        self._membership.hooks = TransactionalCallbacks(
+            self.writer, self.progress, self._fetcher, self._dispatcher
+        )
+        await self._serve(self.writer.wrap(handler))
+
+    async def _serve(self, handler: AsyncHandler) -> None:
+        """Signals and endpoints around `_run`."""
         loop = self._loop = asyncio.get_running_loop()
         aborted: asyncio.Future[None] = loop.create_future()
         signals = None
@@ -233,18 +299,24 @@ class CoordinatedConsumer:
             retry=self.retry,
             dead_letter=dead_letter,
         )
-        if not await self._until_stopped(self._start_kafka(), aborted):
-            await self._shutdown_clients()  # stopped (or aborted) before Kafka was reached
+        try:
+            started = await self._until_stopped(self._start_kafka(), aborted)
+        except BaseException:  # refused (credentials, no transactions) or aborted
+            await self._shutdown_clients()
+            raise
+        if not started:
+            await self._shutdown_clients()  # stopped before Kafka was reached
             return
         connector = asyncio.create_task(self._membership.run(), name=f"{self.name}-connector")
         self._fetcher.start()
         assert self._fetcher.failed is not None
         fetch_failed = self._fetcher.failed
         stopped: asyncio.Future[Any] = asyncio.create_task(self._stopped.wait())
+        waits = {connector, fetch_failed, stopped}
+        if self.writer is not None:
+            waits.add(self.writer.failed)
         try:
-            done, _ = await asyncio.wait(
-                {connector, fetch_failed, stopped, aborted}, return_when=asyncio.FIRST_COMPLETED
-            )
+            done, _ = await asyncio.wait(waits | {aborted}, return_when=asyncio.FIRST_COMPLETED)
             for finished in done:
                 if finished is not stopped and finished.exception() is not None:
                     raise finished.exception()  # type: ignore[misc]
@@ -295,7 +367,12 @@ class CoordinatedConsumer:
                 )
                 if self._dead_letters is not None:
                     await self._dead_letters.start()
+                if self.writer is not None:
+                    await self.writer.start()
             except KafkaUnreachable as err:
+                # The consumer may have started before a later client failed: stop it.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(kafka.stop(), CLIENT_STOP_TIMEOUT_S)
                 self._fetcher.kafka = None
                 if err.lasting:
                     raise ConsumerError(str(err)) from None
@@ -344,6 +421,14 @@ class CoordinatedConsumer:
                 self.progress.begin_stop(self.progress.owned)
                 lanes.drop()
                 await lanes.wait_idle(timeout=self.drain_timeout_s)
+            if self.writer is not None:
+                # Commit what is done and claim nothing more: the Leave reports committed
+                # positions only. A failed writer leaves no report (the coordinator keeps
+                # the committed positions it had).
+                try:
+                    await self.writer.commit(releasing=self.writer.owned(), force=True)
+                except ConsumerError:
+                    return
             await self._membership.leave(self.progress.positions())
         finally:
             self._stopped.set()
@@ -389,6 +474,8 @@ class CoordinatedConsumer:
         self._fetcher.room.set()
 
     async def _shutdown_clients(self) -> None:
+        if self.writer is not None:  # first: commits cut short from here on are no failure
+            await self.writer.stop()
         for task in list(self._membership.tasks):
             task.cancel()
         if self._dispatcher.lanes is not None:

@@ -57,3 +57,5 @@ _.dlq_enabled, _.ordering_mode, _.max_in_flight, _.process_count
 # daemon_threads; logging.Formatter reads converter (consumer_client.endpoints, the
 # worker's JSON log lines).
 _.do_GET, _.log_message, _.daemon_threads, _.converter
+# Public API of the consumer library: exactly-once runs are the user's.
+_.run_exactly_once
