@@ -20,7 +20,7 @@ The embedded Tansu broker and a coordinator daemon are started here; topics are 
 before any consumer starts. Each configuration runs `--runs` times, interleaved with the
 others (so machine noise hits all systems alike); tables show medians.
 
-Run: PYTHONPATH=. /tmp/venv/bin/python bench/throughput.py all [--quick]
+Run: bash scripts/bench.sh PART [--quick] [--broker tansu|kafka]
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    BROKERS,
     KEYS,
-    PYRALLEL_PYTHON,
     Cluster,
     RunResult,
     RunSpec,
@@ -47,6 +47,7 @@ from _common import (
     machine,
     markdown_table,
     median,
+    peer_missing,
     run,
     save_json,
     workdir,
@@ -83,7 +84,12 @@ def label(spec: RunSpec) -> str:
             f" (max_in_flight {spec.concurrency})" if spec.concurrency else ""
         )
     if spec.system == "plain":
-        return "plain aiokafka group"
+        return "plain aiokafka group" + (f" ({spec.note})" if spec.note else "")
+    if spec.system == "kip848":
+        return "KIP-848 consumer group (confluent-kafka)"
+    if spec.system == "share":
+        note = f", {spec.note}" if spec.note else ""
+        return f"share group ({spec.concurrency or LANES} in flight{note})"
     return "bare getmany loop"
 
 
@@ -104,18 +110,6 @@ def repeat(
     return out
 
 
-def pyrallel_available() -> str:
-    """Empty when the Pyrallel virtualenv can import the package, else why not."""
-    import subprocess
-
-    if not PYRALLEL_PYTHON.exists():
-        return f"{PYRALLEL_PYTHON} not found"
-    probe = subprocess.run(
-        [str(PYRALLEL_PYTHON), "-c", "import pyrallel_consumer"], capture_output=True, text=True
-    )
-    return probe.stderr.strip()[-300:] if probe.returncode else ""
-
-
 # ---- parts 1 and 2: scale-out -------------------------------------------------------------
 
 
@@ -124,7 +118,7 @@ def scale_out(
     log: Callable[[str], None],
 ) -> tuple[list[RunSpec], dict[int, list[RunResult]]]:  # fmt: skip
     systems = ["plain", "keyshard"]
-    if not (why := pyrallel_available()):
+    if not (why := peer_missing("pyrallel")):
         # Its process engine runs sync handlers in worker processes: the pick for CPU work.
         systems[1:1] = ["pyrallel", "pyrallel-process"] if handler == "cpu" else ["pyrallel"]
     else:
@@ -404,20 +398,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("part", choices=["slow", "cpu", "filter", "amplification", "churn", "all"])
     parser.add_argument("--quick", action="store_true", help="fewer records, one run each")
     parser.add_argument("--runs", type=int, help="runs per configuration (default 3, quick 1)")
+    parser.add_argument("--broker", choices=BROKERS, default="tansu")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
     if args.runs:
         size = replace(size, runs=args.runs)
     every = ["slow", "cpu", "filter", "amplification", "churn"]
     parts = every if args.part == "all" else [args.part]
-    command = "PYTHONPATH=. python bench/throughput.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
-    header = f"Machine: {machine()}.\nCommand: `{command}`; {size}.\n"
+    command = "bash scripts/bench.sh " + " ".join(sys.argv[1:] if argv is None else argv)
+    header = f"Machine: {machine()}.\nBroker: {args.broker}.\nCommand: `{command}`; {size}.\n"
     print(header)
     work = workdir()
     try:
-        with Cluster(work) as cluster:
+        with Cluster(work, args.broker) as cluster:
             t0 = time.monotonic()
             topics = {
                 "slow": ["io"], "cpu": ["cpu"], "filter": ["noop"], "amplification": [],
