@@ -251,7 +251,9 @@ async def run_kip848(args: argparse.Namespace, handler: Any, stop: asyncio.Event
     consumer.subscribe([args.topic])
     loop = asyncio.get_running_loop()
     try:
-        while not stop.is_set():
+        # STOPPING, not `stop`: a CPU-bound handler never suspends while records are
+        # prefetched, so the loop would never run the stop callback (as in run_plain).
+        while not STOPPING.is_set():
             # poll(0) serves what librdkafka has prefetched; when nothing is, wait for it
             # in a thread so the loop (and the stop signal) stays live.
             msg = consumer.poll(0)
@@ -302,7 +304,7 @@ async def run_share(args: argparse.Namespace, handler: Any, stop: asyncio.Event)
             await handler(msg)
 
     try:
-        while not stop.is_set():
+        while not STOPPING.is_set():
             batch = await loop.run_in_executor(None, consumer.poll, 0.1)
             records = [m for m in batch if not m.error()]
             if records:

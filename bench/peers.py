@@ -109,13 +109,15 @@ def peers_table(specs: list[RunSpec], results: dict[int, list[RunResult]]) -> st
     rows = []
     for i, spec in enumerate(specs):
         orders = [r.order for r in results[i] if r.order is not None and r.order.handled]
+        failed = [r for r in results[i] if r.error]
         ks = keyshard.get((spec.handler, spec.topic[-1], spec.processes), 0)
         violations = " / ".join(f"{o.violations:,} ({o.share():.1%})" for o in orders)
         rows.append(
             [
                 "5 ms I/O" if spec.handler == "io" else "~1 ms CPU", spec.topic[-1],
                 str(spec.processes), label(spec), f"{rates[i]:,.0f}",
-                " / ".join(f"{r.rate:,.0f}" for r in results[i]),
+                " / ".join(f"{r.rate:,.0f}" for r in results[i])
+                + (f" ({len(failed)} failed: {failed[0].error})" if failed else ""),
                 f"{rates[i] / ks:.2f}x" if ks else "-",
                 violations or "-",
                 " / ".join(f"{o.keys_violated:,}" for o in orders) or "-",
@@ -154,6 +156,7 @@ def peers_plot(specs: list[RunSpec], results: dict[int, list[RunResult]], path: 
         what = "5 ms I/O" if handler == "io" else "~1 ms CPU"
         ax.set_title(f"{what}, {partitions} partition(s)", fontsize=9)
         ax.set_xscale("log")
+        ax.set_xlim(left=100)
         ax.set_xlabel("records/s (median, log)")
         ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
@@ -204,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             results = repeat(cluster, specs, size.runs, print)
             table = peers_table(specs, results)
             md = f"{header}\n{table}\n\nCPU handler: {loops} loop iterations.\n"
-            stem = "peers-quick" if args.quick else "peers"
+            stem = "peers" + ("-quick" if args.quick else "")
+            stem += "" if args.handlers == "io,cpu" else "-" + args.handlers.replace(",", "-")
             (OUT / f"{stem}.md").write_text(md)
             save_json(OUT / f"{stem}.json", [r for rs in results.values() for r in rs])
             peers_plot(specs, results, OUT / f"{stem}.png")
