@@ -40,7 +40,7 @@ done
 case "$part" in
   slow|cpu|filter|amplification|churn|all) script=bench/throughput.py; args=("$part" "${args[@]}"); peers=1 ;;
   peers) script=bench/peers.py; peers=1; broker="${broker:-kafka}" ;;
-  handoff) script=bench/handoff_pause.py; peers=0 ;;
+  handoff) script=bench/handoff_pause.py; peers=1 ;;
   coord-scale) script=bench/coord_scale.py; peers=0 ;;
   balance) script=bench/balance.py; peers=0 ;;
   spark) script=bench/spark_source.py; peers=0 ;;
@@ -48,7 +48,7 @@ case "$part" in
   *) echo "unknown part '$part' (see: bash scripts/bench.sh)" >&2; exit 2 ;;
 esac
 case "$script:$broker" in
-  *:|*:tansu|bench/throughput.py:kafka|bench/peers.py:kafka) ;;
+  *:|*:tansu|bench/throughput.py:kafka|bench/peers.py:kafka|bench/handoff_pause.py:kafka) ;;
   *) echo "$part runs on the embedded Tansu broker only (no --broker $broker)" >&2; exit 2 ;;
 esac
 
