@@ -399,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer records, one run each")
     parser.add_argument("--runs", type=int, help="runs per configuration (default 3, quick 1)")
     parser.add_argument("--broker", choices=BROKERS, default="tansu")
+    parser.add_argument("--tag", default="", help="appended to the output files' names")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
     if args.runs:
@@ -427,8 +428,12 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         print(f"loaded {prefix}-p{partitions}: {n:,} records in {took:.1f} s")
             for part in parts:
-                md = _run_part(part, cluster, size, header)
-                (OUT / f"throughput-{part}.md").write_text(md)
+                # Tansu's tables keep their names; Kafka's and tagged ones get their own.
+                stem = f"throughput-{part}" + "".join(
+                    f"-{x}" for x in (args.broker if args.broker != "tansu" else "", args.tag) if x
+                )
+                md = _run_part(part, cluster, size, header, stem)
+                (OUT / f"{stem}.md").write_text(md)
                 print(md)
             print(f"total {time.monotonic() - t0:.0f} s")
     finally:
@@ -436,30 +441,30 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run_part(part: str, cluster: Cluster, size: Size, header: str) -> str:
+def _run_part(part: str, cluster: Cluster, size: Size, header: str, stem: str) -> str:
     print(f"== {part}")
     if part == "slow":
         specs, results = scale_out(cluster, size, "io", (1, 4), 0, print)
         table = scale_table(specs, results)
-        scale_plot(specs, results, "5 ms async I/O handler", OUT / "throughput-slow.png")
+        scale_plot(specs, results, "5 ms async I/O handler", OUT / f"{stem}.png")
     elif part == "cpu":
         loops = calibrate_cpu_loops()
         print(f"cpu handler: {loops} loop iterations ~ 1 ms here")
         specs, results = scale_out(cluster, size, "cpu", (1, 2, 4), loops, print)
         table = scale_table(specs, results) + f"\n\nCPU handler: {loops} loop iterations (~1 ms).\n"
-        scale_plot(specs, results, "~1 ms CPU handler", OUT / "throughput-cpu.png")
+        scale_plot(specs, results, "~1 ms CPU handler", OUT / f"{stem}.png")
     elif part == "filter":
         specs, results = filter_overhead(cluster, size, print)
         table = filter_table(specs, results)
-        filter_plot(specs, results, OUT / "throughput-filter.png")
+        filter_plot(specs, results, OUT / f"{stem}.png")
     elif part == "churn":
         specs, results = churn(cluster, size, print)
         table = churn_table(specs, results)
     else:
         specs, results = amplification(cluster, size, print)
         table = amp_table(specs, results)
-        amp_plot(specs, results, OUT / "throughput-amplification.png")
-    save_json(OUT / f"throughput-{part}.json", [r for rs in results.values() for r in rs])
+        amp_plot(specs, results, OUT / f"{stem}.png")
+    save_json(OUT / f"{stem}.json", [r for rs in results.values() for r in rs])
     return f"{header}\n{table}\n"
 
 
