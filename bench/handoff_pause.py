@@ -414,14 +414,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
         label = PEER_GROUPS[name].label
         series.append((f"{label}\nlargest extra delay", [e[1] for e in g["events"]]))
         series.append((f"{label}\nall partitions back", [e[2] for e in g["events"]]))
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(max(9.0, 1.4 * len(series)), 4))
     for i, (_, values) in enumerate(series):
         ax.plot([i] * len(values), [max(v, 0.5) for v in values], "o", alpha=0.6)
     ax.axhline(100, ls=":", color="tab:red", label="target: p99 < 100 ms (moved ranges)")
     ax.set_xticks(range(len(series)), [name for name, _ in series], fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("ms (log)")
-    ax.set_title("join/leave under load: keyshard handoffs vs aiokafka group rebalances")
+    ax.set_title("join/leave under load: keyshard handoffs vs Kafka group rebalances")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
