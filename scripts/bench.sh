@@ -49,7 +49,7 @@ case "$part" in
 esac
 case "$script:$broker" in
   *:|*:tansu|bench/throughput.py:kafka|bench/peers.py:kafka|bench/handoff_pause.py:kafka) ;;
-  *) echo "$part runs on the embedded Tansu broker only (no --broker $broker)" >&2; exit 2 ;;
+  *) echo "$part has no --broker $broker (on Kafka: the throughput parts, peers, handoff)" >&2; exit 2 ;;
 esac
 
 bash scripts/setup.sh bench
