@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -31,14 +32,43 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._coord_common import settled  # noqa: E402
+from bench._order import OrderStats, order_stats  # noqa: E402
 from coordinator.local.broker import EmbeddedBroker  # noqa: E402
 from coordinator.local.processes import free_port, stop_process  # noqa: E402
+from tests.brokers.kafka import KafkaBroker, cache_root  # noqa: E402
 
 KEYS = 10_000  # distinct record keys in every benchmark topic
 
 WORKER = ROOT / "bench" / "_worker.py"
-PYRALLEL_PYTHON = Path(os.environ.get("PYRALLEL_PYTHON", "/tmp/venv-pyrallel/bin/python"))
+# Each peer in its own virtualenv under the project's cache, made by scripts/bench.sh
+# (Pyrallel declares Python >= 3.12 and brings its own confluent-kafka).
+PEERS = cache_root() / "peers"
+PYRALLEL_PYTHON = Path(os.environ.get("PYRALLEL_PYTHON", PEERS / "pyrallel" / "bin" / "python"))
+CONFLUENT_PYTHON = Path(os.environ.get("CONFLUENT_PYTHON", PEERS / "confluent" / "bin" / "python"))
 BUCKET_S = 0.01  # must match _worker.BUCKET_S
+BROKERS = ("tansu", "kafka")
+
+
+def peer_python(system: str) -> Path:
+    """The interpreter a system's workers run with: a peer's own virtualenv, or ours."""
+    if system.startswith("pyrallel"):
+        return PYRALLEL_PYTHON
+    if system in ("kip848", "share"):
+        return CONFLUENT_PYTHON
+    return Path(sys.executable)
+
+
+def peer_missing(system: str) -> str:
+    """Empty when `system`'s interpreter can import its client library, else why not."""
+    python = peer_python(system)
+    module = {"kip848": "confluent_kafka", "share": "confluent_kafka"}.get(system, "")
+    module = "pyrallel_consumer" if system.startswith("pyrallel") else module
+    if not module:
+        return ""
+    if not python.exists():
+        return f"{python} not found (scripts/bench.sh makes it)"
+    probe = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True, text=True)
+    return probe.stderr.strip()[-300:] if probe.returncode else ""
 
 
 # ---- the machine ----------------------------------------------------------------------
@@ -83,11 +113,14 @@ def calibrate_cpu_loops(target_s: float = 0.001) -> int:
 
 
 class Cluster:
-    """An embedded broker and a coordinator daemon process, for one benchmark invocation."""
+    """A broker (the embedded Tansu, or Apache Kafka from the test fixture's jars) and a
+    coordinator daemon process, for one benchmark invocation."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, broker: str = "tansu") -> None:
         self.work = work
-        self.broker = EmbeddedBroker()
+        self.broker: EmbeddedBroker | KafkaBroker = (
+            KafkaBroker(workdir=work / "kafka") if broker == "kafka" else EmbeddedBroker()
+        )
         self.coordinator_proc: subprocess.Popen[bytes] | None = None
         self.coordinator = ""
         self.admin_url = ""
@@ -137,16 +170,39 @@ def _env(spec: RunSpec | None = None) -> dict[str, str]:
     return env
 
 
+#: The producer's batching: (linger ms, max batch bytes). "large" is what these benchmarks
+#: always used; "default" is the Java producer's defaults (5 ms, 16 KiB, Kafka 4.x); "small"
+#: ~10 records per batch. Share groups hand out acquired records by batch.
+BATCHING = {"large": (20, 256 * 1024), "default": (5, 16 * 1024), "small": (0, 1024)}
+
+
 def load_topic(
-    bootstrap: str, topic: str, partitions: int, records: int, keys: int, create: bool = True
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    records: int,
+    keys: int,
+    create: bool = True,
+    batching: str = "large",
+    random_keys: bool = False,
 ) -> float:
     """Create `topic` (unless `create` is False) and fill it with `records` keyed records
-    (key i mod `keys`, 64-byte values); returns the seconds the filling took."""
-    return asyncio.run(_load_topic(bootstrap, topic, partitions, records, keys, create))
+    (key i mod `keys`, or with `random_keys` drawn uniformly from `keys` with a fixed seed;
+    64-byte values); returns the seconds the filling took."""
+    return asyncio.run(
+        _load_topic(bootstrap, topic, partitions, records, keys, create, batching, random_keys)
+    )
 
 
 async def _load_topic(
-    bootstrap: str, topic: str, partitions: int, records: int, keys: int, create: bool
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    records: int,
+    keys: int,
+    create: bool,
+    batching: str = "large",
+    random_keys: bool = False,
 ) -> float:
     from aiokafka import AIOKafkaProducer
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -159,15 +215,18 @@ async def _load_topic(
         finally:
             await admin.close()
     t0 = time.monotonic()
+    linger_ms, batch_bytes = BATCHING[batching]
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=256 * 1024
+        bootstrap_servers=bootstrap, linger_ms=linger_ms, max_batch_size=batch_bytes
     )
     await producer.start()
     value = b"v" * 64
+    draw = random.Random(16)
     try:
         futures = []
         for i in range(records):
-            futures.append(await producer.send(topic, key=f"key-{i % keys}".encode(), value=value))
+            k = draw.randrange(keys) if random_keys else i % keys
+            futures.append(await producer.send(topic, key=f"key-{k}".encode(), value=value))
             if len(futures) >= 20_000:
                 await asyncio.gather(*futures)
                 futures.clear()
@@ -199,6 +258,10 @@ class RunSpec:
     # group changes while the topic is being read.
     stagger_s: float = 0.0
     replay_window: int = -1  # keyshard's replay window; -1: its default
+    # Workers log (partition, offset, key, start, end) of every handler call, for the
+    # per-key order check (bench/_order.py).
+    order_log: bool = False
+    note: str = ""  # shown after the system's name, e.g. the topic's producer batching
 
 
 @dataclass
@@ -211,6 +274,7 @@ class RunResult:
     total: int  # completed during the whole run
     stats: dict[str, int] = field(default_factory=dict)  # keyshard counters, summed
     error: str = ""
+    order: OrderStats | None = None
 
 
 _counter = Counter[str]()
@@ -222,7 +286,7 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
     work = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=cluster.work))
     # One start file per worker: all touched at once, or one after another (stagger_s).
     gos = [work / f"go{i}" for i in range(spec.processes)]
-    python = str(PYRALLEL_PYTHON) if spec.system.startswith("pyrallel") else sys.executable
+    python = str(peer_python(spec.system))
     procs: list[subprocess.Popen[bytes]] = []
     statuses = [work / f"w{i}.json" for i in range(spec.processes)]
     if spec.fill_when_settled:
@@ -237,6 +301,7 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
                 "--name", f"{tag}-w{i}", "--concurrency", str(spec.concurrency),
                 "--replay-window", str(spec.replay_window),
                 "--go", str(gos[i]), "--status", str(status),
+                *(["--order-log"] if spec.order_log else []),
             ]  # fmt: skip
             log = open(work / f"w{i}.log", "wb")  # noqa: SIM115 - handed to the child
             procs.append(
@@ -341,6 +406,7 @@ def _measure(spec: RunSpec, t_go: float, finals: list[dict[str, Any]]) -> RunRes
         start_s=first_b * BUCKET_S - t_go,
         total=total,
         stats=dict(stats),
+        order=order_stats([d.get("order", []) for d in finals]) if spec.order_log else None,
     )
 
 
@@ -361,7 +427,11 @@ def save_json(path: Path, results: list[RunResult]) -> None:
     path.write_text(
         json.dumps(
             [
-                {**r.spec.__dict__, **{k: v for k, v in r.__dict__.items() if k != "spec"}}
+                {
+                    **r.spec.__dict__,
+                    **{k: v for k, v in r.__dict__.items() if k not in ("spec", "order")},
+                    **({"order": r.order.__dict__} if r.order else {}),
+                }
                 for r in results
             ],
             indent=1,

@@ -1,8 +1,9 @@
 """One consumer process of a throughput benchmark, for any of the compared systems.
 
 Started by `bench/_common.py` (`Run`). It only imports the standard library at the top: the
-Pyrallel Consumer variant runs in its own virtualenv (/tmp/venv-pyrallel), which has neither
-aiokafka nor keyshard. Protocol with the orchestrator:
+peers (Pyrallel Consumer; confluent-kafka's KIP-848 consumer and share consumer) run in
+virtualenvs of their own under the project's cache, which have neither aiokafka nor
+keyshard. Protocol with the orchestrator:
 
 1. import and build everything, then wait until the file `--go` exists (so Python start-up
    time of the N processes is not measured, only consumption);
@@ -10,7 +11,8 @@ aiokafka nor keyshard. Protocol with the orchestrator:
    (CLOCK_MONOTONIC is system-wide on Linux, so buckets of different processes line up);
    a small live file `--status` says how many were done so far;
 3. on SIGTERM stop (gracefully where the system has a graceful stop) and write the final
-   JSON (`--status`): buckets, counts, and keyshard's fetch counters when it has them.
+   JSON (`--status`): buckets, counts, keyshard's fetch counters when it has them, and with
+   `--order-log` every handler call as [partition, offset, key number, start, end].
 """
 
 from __future__ import annotations
@@ -40,13 +42,16 @@ class Meter:
         self.count = 0
         self.first: float | None = None
         self.extra: dict[str, Any] = {}
+        self.order: list[tuple[int, int, int, float, float]] | None = None
 
-    def done(self) -> None:
+    def done(self, record: Any = None, start: float = 0.0) -> None:
         now = time.monotonic()
         if self.first is None:
             self.first = now
         self.count += 1
         self.buckets[int(now / BUCKET_S)] += 1
+        if self.order is not None and record is not None:
+            self.order.append((*where(record), start, now))
 
     def write(self, final: bool) -> None:
         data: dict[str, Any] = {"pid": os.getpid(), "count": self.count, "first": self.first}
@@ -54,25 +59,41 @@ class Meter:
             data["final"] = True
             data["buckets"] = {str(k): v for k, v in self.buckets.items()}
             data.update(self.extra)
+            if self.order is not None:
+                data["order"] = self.order
         tmp = self.status.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(self.status)
+
+
+def where(record: Any) -> tuple[int, int, int]:
+    """(partition, offset, key number) of a record of any of the clients: aiokafka's and
+    keyshard's (attributes), confluent-kafka's (methods), Pyrallel's WorkItem (`tp`)."""
+    if hasattr(record, "tp"):
+        partition, offset, key = record.tp.partition, record.offset, record.key
+    elif callable(record.offset):
+        partition, offset, key = record.partition(), record.offset(), record.key()
+    else:
+        partition, offset, key = record.partition, record.offset, record.key
+    return partition, offset, int(key[4:])  # b"key-123"
 
 
 def make_handler(kind: str, cpu_loops: int, meter: Meter) -> Callable[[Any], Awaitable[None]]:
     """The user's work per record: 5 ms of awaited I/O, a fixed CPU burn, or nothing."""
     if kind == "io":
 
-        async def io(_: Any) -> None:
+        async def io(record: Any) -> None:
+            start = time.monotonic()
             await asyncio.sleep(0.005)
-            meter.done()
+            meter.done(record, start)
 
         return io
     if kind == "cpu":
 
-        async def cpu(_: Any) -> None:
+        async def cpu(record: Any) -> None:
+            start = time.monotonic()
             burn(cpu_loops)
-            meter.done()
+            meter.done(record, start)
 
         return cpu
 
@@ -213,6 +234,85 @@ async def run_pyrallel(args: argparse.Namespace, handler: Any, stop: asyncio.Eve
     await consumer.stop()
 
 
+async def run_kip848(args: argparse.Namespace, handler: Any, stop: asyncio.Event) -> None:
+    """A KIP-848 consumer group (`group.protocol=consumer`: the broker assigns partitions,
+    incrementally), confluent-kafka, each record awaited in order, as the plain group."""
+    from confluent_kafka import Consumer  # type: ignore[import-not-found, unused-ignore]
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": args.bootstrap,
+            "group.id": args.group,
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    await wait_go(args)
+    consumer.subscribe([args.topic])
+    loop = asyncio.get_running_loop()
+    try:
+        # STOPPING, not `stop`: a CPU-bound handler never suspends while records are
+        # prefetched, so the loop would never run the stop callback (as in run_plain).
+        while not STOPPING.is_set():
+            # poll(0) serves what librdkafka has prefetched; when nothing is, wait for it
+            # in a thread so the loop (and the stop signal) stays live.
+            msg = consumer.poll(0)
+            if msg is None:
+                msg = await loop.run_in_executor(None, consumer.poll, 0.1)
+            if msg is None or msg.error():
+                continue
+            await handler(msg)
+    finally:
+        await loop.run_in_executor(None, consumer.close)
+
+
+def set_share_group_earliest(bootstrap: str, group: str) -> None:
+    """A share group starts at the partitions' end by default; this one starts at their
+    beginning, like every other system here (IncrementalAlterConfigs on the GROUP)."""
+    from confluent_kafka.admin import (  # type: ignore[import-not-found, unused-ignore]
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    entry = ConfigEntry(
+        "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
+    )
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the answer is in
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+async def run_share(args: argparse.Namespace, handler: Any, stop: asyncio.Event) -> None:
+    """A KIP-932 share group member (confluent_kafka.ShareConsumer, implicit acknowledgement):
+    each poll's records are handled with up to `--concurrency` handlers at a time (the
+    same per-process concurrency as keyshard's lanes), then the next poll accepts them."""
+    from confluent_kafka import ShareConsumer  # type: ignore[import-not-found, unused-ignore]
+
+    set_share_group_earliest(args.bootstrap, args.group)
+    consumer = ShareConsumer({"bootstrap.servers": args.bootstrap, "group.id": args.group})
+    await wait_go(args)
+    consumer.subscribe([args.topic])
+    loop = asyncio.get_running_loop()
+    limit = asyncio.Semaphore(max(1, args.concurrency))
+
+    async def handle(msg: Any) -> None:
+        async with limit:
+            await handler(msg)
+
+    try:
+        while not STOPPING.is_set():
+            batch = await loop.run_in_executor(None, consumer.poll, 0.1)
+            records = [m for m in batch if not m.error()]
+            if records:
+                await asyncio.gather(*(handle(m) for m in records))
+    finally:
+        await loop.run_in_executor(None, consumer.close)
+
+
 # Pyrallel's process engine runs the handler in forked worker processes: it must be a
 # picklable (top-level) synchronous function, and it counts completions in shared memory
 # created before the fork; the parent samples that count into the meter's buckets.
@@ -274,6 +374,8 @@ async def run_pyrallel_process(args: argparse.Namespace, meter: Meter, stop: asy
 
 async def main(args: argparse.Namespace) -> None:
     meter = Meter(args.status)
+    if args.order_log:
+        meter.order = []
     handler = make_handler(args.handler, args.cpu_loops, meter)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -295,6 +397,10 @@ async def main(args: argparse.Namespace) -> None:
             await run_keyshard(args, handler, stop, meter)
         elif args.system == "pyrallel":
             await run_pyrallel(args, handler, stop)
+        elif args.system == "kip848":
+            await run_kip848(args, handler, stop)
+        elif args.system == "share":
+            await run_share(args, handler, stop)
         elif args.system == "pyrallel-process":
             await run_pyrallel_process(args, meter, stop)
         else:
@@ -307,7 +413,7 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
-    systems = ["plain", "bare", "keyshard", "pyrallel", "pyrallel-process"]
+    systems = ["plain", "bare", "keyshard", "pyrallel", "pyrallel-process", "kip848", "share"]
     p.add_argument("--system", required=True, choices=systems)
     p.add_argument("--handler", required=True, choices=["io", "cpu", "noop"])
     p.add_argument("--cpu-loops", type=int, default=0)
@@ -318,6 +424,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", default="bench")
     p.add_argument("--concurrency", type=int, default=0)
     p.add_argument("--replay-window", type=int, default=-1, help="keyshard; -1: its default")
+    p.add_argument("--order-log", action="store_true", help="log every handler call")
     p.add_argument("--go", type=Path, required=True)
     p.add_argument("--status", type=Path, required=True)
     return p.parse_args(argv)

@@ -14,7 +14,7 @@ with `slot_for_key`), member count (capacity 1 each) and strategy:
 
 A second table sweeps load-aware's `tolerance`. Writes bench/balance.md and
 bench/balance.png (needs matplotlib) and prints the tables.
-Run: /tmp/venv/bin/python bench/balance.py
+Run: bash scripts/bench.sh balance
 """
 
 from __future__ import annotations

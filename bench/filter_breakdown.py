@@ -7,7 +7,7 @@ splits keyshard's extra per-record work into its steps, on synthetic aiokafka re
 The last rows are the whole path (the consumer's `Fetcher.dispatch`) through its Python loop
 and through the C fast path (consumer_client/_fastpath.c), when that is built.
 
-Run: PYTHONPATH=. /tmp/venv/bin/python bench/filter_breakdown.py [--quick]
+Run: bash scripts/bench.sh filter-breakdown [--quick]
 """
 
 from __future__ import annotations

@@ -1,18 +1,19 @@
-"""Handoff pause under load: keyshard's ordered handoff vs. a plain aiokafka group rebalance.
+"""Handoff pause under load: keyshard's ordered handoff vs. Kafka group rebalances.
 
-    python bench/handoff_pause.py           # 4 join/leave cycles
-    python bench/handoff_pause.py --quick   # 2 cycles
+    bash scripts/bench.sh handoff [--quick] [--broker tansu|kafka]
 
-One real Tansu broker, one steady keyed producer writing the same records to two topics,
-and in the same run:
+One real broker (Tansu, or Apache Kafka with `--broker kafka`), one steady keyed producer
+writing the same records to one topic per group, and in the same run:
 - keyshard: a real coordinator process and 3 real consumer processes
   (`keyshard demo-worker`, a few ms of async I/O per record, 64 lanes) on a 1-partition
   topic;
 - a plain aiokafka `subscribe()` group: 3 processes with the same handler (records
   processed one at a time per process, as a plain consumer loop does) on a 6-partition
-  topic.
-Then, several times: a 4th consumer joins both groups, both settle, the 4th leaves both
-(SIGTERM: graceful close) and both settle.
+  topic;
+- on Kafka also a KIP-848 group (6 partitions) and a share group (1 partition), 3
+  processes each (bench/_handoff_groups.py).
+Then, several times: a 4th consumer joins every group, they settle, the 4th leaves every
+group (SIGTERM: graceful close) and they settle.
 
 Every record's processing start is compared with when it was produced. Its *extra delay*
 is that delay minus the median delay of the run (the normal fetch/queue latency), so a
@@ -23,9 +24,10 @@ range or partition that pauses shows up as records waiting longer than usual.
   records of the *moved* slots produced between [start - 1 s, resume]; and for all
   records of slots that did *not* move, produced during any handoff, the largest extra
   delay;
-- the plain group, per join/leave: the largest extra delay of any record produced from
+- every other group, per join/leave: the largest extra delay of any record produced from
   1 s before the event until the next event (an eager rebalance stops every partition),
-  and the time from the event until every partition processed a record produced after it.
+  and the time from the event until every partition processed a record produced after it;
+  and the records handled more than once (redelivered).
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -44,10 +45,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from bench._common import machine
+from bench._common import BROKERS, machine
 from bench._coord_common import (
     ROOT,
     Coordinator,
@@ -56,48 +57,13 @@ from bench._coord_common import (
     percentile,
     settled,
 )
+from bench._handoff_groups import PEER_GROUPS, analyse_group, started_at
+from bench._handoff_groups import worker_command as peer_command
 from coordinator.local.broker import EmbeddedBroker
 from coordinator.local.demo import GROUP, TOPIC, worker_command
 from coordinator.local.processes import stop_process
 from coordinator.local.verify import read_processed
 from coordinator.model.ranges import RangeSet
-
-PLAIN_TOPIC = "plain.events"
-PLAIN_GROUP = "plain"
-PLAIN_PARTITIONS = 6
-SCRIPT = str(Path(__file__).resolve())
-
-# ---- plain aiokafka group member (worker mode) -----------------------------------
-
-
-async def plain_worker(args: argparse.Namespace) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    consumer = AIOKafkaConsumer(
-        PLAIN_TOPIC,
-        bootstrap_servers=args.bootstrap,
-        group_id=PLAIN_GROUP,
-        auto_offset_reset="earliest",
-        enable_auto_commit=True,
-        auto_commit_interval_ms=200,
-    )
-    delay = args.handler_ms / 1000
-    with open(args.out, "a", buffering=1) as out:  # noqa: ASYNC230 - line-buffered log
-        await consumer.start()
-        out.write(json.dumps({"event": "started", "t": time.monotonic_ns()}) + "\n")
-        try:
-            while not stop.is_set():
-                batch = await consumer.getmany(timeout_ms=100)
-                for records in batch.values():
-                    for r in records:
-                        t0 = time.monotonic_ns()
-                        await asyncio.sleep(delay)
-                        out.write(json.dumps({"p": r.partition, "o": r.offset, "t0": t0}) + "\n")
-        finally:
-            out.write(json.dumps({"event": "leaving", "t": time.monotonic_ns()}) + "\n")
-            await consumer.stop()
-
 
 # ---- driver ----------------------------------------------------------------------
 
@@ -106,8 +72,9 @@ class Producer:
     """Writes record i with key `key-{i % keys}` to both topics at a steady rate and
     remembers when each was sent (CLOCK_MONOTONIC ns, like the handlers' logs)."""
 
-    def __init__(self, bootstrap: str, rate: float, keys: int) -> None:
+    def __init__(self, bootstrap: str, rate: float, keys: int, topics: list[str]) -> None:
         self.bootstrap = bootstrap
+        self.topics = topics
         self.rate = rate
         self.keys = keys
         self.sent: dict[tuple[str, int, int], int] = {}
@@ -123,7 +90,7 @@ class Producer:
             while not self.stopping.is_set():
                 key = f"key-{i % self.keys}".encode()
                 now = time.monotonic_ns()
-                for topic in (TOPIC, PLAIN_TOPIC):
+                for topic in self.topics:
                     fut = await producer.send(topic, key=key, value=str(i).encode())
                     pending.append((now, topic, fut))
                 i += 1
@@ -178,13 +145,21 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before the run
     for old in [*out.glob("*.jsonl"), *out.glob("*.err")]:  # noqa: ASYNC240
         old.unlink()
-    broker = EmbeddedBroker()
+    groups = [PEER_GROUPS[name] for name in args.groups.split(",")]
+    broker: Any
+    if args.broker == "kafka":
+        from tests.brokers.kafka import KafkaBroker
+
+        broker = KafkaBroker()
+    else:
+        broker = EmbeddedBroker()
     broker.start()
     coord = Coordinator(
         broker.bootstrap_servers, out / "coordinator.log", ["--drain-timeout-ms", "5000"]
     )
     procs: dict[str, subprocess.Popen[bytes]] = {}
-    events: list[tuple[str, int]] = []  # (join|leave, monotonic ns) for the plain group
+    # (join|leave, monotonic ns) per group: a join when the joiner said "started"
+    events: dict[str, list[tuple[str, int]]] = {g.name: [] for g in groups}
 
     def spawn_keyshard(name: str) -> None:
         cmd = worker_command(
@@ -194,24 +169,17 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         with open(out / f"{name}.err", "wb") as err:
             procs[name] = subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT, cwd=ROOT)
 
-    def spawn_plain(name: str) -> None:
-        cmd = [
-            sys.executable, SCRIPT, "--plain-worker", "--bootstrap", broker.bootstrap_servers,
-            "--out", str(out / f"plain-{name}.jsonl"), "--handler-ms", str(args.handler_ms),
-        ]  # fmt: skip
-        with open(out / f"plain-{name}.err", "wb") as err:
-            procs[f"plain-{name}"] = subprocess.Popen(
-                cmd, stdout=err, stderr=subprocess.STDOUT, cwd=ROOT
-            )
+    def spawn_peers(name: str) -> None:
+        for g in groups:
+            log = out / f"{g.name}-{name}.jsonl"
+            cmd = peer_command(g, broker.bootstrap_servers, log, args.handler_ms)
+            with open(out / f"{g.name}-{name}.err", "wb") as err:
+                procs[f"{g.name}-{name}"] = subprocess.Popen(
+                    cmd, stdout=err, stderr=subprocess.STDOUT, cwd=ROOT
+                )
 
-    def plain_started(name: str) -> int | None:
-        path = out / f"plain-{name}.jsonl"
-        if not path.exists():
-            return None
-        for row in read_jsonl([path]):
-            if row.get("event") == "started":
-                return int(row["t"])
-        return None
+    def peers_started(name: str) -> bool:
+        return all(started_at(out / f"{g.name}-{name}.jsonl") for g in groups)
 
     def is_settled(members: int) -> Any:
         async def probe() -> bool:
@@ -219,36 +187,39 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
         return probe
 
-    producer = Producer(broker.bootstrap_servers, args.rate, args.keys)
+    topics = [TOPIC, *(g.topic for g in groups)]
+    producer = Producer(broker.bootstrap_servers, args.rate, args.keys, topics)
     producing: asyncio.Task[None] | None = None
     try:
         admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
         await admin.start()
         await admin.create_topics(
-            [NewTopic(TOPIC, 1, 1), NewTopic(PLAIN_TOPIC, PLAIN_PARTITIONS, 1)]
+            [NewTopic(TOPIC, 1, 1), *(NewTopic(g.topic, g.partitions, 1) for g in groups)]
         )
         await admin.close()
         coord.start()
         for i in range(3):
             spawn_keyshard(f"c{i}")
-            spawn_plain(f"c{i}")
+            spawn_peers(f"c{i}")
         await wait_until(lambda: settled(coord.group(GROUP), 3), 60, "3 keyshard members")
-        await wait_until(lambda: all(plain_started(f"c{i}") for i in range(3)), 60, "plain")
+        await wait_until(lambda: all(peers_started(f"c{i}") for i in range(3)), 60, "groups")
         producing = asyncio.ensure_future(producer.run())
         await asyncio.sleep(args.settle)  # both groups consuming at a steady state
         for cycle in range(args.cycles):
             name = f"j{cycle}"
             spawn_keyshard(name)
-            spawn_plain(name)
+            spawn_peers(name)
             await wait_until(is_settled(4), 60, "4th keyshard member")
-            await wait_until(lambda n=name: plain_started(n), 60, "4th plain member")
-            events.append(("join", plain_started(name) or 0))
+            await wait_until(lambda n=name: peers_started(n), 60, "4th members")
+            for g in groups:
+                events[g.name].append(("join", started_at(out / f"{g.name}-{name}.jsonl") or 0))
             await asyncio.sleep(args.settle)
-            events.append(("leave", time.monotonic_ns()))
+            for g in groups:
+                events[g.name].append(("leave", time.monotonic_ns()))
             # In threads: the producer shares this loop and must not stall.
             await asyncio.gather(
                 asyncio.to_thread(stop_process, procs[name]),
-                asyncio.to_thread(stop_process, procs[f"plain-{name}"]),
+                *(asyncio.to_thread(stop_process, procs[f"{g.name}-{name}"]) for g in groups),
             )
             await wait_until(is_settled(3), 60, "3 keyshard members")
             await asyncio.sleep(args.settle)
@@ -257,14 +228,21 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(3)  # let both groups drain what was produced last
         view = coord.group(GROUP)
         assert view is not None
-        return analyse(
+        result = analyse(
             producer.sent,
             read_processed([*out.glob("c*.jsonl"), *out.glob("j*.jsonl")]),  # noqa: ASYNC240
-            read_jsonl(out.glob("plain-*.jsonl")),  # noqa: ASYNC240
             view["handoffs"],
-            events,
-            args,
         )
+        result["groups"] = {
+            g.name: analyse_group(
+                g,
+                producer.sent,
+                read_jsonl(out.glob(f"{g.name}-*.jsonl")),  # noqa: ASYNC240
+                events[g.name],
+            )
+            for g in groups
+        }
+        return result
     finally:
         if producing is not None and not producing.done():
             producer.stopping.set()
@@ -278,10 +256,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 def analyse(
     sent: dict[tuple[str, int, int], int],
     keyshard: list[Any],
-    plain: list[dict[str, Any]],
     handoffs: list[dict[str, Any]],
-    events: list[tuple[str, int]],
-    args: argparse.Namespace,
 ) -> dict[str, Any]:
     # First processing of each record, and its delay since it was produced (ns).
     ks_first: dict[tuple[int, int], Any] = {}
@@ -293,17 +268,7 @@ def analyse(
         for (p, o), e in ks_first.items()
         if (TOPIC, p, o) in sent
     ]
-    pl_first: dict[tuple[int, int], int] = {}
-    for row in plain:
-        if "p" in row:
-            key = (row["p"], row["o"])
-            pl_first[key] = min(pl_first.get(key, row["t0"]), row["t0"])
-    pl = [
-        (sent[(PLAIN_TOPIC, p, o)], t0 - sent[(PLAIN_TOPIC, p, o)], p)
-        for (p, o), t0 in pl_first.items()
-        if (PLAIN_TOPIC, p, o) in sent
-    ]
-    ks_base, pl_base = median([d for _, d, _ in ks]), median([d for _, d, _ in pl])
+    ks_base = median([d for _, d, _ in ks])
     first_sent = min(sent.values())
 
     results: list[KeyshardHandoff] = []
@@ -346,19 +311,6 @@ def analyse(
         d - ks_base for t, d, _ in ks if not any(s - 2e9 <= t <= e + 2e9 for s, e, _, _ in windows)
     ]
 
-    plain_events = []
-    for i, (kind, at) in enumerate(events):
-        # Up to the next event, so one long stall is not counted for several events.
-        until = events[i + 1][1] if i + 1 < len(events) else at + 30_000_000_000
-        around = [(t, d, p) for t, d, p in pl if at - 1_000_000_000 <= t < until]
-        extra = max((d - pl_base for _, d, _ in around), default=0)
-        resumed = []
-        for p in range(PLAIN_PARTITIONS):
-            after = [t + d for t, d, q in pl if q == p and t >= at]
-            if after:
-                resumed.append(min(after) - at)
-        plain_events.append((kind, extra / 1e6, max(resumed, default=0) / 1e6))
-
     return {
         "handoffs": results,
         "unmoved_extra_ms": max(unmoved, default=0) / 1e6,
@@ -374,20 +326,25 @@ def analyse(
         "quiet_p99_extra_ms": percentile(quiet, 99) / 1e6,
         "quiet_max_ms": max(quiet, default=0) / 1e6,
         "ks_base_ms": ks_base / 1e6,
-        "pl_base_ms": pl_base / 1e6,
-        "plain_events": plain_events,
         "ks_records": len(ks),
-        "pl_records": len(pl),
     }
+
+
+def groups_of(r: dict[str, Any]) -> dict[str, Any]:
+    """The other groups' results; a JSON of before the KIP-848 and share groups has only
+    the plain group's, under other names."""
+    if "groups" in r:
+        groups: dict[str, Any] = r["groups"]
+        return groups
+    plain = {"events": r["plain_events"], "base_ms": r["pl_base_ms"], "records": r["pl_records"]}
+    return {"plain": {**plain, "redelivered": 0}}
 
 
 def report(r: dict[str, Any], args: argparse.Namespace) -> str:
     hs: list[KeyshardHandoff] = r["handoffs"]
     pause = [h.coordinator_pause_ms for h in hs]
     moved = [h.moved_extra_ms for h in hs]
-    pe = r["plain_events"]
-    pl_gap = [e[1] for e in pe]
-    pl_resume = [e[2] for e in pe]
+    groups = groups_of(r)
 
     def stats(values: list[float]) -> list[object]:
         return [
@@ -412,24 +369,31 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> str:
         ["keyshard: every record away from any handoff (> 2 s), the same measure",
          r["quiet_records"], f"{r['quiet_p50_ms']:.1f}", f"{r['quiet_p99_extra_ms']:.1f}",
          f"{r['quiet_max_ms']:.1f}"],
-        ["aiokafka group: largest extra record delay per join/leave (all partitions)",
-         *stats(pl_gap)],
-        ["aiokafka group: join/leave -> every partition consuming records produced after it",
-         *stats(pl_resume)],
     ]  # fmt: skip
+    for name, g in groups.items():
+        label = PEER_GROUPS[name].label
+        rows += [
+            [f"{label}: largest extra record delay per join/leave (all partitions)",
+             *stats([e[1] for e in g["events"]])],
+            [f"{label}: join/leave -> every partition consuming records produced after it",
+             *stats([e[2] for e in g["events"]])],
+        ]  # fmt: skip
     kinds = ", ".join(f"{k}: {sum(1 for h in hs if h.kind == k)}" for k in ("revoke", "leave"))
     table = markdown_table(["measure", "samples", "p50 ms", "p99 ms", "max ms"], rows)
-    ratio = (
-        percentile(pl_gap, 50) / percentile(moved, 50)
-        if moved and percentile(moved, 50) > 0
-        else float("nan")
-    )
-    return (
+    lines = [
         f"{table}\n\nkeyshard handoffs by kind: {kinds}; median record delay (the baseline "
-        f"subtracted): keyshard {r['ks_base_ms']:.1f} ms, aiokafka {r['pl_base_ms']:.1f} ms; "
-        f"records analysed: {r['ks_records']} / {r['pl_records']}.\n"
-        f"p50 pause ratio (aiokafka rebalance gap / keyshard moved-range gap): {ratio:.1f}x"
-    )
+        f"subtracted): keyshard {r['ks_base_ms']:.1f} ms ({r['ks_records']} records)."
+    ]
+    for name, g in groups.items():
+        gap = percentile([e[1] for e in g["events"]], 50)
+        ratio = gap / percentile(moved, 50) if moved and percentile(moved, 50) > 0 else 0
+        lines.append(
+            f"{PEER_GROUPS[name].label}: median record delay {g['base_ms']:.1f} ms, "
+            f"{g['records']} records, {g['redelivered']} handled more than once, "
+            f"{g.get('missing', 0)} produced but never handled; p50 gap / keyshard's "
+            f"moved-range gap: {ratio:.1f}x."
+        )
+    return "\n".join(lines)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -445,17 +409,19 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ("keyshard\ncoordinator pause", [get(h, "coordinator_pause_ms") for h in hs]),
         ("keyshard\nmoved ranges:\nextra delay", [get(h, "moved_extra_ms") for h in hs]),
         ("keyshard\nunmoved ranges:\nlargest extra delay", [result["unmoved_extra_ms"]]),
-        ("aiokafka group\nlargest extra delay", [e[1] for e in result["plain_events"]]),
-        ("aiokafka group\nall partitions back", [e[2] for e in result["plain_events"]]),
     ]
-    fig, ax = plt.subplots(figsize=(9, 4))
+    for name, g in groups_of(result).items():
+        label = PEER_GROUPS[name].label
+        series.append((f"{label}\nlargest extra delay", [e[1] for e in g["events"]]))
+        series.append((f"{label}\nall partitions back", [e[2] for e in g["events"]]))
+    fig, ax = plt.subplots(figsize=(max(9.0, 1.4 * len(series)), 4))
     for i, (_, values) in enumerate(series):
         ax.plot([i] * len(values), [max(v, 0.5) for v in values], "o", alpha=0.6)
     ax.axhline(100, ls=":", color="tab:red", label="target: p99 < 100 ms (moved ranges)")
     ax.set_xticks(range(len(series)), [name for name, _ in series], fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("ms (log)")
-    ax.set_title("join/leave under load: keyshard handoffs vs aiokafka group rebalances")
+    ax.set_title("join/leave under load: keyshard handoffs vs Kafka group rebalances")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -473,13 +439,12 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the raw results here")
     parser.add_argument("--plot", default=str(Path(__file__).with_name("handoff_pause.png")))
     parser.add_argument("--plot-only", default=None, help="re-plot a --json file, no run")
-    parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--bootstrap", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--out", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--broker", choices=BROKERS, default="tansu")
+    parser.add_argument(
+        "--groups", help="groups beside keyshard (default: plain; on kafka plain,kip848,share)"
+    )
     args = parser.parse_args()
-    if args.plain_worker:
-        asyncio.run(plain_worker(args))
-        return
+    args.groups = args.groups or ("plain,kip848,share" if args.broker == "kafka" else "plain")
     if args.plot_only:
         plot(json.loads(Path(args.plot_only).read_text()), Path(args.plot))
         return
@@ -489,8 +454,8 @@ def main() -> None:
     began = time.monotonic()
     result = asyncio.run(run_bench(args))
     print(
-        f"command: python bench/handoff_pause.py {' '.join(sys.argv[1:])}  "
-        f"({time.monotonic() - began:.0f} s; {args.cycles} join+leave cycles, "
+        f"command: bash scripts/bench.sh handoff {' '.join(sys.argv[1:])}  (broker {args.broker}; "
+        f"{time.monotonic() - began:.0f} s; {args.cycles} join+leave cycles, "
         f"{args.rate:.0f} records/s, {args.keys} keys, handler {args.handler_ms} ms)"
     )
     print(report(result, args))

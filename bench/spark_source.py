@@ -10,7 +10,7 @@ downstream, not a faster read of one partition. A reference row reads the same p
 in-process with the executors' own reader (`spark_jobs.kafka_io.read_slice`, no Spark).
 
 Writes bench/spark_source.md and bench/spark_source.png (needs matplotlib).
-Run: /tmp/venv/bin/python bench/spark_source.py [--quick] [--records N] [--threads T]
+Run: bash scripts/bench.sh spark [--quick] [--records N] [--threads T]
 """
 
 from __future__ import annotations

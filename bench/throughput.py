@@ -20,7 +20,7 @@ The embedded Tansu broker and a coordinator daemon are started here; topics are 
 before any consumer starts. Each configuration runs `--runs` times, interleaved with the
 others (so machine noise hits all systems alike); tables show medians.
 
-Run: PYTHONPATH=. /tmp/venv/bin/python bench/throughput.py all [--quick]
+Run: bash scripts/bench.sh PART [--quick] [--broker tansu|kafka]
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    BROKERS,
     KEYS,
-    PYRALLEL_PYTHON,
     Cluster,
     RunResult,
     RunSpec,
@@ -47,6 +47,7 @@ from _common import (
     machine,
     markdown_table,
     median,
+    peer_missing,
     run,
     save_json,
     workdir,
@@ -83,7 +84,12 @@ def label(spec: RunSpec) -> str:
             f" (max_in_flight {spec.concurrency})" if spec.concurrency else ""
         )
     if spec.system == "plain":
-        return "plain aiokafka group"
+        return "plain aiokafka group" + (f" ({spec.note})" if spec.note else "")
+    if spec.system == "kip848":
+        return "KIP-848 consumer group (confluent-kafka)"
+    if spec.system == "share":
+        note = f", {spec.note}" if spec.note else ""
+        return f"share group ({spec.concurrency or LANES} in flight{note})"
     return "bare getmany loop"
 
 
@@ -104,18 +110,6 @@ def repeat(
     return out
 
 
-def pyrallel_available() -> str:
-    """Empty when the Pyrallel virtualenv can import the package, else why not."""
-    import subprocess
-
-    if not PYRALLEL_PYTHON.exists():
-        return f"{PYRALLEL_PYTHON} not found"
-    probe = subprocess.run(
-        [str(PYRALLEL_PYTHON), "-c", "import pyrallel_consumer"], capture_output=True, text=True
-    )
-    return probe.stderr.strip()[-300:] if probe.returncode else ""
-
-
 # ---- parts 1 and 2: scale-out -------------------------------------------------------------
 
 
@@ -124,7 +118,7 @@ def scale_out(
     log: Callable[[str], None],
 ) -> tuple[list[RunSpec], dict[int, list[RunResult]]]:  # fmt: skip
     systems = ["plain", "keyshard"]
-    if not (why := pyrallel_available()):
+    if not (why := peer_missing("pyrallel")):
         # Its process engine runs sync handlers in worker processes: the pick for CPU work.
         systems[1:1] = ["pyrallel", "pyrallel-process"] if handler == "cpu" else ["pyrallel"]
     else:
@@ -404,20 +398,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("part", choices=["slow", "cpu", "filter", "amplification", "churn", "all"])
     parser.add_argument("--quick", action="store_true", help="fewer records, one run each")
     parser.add_argument("--runs", type=int, help="runs per configuration (default 3, quick 1)")
+    parser.add_argument("--broker", choices=BROKERS, default="tansu")
+    parser.add_argument("--tag", default="", help="appended to the output files' names")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
     if args.runs:
         size = replace(size, runs=args.runs)
     every = ["slow", "cpu", "filter", "amplification", "churn"]
     parts = every if args.part == "all" else [args.part]
-    command = "PYTHONPATH=. python bench/throughput.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
-    header = f"Machine: {machine()}.\nCommand: `{command}`; {size}.\n"
+    command = "bash scripts/bench.sh " + " ".join(sys.argv[1:] if argv is None else argv)
+    header = f"Machine: {machine()}.\nBroker: {args.broker}.\nCommand: `{command}`; {size}.\n"
     print(header)
     work = workdir()
     try:
-        with Cluster(work) as cluster:
+        with Cluster(work, args.broker) as cluster:
             t0 = time.monotonic()
             topics = {
                 "slow": ["io"], "cpu": ["cpu"], "filter": ["noop"], "amplification": [],
@@ -434,8 +428,12 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         print(f"loaded {prefix}-p{partitions}: {n:,} records in {took:.1f} s")
             for part in parts:
-                md = _run_part(part, cluster, size, header)
-                (OUT / f"throughput-{part}.md").write_text(md)
+                # Tansu's tables keep their names; Kafka's and tagged ones get their own.
+                stem = f"throughput-{part}" + "".join(
+                    f"-{x}" for x in (args.broker if args.broker != "tansu" else "", args.tag) if x
+                )
+                md = _run_part(part, cluster, size, header, stem)
+                (OUT / f"{stem}.md").write_text(md)
                 print(md)
             print(f"total {time.monotonic() - t0:.0f} s")
     finally:
@@ -443,30 +441,30 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run_part(part: str, cluster: Cluster, size: Size, header: str) -> str:
+def _run_part(part: str, cluster: Cluster, size: Size, header: str, stem: str) -> str:
     print(f"== {part}")
     if part == "slow":
         specs, results = scale_out(cluster, size, "io", (1, 4), 0, print)
         table = scale_table(specs, results)
-        scale_plot(specs, results, "5 ms async I/O handler", OUT / "throughput-slow.png")
+        scale_plot(specs, results, "5 ms async I/O handler", OUT / f"{stem}.png")
     elif part == "cpu":
         loops = calibrate_cpu_loops()
         print(f"cpu handler: {loops} loop iterations ~ 1 ms here")
         specs, results = scale_out(cluster, size, "cpu", (1, 2, 4), loops, print)
         table = scale_table(specs, results) + f"\n\nCPU handler: {loops} loop iterations (~1 ms).\n"
-        scale_plot(specs, results, "~1 ms CPU handler", OUT / "throughput-cpu.png")
+        scale_plot(specs, results, "~1 ms CPU handler", OUT / f"{stem}.png")
     elif part == "filter":
         specs, results = filter_overhead(cluster, size, print)
         table = filter_table(specs, results)
-        filter_plot(specs, results, OUT / "throughput-filter.png")
+        filter_plot(specs, results, OUT / f"{stem}.png")
     elif part == "churn":
         specs, results = churn(cluster, size, print)
         table = churn_table(specs, results)
     else:
         specs, results = amplification(cluster, size, print)
         table = amp_table(specs, results)
-        amp_plot(specs, results, OUT / "throughput-amplification.png")
-    save_json(OUT / f"throughput-{part}.json", [r for rs in results.values() for r in rs])
+        amp_plot(specs, results, OUT / f"{stem}.png")
+    save_json(OUT / f"{stem}.json", [r for rs in results.values() for r in rs])
     return f"{header}\n{table}\n"
 
 

@@ -135,7 +135,12 @@ def run_tool(main: str, *args: str, timeout: float = 60.0) -> subprocess.Complet
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random cluster id (base64url of a UUID). One that starts with "-" (1 in 64) would
+    be read by the format tool's argument parser as an option, and formatting fails."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _properties(values: Mapping[str, str]) -> str:
