@@ -10,6 +10,8 @@
 #       handoff        bench/handoff_pause.py      coord-scale    bench/coord_scale.py
 #       balance        bench/balance.py            spark          bench/spark_source.py
 #       filter-breakdown   bench/filter_breakdown.py
+#       failover       bench/failover.py           exactly-once   bench/exactly_once.py
+#       sigterm-handoff    bench/sigterm_handoff.py
 #
 # What it sets up (each step idempotent, cached):
 # - the project's .venv with keyshard[bench] (server, spark, matplotlib);
@@ -22,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 part="$1"
@@ -45,11 +47,15 @@ case "$part" in
   balance) script=bench/balance.py; peers=0 ;;
   spark) script=bench/spark_source.py; peers=0 ;;
   filter-breakdown) script=bench/filter_breakdown.py; peers=0 ;;
+  failover) script=bench/failover.py; peers=0 ;;
+  exactly-once) script=bench/exactly_once.py; peers=0; broker=kafka ;;  # needs transactions
+  sigterm-handoff) script=bench/sigterm_handoff.py; peers=0 ;;
   *) echo "unknown part '$part' (see: bash scripts/bench.sh)" >&2; exit 2 ;;
 esac
 case "$script:$broker" in
   *:|*:tansu|bench/throughput.py:kafka|bench/peers.py:kafka|bench/handoff_pause.py:kafka) ;;
-  *) echo "$part has no --broker $broker (on Kafka: the throughput parts, peers, handoff)" >&2; exit 2 ;;
+  bench/failover.py:kafka|bench/exactly_once.py:kafka) ;;
+  *) echo "$part has no --broker $broker (on Kafka: the throughput parts, peers, handoff, failover)" >&2; exit 2 ;;
 esac
 
 bash scripts/setup.sh bench
@@ -86,4 +92,5 @@ if [ "$broker" = kafka ]; then
   fi
   .venv/bin/python -c 'from tests.brokers.kafka import ensure_jars; print("Apache Kafka jars:", ensure_jars())'
 fi
-exec .venv/bin/python "$script" "${args[@]}"
+# The scripts import the test fixtures (tests.brokers, tests.integration.harness) too.
+PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" exec .venv/bin/python "$script" "${args[@]}"
