@@ -158,7 +158,9 @@ class KafkaStateLog:
         broker does not): with them the broker itself fences a zombie writer. A passing
         failure (a transaction coordinator still loading after a broker restart) is asked
         again: giving fencing up for the replica's whole life on it would be wrong."""
-        for attempt in range(1, PROBE_ATTEMPTS + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             probe = self._transactional_producer(f"keyshard.{self.topic}.probe")
             try:
                 with quiet_transactions_probe():
@@ -183,7 +185,6 @@ class KafkaStateLog:
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(probe.stop(), self.timeout)
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _transactional_producer(self, transactional_id: str) -> AIOKafkaProducer:
         return AIOKafkaProducer(
