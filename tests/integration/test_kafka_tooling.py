@@ -41,11 +41,11 @@ async def test_kafka_consumer_groups_shows_the_groups_offsets_and_lag(
     coordinator: CoordinatorProcess, workers: Workers
 ) -> None:
     await create_topic(coordinator.bootstrap, partitions=2)
-    produced = await produce(coordinator.bootstrap, 3000, 200)
+    produced = await produce(coordinator.bootstrap, 6000, 200)
     ends = {p: 1 + max(r.offset for r in produced if r.partition == p) for p in (0, 1)}
     for name in ("a", "b"):
         workers.spawn(name, "--handler-ms", "5")
-    await wait_for(lambda: workers.unique() > 1000, 60, "a third processed")
+    await wait_for(lambda: workers.unique() > 1000, 60, "a sixth processed")
     for name in ("a", "b"):
         workers.stop(name)  # graceful: exact positions, then no more progress
 
@@ -67,4 +67,7 @@ async def test_kafka_consumer_groups_shows_the_groups_offsets_and_lag(
     rows = await wait_for(lambda: asyncio.to_thread(matches), 60, "the tool to show them")
     for p, row in rows.items():
         assert int(row["LOG-END-OFFSET"]) == ends[p]
-        assert int(row["LAG"]) == ends[p] - positions[p] > 0
+        # One partition may be drained by the time both have left (its slots run in
+        # parallel); the lag the tool shows is still exactly what is left of each.
+        assert int(row["LAG"]) == ends[p] - positions[p]
+    assert sum(int(row["LAG"]) for row in rows.values()) > 0
