@@ -102,6 +102,9 @@ class GroupConfigView(BaseModel):
     ping_interval_ms: int | None
     rebalance_threshold: float
     rebalance_hold_ms: int
+    backlog_hold_ms: int
+    backlog_records: int
+    demand_horizon_ms: int
     balance_check_ms: int
     load_half_life_ms: int
 
@@ -300,6 +303,9 @@ class GroupConfigUpdate(BaseModel):
     ping_interval_ms: int | None = Field(default=None, ge=100, le=600_000)
     rebalance_threshold: float | None = Field(default=None, gt=1.0, le=100.0)
     rebalance_hold_ms: int | None = Field(default=None, ge=0, le=3_600_000)
+    backlog_hold_ms: int | None = Field(default=None, ge=0, le=3_600_000)
+    backlog_records: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    demand_horizon_ms: int | None = Field(default=None, ge=0, le=3_600_000)
     balance_check_ms: int | None = Field(default=None, ge=100, le=600_000)
     # A str checked against the registry (not a Literal): assignors are pluggable, and
     # the document still lists the known names as an enum.

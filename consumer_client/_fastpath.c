@@ -20,6 +20,8 @@
  *
  * An admitted record's handler is called here; a coroutine gets its first step
  * (PyIter_Send). Completed: counted, its load bucket incremented in place, next record.
+ * Every record examined for the first time (offset >= demand_upto), owned or not, also
+ * counts in the partition's demand buffer: what the coordinator balances a backlog by.
  * Anything else is returned to Python (SUSPENDED / RAISED / AWAITABLE) with the slot and
  * key in an `Outcome`, and KeyLanes.begin turns it into exactly what KeyLanes.dispatch does.
  *
@@ -54,7 +56,7 @@ typedef struct {
     int64_t start, end, floor, frozen;
 } GrantRow;
 
-static PyObject *s_offset, *s_headers, *s_key, *s_cursor, *s_grants;
+static PyObject *s_offset, *s_headers, *s_key, *s_cursor, *s_grants, *s_demand_upto;
 
 /* MurmurHash3_x86_32 (Austin Appleby, public domain), byte-for-byte what mmh3.hash
  * computes: the slot numbers must match the coordinator's and Pulsar's. */
@@ -188,14 +190,20 @@ record_offset(PyObject *rec)
 }
 
 static int
-set_cursor(PyObject *progress, int64_t cursor)
+set_offset(PyObject *progress, PyObject *name, int64_t offset)
 {
-    PyObject *value = PyLong_FromLongLong(cursor);
+    PyObject *value = PyLong_FromLongLong(offset);
     if (value == NULL)
         return -1;
-    int rc = PyObject_SetAttr(progress, s_cursor, value);
+    int rc = PyObject_SetAttr(progress, name, value);
     Py_DECREF(value);
     return rc;
+}
+
+static int
+set_cursor(PyObject *progress, int64_t cursor)
+{
+    return set_offset(progress, s_cursor, cursor);
 }
 
 /* The exception being raised, normalized with its traceback, as a new reference. */
@@ -213,12 +221,14 @@ take_exception(void)
 }
 
 PyDoc_STRVAR(run_doc,
-"run(records, start, progress, grants, cursor, table, header, lanes, handler, load)\n"
+"run(records, start, progress, grants, cursor, table, header, lanes, handler, load,\n"
+"    demand, demand_from)\n"
 "-> Outcome\n\n"
 "Dispatch records[start:] of one partition until the end (DONE) or the first record\n"
 "Python must see (`at`). `table`: int64 buffer of GrantRow quads built from `grants`;\n"
 "`lanes`: the busy keys (a dict, membership only); `load`: writable int64 buffer of the\n"
-"load buckets. Writes progress.cursor.");
+"load buckets (completions); `demand`: the same, for every record examined at or above\n"
+"`demand_from`, owned or not. Writes progress.cursor and progress.demand_upto.");
 
 /* What `run` returns: a struct sequence, one meaning per field whatever the status. */
 static PyTypeObject *OutcomeType;
@@ -304,8 +314,8 @@ new_outcome(int status, Py_ssize_t index, Py_ssize_t admitted, Py_ssize_t proces
 static PyObject *
 run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "run() takes exactly 10 arguments");
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "run() takes exactly 12 arguments");
         return NULL;
     }
     PyObject *records = args[0], *progress = args[2], *grants = args[3], *header = args[6],
@@ -316,6 +326,7 @@ run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t start = PyLong_AsSsize_t(args[1]);
     int64_t cursor = PyLong_AsLongLong(args[4]);
+    int64_t demand_from = PyLong_AsLongLong(args[11]), demand_upto = demand_from;
     if (PyErr_Occurred())
         return NULL;
     if (start < 0) {
@@ -323,22 +334,28 @@ run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
 
-    Py_buffer table, load;
+    Py_buffer table, load, demand;
     if (PyObject_GetBuffer(args[5], &table, PyBUF_SIMPLE) < 0)
         return NULL;
     if (PyObject_GetBuffer(args[9], &load, PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&table);
         return NULL;
     }
+    if (PyObject_GetBuffer(args[10], &demand, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&table);
+        PyBuffer_Release(&load);
+        return NULL;
+    }
     PyObject *result = NULL;
-    if (table.len % sizeof(GrantRow) != 0 || load.len != LOAD_BUCKET_COUNT * 8) {
-        PyErr_SetString(PyExc_ValueError, "run(): bad table or load buffer size");
+    if (table.len % sizeof(GrantRow) != 0 || load.len != LOAD_BUCKET_COUNT * 8 ||
+        demand.len != LOAD_BUCKET_COUNT * 8) {
+        PyErr_SetString(PyExc_ValueError, "run(): bad table, load or demand buffer size");
         goto out;
     }
-    /* Both buffers are held for the whole call, so a handler cannot resize them. */
+    /* The buffers are held for the whole call, so a handler cannot resize them. */
     const GrantRow *rows = (const GrantRow *)table.buf;
     Py_ssize_t nrows = table.len / (Py_ssize_t)sizeof(GrantRow), hit = 0;
-    int64_t *buckets = (int64_t *)load.buf;
+    int64_t *buckets = (int64_t *)load.buf, *seen = (int64_t *)demand.buf;
     Py_ssize_t end = PyList_GET_SIZE(records), i, admitted = 0, processed = 0;
     int status = ST_DONE, dirty = 0; /* dirty: cursor advanced since it was last written */
     long slot = 0;
@@ -390,6 +407,10 @@ run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             break;
         }
         cursor = offset + 1;
+        if (offset >= demand_upto) { /* first examined: demand (once per offset) */
+            seen[slot >> LOAD_BUCKET_SHIFT]++;
+            demand_upto = offset + 1;
+        }
         if (!admit) { /* not ours (or frozen by StopFetcher): skipped */
             dirty = 1;
             Py_CLEAR(okey);
@@ -446,6 +467,9 @@ run(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
      * since, so nothing else can have changed it. */
     if (dirty && set_cursor(progress, cursor) < 0)
         goto error;
+    /* Written here, not derived from the cursor afterwards: a handler may rewind it. */
+    if (demand_upto != demand_from && set_offset(progress, s_demand_upto, demand_upto) < 0)
+        goto error;
     if (status == ST_DONE)
         i = end;
     result = new_outcome(status, i, admitted, processed, slot, okey, a, b);
@@ -462,6 +486,7 @@ error:
 out:
     PyBuffer_Release(&table);
     PyBuffer_Release(&load);
+    PyBuffer_Release(&demand);
     return result;
 }
 
@@ -495,7 +520,8 @@ PyInit__fastpath(void)
         !(s_headers = PyUnicode_InternFromString("headers")) ||
         !(s_key = PyUnicode_InternFromString("key")) ||
         !(s_cursor = PyUnicode_InternFromString("cursor")) ||
-        !(s_grants = PyUnicode_InternFromString("grants")))
+        !(s_grants = PyUnicode_InternFromString("grants")) ||
+        !(s_demand_upto = PyUnicode_InternFromString("demand_upto")))
         return NULL;
     if (OutcomeType == NULL && !(OutcomeType = PyStructSequence_NewType(&outcome_desc)))
         return NULL;

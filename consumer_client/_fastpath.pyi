@@ -17,6 +17,7 @@ class NativeProgress(Protocol):
 
     cursor: int  # written before every handler call: a handler may look at it
     grants: Any  # compared by identity after a handler: replaced -> CHANGED
+    demand_upto: int  # written after the loop when records were first examined
 
 class Outcome(tuple[Any, ...]):
     """One field per meaning; fields that do not apply to `status` are None."""
@@ -53,6 +54,8 @@ def run(
     lanes: Mapping[object, object],
     handler: Callable[[Any], Any],
     load: WriteableBuffer,
+    demand: WriteableBuffer,
+    demand_from: int,
     /,
 ) -> Outcome: ...
 def hash(data: bytes, /) -> int: ...

@@ -31,7 +31,7 @@ from consumer_client.endpoints import ConsumerEndpoints
 from consumer_client.errors import ConsumerError
 from consumer_client.fetcher import Fetcher
 from consumer_client.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy
-from consumer_client.membership import Membership
+from consumer_client.membership import Membership, PingReport
 from consumer_client.metrics import ConsumerMetrics, ConsumerSnapshot, DeadLetter
 from consumer_client.progress import ConsumerProgress
 from consumer_client.signals import ConsumerAborted, GracefulSignals, signals_to_handle
@@ -50,7 +50,6 @@ from coordinator.model.addresses import parse_host_ports
 from coordinator.model.hashing import ORDERING_KEY_HEADER
 from coordinator.model.positions import PositionUpdate
 from coordinator.model.ranges import RangeSet
-from coordinator.protocol.messages import HighWatermark
 from coordinator.security.tls import ClientTls
 
 log = logging.getLogger(__name__)
@@ -502,9 +501,13 @@ class _MemberCallbacks:
         self._fetcher = fetcher
         self._dispatcher = dispatcher
 
-    def ping_reply(self) -> tuple[PositionUpdate, dict[int, int], list[HighWatermark]]:
-        load = self._dispatcher.take_load()
-        return self._progress.positions(), load, self._fetcher.high_watermarks()
+    def ping_reply(self) -> PingReport:
+        return PingReport(
+            self._progress.positions(),
+            self._dispatcher.take_load(),
+            self._fetcher.high_watermarks(),
+            self._progress.take_demand(),
+        )
 
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:
         self._fetcher.grant(slots, positions)

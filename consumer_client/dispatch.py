@@ -15,7 +15,7 @@ from types import ModuleType
 from consumer_client import fastpath
 from consumer_client.chunk import Chunk
 from consumer_client.lanes import KeyLanes, Suspended, WorkItem
-from consumer_client.progress import ConsumerProgress, PartitionProgress
+from consumer_client.progress import ConsumerProgress, PartitionProgress, bucket_counts
 from consumer_client.stats import ConsumerStats
 from coordinator.model.hashing import LOAD_BUCKET_SHIFT, SLOT_COUNT, ordering_key, slot_for_key
 
@@ -40,13 +40,13 @@ class Dispatcher:
         # Handler completions per load bucket since the last Ping: an int64 array, not a
         # Counter (`counter[b] += 1` cost more than the fetch filter), which the C fast
         # path increments in place.
-        self.load = fastpath.new_load()
+        self.load = bucket_counts()
         self._session = session  # the current registration: older work is stale
         self._acked = acked  # room for a fetcher held back by `max_pending`
 
     def take_load(self) -> dict[int, int]:
         """Completions per load bucket since the last call (what a Ping reply reports)."""
-        load, self.load = self.load, fastpath.new_load()
+        load, self.load = self.load, bucket_counts()
         return {bucket: n for bucket, n in enumerate(load) if n}
 
     def dispatch_chunk(self, chunk: Chunk, progress: PartitionProgress) -> Suspended | None:

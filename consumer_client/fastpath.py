@@ -12,8 +12,8 @@ the consumer uses only the Python loop.
 What C reads and writes, and nothing else: each record's `offset`, `key` and `headers`
 (aiokafka's `ConsumerRecord`), and the partition progress's `cursor` (written before
 every handler call) and `grants` (compared by identity after it), typed as
-`NativeProgress` in _fastpath.pyi; the lanes' busy keys (membership only) and the load
-buffer (incremented in place).
+`NativeProgress` in _fastpath.pyi; the lanes' busy keys (membership only), the load
+buffer and the partition's demand buffer (incremented in place) with its `demand_upto`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from consumer_client.chunk import Chunk
 from consumer_client.lanes import KeyLanes, Resume, Suspended, replay_failure
 from consumer_client.progress import Grant, PartitionProgress
 from consumer_client.stats import ConsumerStats
-from coordinator.model.hashing import LOAD_BUCKET_COUNT
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +48,6 @@ def _load_native() -> ModuleType | None:
 
 
 NATIVE = _load_native()
-
-
-def new_load() -> array[int]:
-    """Handler completions per load bucket, an int64 buffer the C loop increments in place."""
-    return array("q", bytes(8 * LOAD_BUCKET_COUNT))
 
 
 def grant_table(grants: list[Grant]) -> array[int]:
@@ -101,8 +95,9 @@ def dispatch_chunk(
                 grants = progress.grants
                 table = grant_table(grants)
             out = run(
-                records, i, progress, grants, progress.cursor, table, header, busy, handler, load
-            )
+                records, i, progress, grants, progress.cursor, table, header, busy, handler,
+                load, progress.demand, progress.demand_upto,
+            )  # fmt: skip
             status, i = out.status, out.at
             admitted += out.admitted
             processed += out.processed

@@ -29,9 +29,11 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from consumer_client.errors import ConsumerError
+from consumer_client.progress import Fetched
 from consumer_client.tls_errors import closed_problem, handshake_problem
 from consumer_client.unreachable import Unreachable
 from coordinator.model.addresses import parse_host_port
@@ -41,6 +43,7 @@ from coordinator.protocol.channel import Channel, ChannelClosed, RemoteError
 from coordinator.protocol.messages import (
     ErrorCode,
     ErrorResponse,
+    FetchedWindow,
     HighWatermark,
     LeaveRequest,
     MemberClaim,
@@ -88,9 +91,19 @@ FATAL_CODES = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class PingReport:
+    """What a Ping reply tells the coordinator (docs/protocol.md §4)."""
+
+    positions: PositionUpdate
+    load: dict[int, int] = field(default_factory=dict)  # completions per load bucket
+    high_watermarks: list[HighWatermark] = field(default_factory=list)
+    fetched: list[Fetched] = field(default_factory=list)  # demand seen by the fetches
+
+
 class MemberHooks(Protocol):
-    def ping_reply(self) -> tuple[PositionUpdate, dict[int, int], list[HighWatermark]]:
-        """Positions, per-bucket load since the last ping, and seen high watermarks."""
+    def ping_reply(self) -> PingReport:
+        """Positions, per-bucket load and demand since the last ping, seen partition ends."""
         ...
 
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None: ...
@@ -464,17 +477,24 @@ class Membership:
         match message:
             case PingRequest():
                 self.epoch = max(self.epoch, message.member_epoch)
-                positions, load, high_watermarks = self.hooks.ping_reply()
+                report = self.hooks.ping_reply()
                 channel.reply(
                     message,
                     PingResponse(
                         correlation_id=0,
                         member_epoch=message.member_epoch,
-                        positions=positions_to_wire(positions),
-                        load=load,
-                        high_watermarks=high_watermarks,
+                        positions=positions_to_wire(report.positions),
+                        load=report.load,
+                        high_watermarks=report.high_watermarks,
+                        fetched=[
+                            FetchedWindow(
+                                topic=f.tp[0], partition=f.tp[1], start=f.start, end=f.end,
+                                buckets=f.buckets,
+                            )
+                            for f in report.fetched
+                        ],
                     ),
-                )
+                )  # fmt: skip
             case StartFetcherRequest():
                 self.epoch = max(self.epoch, message.member_epoch)
                 self.hooks.start_fetcher(

@@ -18,13 +18,31 @@ they have already examined.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from coordinator.model.hashing import LOAD_BUCKET_COUNT, LOAD_BUCKET_SHIFT
 from coordinator.model.positions import Position, PositionUpdate, RangePositionMap, TopicPartition
 from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
 
 FULL = RangeSet.full()
+
+
+def bucket_counts() -> array[int]:
+    """Zeroed counts per load bucket: an int64 buffer the C fast path increments in place."""
+    return array("q", bytes(8 * LOAD_BUCKET_COUNT))
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """Records examined in offsets [start, end) of one partition, per load bucket (owned
+    or not): the demand a Ping reply reports (`FetchedWindow` on the wire)."""
+
+    tp: TopicPartition
+    start: int
+    end: int
+    buckets: dict[int, int]
 
 
 @dataclass(slots=True)
@@ -91,6 +109,15 @@ class PartitionProgress:
     # Every slot is in a grant that is not stopping: nobody else can hand this consumer a
     # range of the partition, so there is nothing to keep fetched records for.
     owns_everything: bool = False
+    # Demand: records first examined in [demand_from, demand_upto) since the last Ping
+    # reply, per load bucket, owned or not. Each offset counts once: a rewind re-examines
+    # records below `demand_upto` without counting them again.
+    demand: array[int] = field(default_factory=bucket_counts)
+    demand_from: int = 0
+    demand_upto: int = 0
+
+    def __post_init__(self) -> None:
+        self.demand_from = self.demand_upto = max(self.demand_upto, self.cursor)
 
     def set_grants(self, grants: list[Grant]) -> None:
         self.grants = grants
@@ -118,6 +145,9 @@ class PartitionProgress:
         if offset < self.cursor:
             return False
         self.cursor = offset + 1
+        if offset >= self.demand_upto:
+            self.demand[slot >> LOAD_BUCKET_SHIFT] += 1
+            self.demand_upto = self.cursor
         grant = self.grant_for(slot)
         if grant is None or grant.frozen_upto is not None or offset < grant.skip_below:
             return False
@@ -253,6 +283,19 @@ class ConsumerProgress:
         return sum(len(p.pending) for p in self.partitions.values())
 
     # ---- reporting ------------------------------------------------------------------
+
+    def take_demand(self) -> list[Fetched]:
+        """What each partition's fetches brought since the last call (see `Fetched`)."""
+        windows: list[Fetched] = []
+        for tp, progress in self.partitions.items():
+            if progress.demand_upto <= progress.demand_from:
+                continue
+            counts = progress.demand
+            buckets = {b: n for b, n in enumerate(counts) if n}
+            windows.append(Fetched(tp, progress.demand_from, progress.demand_upto, buckets))
+            progress.demand = bucket_counts()
+            progress.demand_from = progress.demand_upto
+        return windows
 
     def positions(self, within: RangeSet | None = None) -> PositionUpdate:
         update: PositionUpdate = {}

@@ -40,7 +40,7 @@ from aiokafka.errors import KafkaError, ProducerFenced
 
 from consumer_client.dispatch import Dispatcher
 from consumer_client.fetcher import Fetcher
-from consumer_client.membership import ConsumerError
+from consumer_client.membership import ConsumerError, PingReport
 from consumer_client.progress import ConsumerProgress
 from consumer_client.txn_log import (
     TxnLog,
@@ -52,7 +52,6 @@ from consumer_client.txn_log import (
 from coordinator.kafka.settings import KafkaSettings
 from coordinator.model.positions import PositionUpdate, RangePositionMap, TopicPartition
 from coordinator.model.ranges import EMPTY, RangeSet
-from coordinator.protocol.messages import HighWatermark
 
 log = logging.getLogger(__name__)
 
@@ -383,9 +382,13 @@ class TransactionalCallbacks:
         self._fetcher = fetcher
         self._dispatcher = dispatcher
 
-    def ping_reply(self) -> tuple[PositionUpdate, dict[int, int], list[HighWatermark]]:
-        load = self._dispatcher.take_load()
-        return self.writer.committed, load, self._fetcher.high_watermarks()
+    def ping_reply(self) -> PingReport:
+        return PingReport(
+            self.writer.committed,
+            self._dispatcher.take_load(),
+            self._fetcher.high_watermarks(),
+            self._progress.take_demand(),
+        )
 
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:
         entry = _Preparing(slots)

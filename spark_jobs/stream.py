@@ -63,7 +63,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from consumer_client.membership import Membership
+from consumer_client.membership import Membership, PingReport
 from coordinator.model.addresses import parse_host_ports
 from coordinator.model.positions import PositionUpdate, TopicPartition
 from coordinator.model.ranges import RangeSet
@@ -228,14 +228,14 @@ class MemberRuntime:
 
     # ---- MemberHooks (on the loop) -------------------------------------------------------
 
-    def ping_reply(self) -> tuple[PositionUpdate, dict[int, int], list[HighWatermark]]:
+    def ping_reply(self) -> PingReport:
         with self.lock:
             positions = self.state.positions()
         marks = [
             HighWatermark(topic=t, partition=p, offset=o)
             for (t, p), o in sorted(self.high_watermarks.items())
         ]
-        return positions, {}, marks
+        return PingReport(positions, high_watermarks=marks)
 
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:
         with self.lock:

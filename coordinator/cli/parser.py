@@ -246,6 +246,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(
         coord,
+        "--backlog-hold-ms",
+        type=_positive_ms,
+        default=GROUP_DEFAULTS.backlog_hold_ms,
+        help="load-aware: ...or this long when the imbalance is a backlog (records waiting)",
+    )
+    _add(
+        coord,
+        "--backlog-records",
+        type=_positive_int,
+        default=GROUP_DEFAULTS.backlog_records,
+        help="load-aware: a backlog is this many records waiting on the busiest member "
+        "beyond its fair share",
+    )
+    _add(
+        coord,
+        "--demand-horizon-ms",
+        type=_positive_ms,
+        default=GROUP_DEFAULTS.demand_horizon_ms,
+        help="load-aware: demand = records waiting + this long of records at the measured rate",
+    )
+    _add(
+        coord,
         "--balance-check-ms",
         type=_positive_ms,
         default=GROUP_DEFAULTS.balance_check_ms,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from coordinator.group.demand import demand_profile
 from coordinator.group.effects import (
     BalanceTimer,
     CancelTimer,
@@ -25,9 +26,9 @@ from coordinator.group.effects import (
 )
 from coordinator.group.records import (
     DrainStarted,
+    FetchedCounts,
     GrantAcknowledged,
     GrantsHeld,
-    ImbalanceObserved,
     MemberAdopted,
     MemberContacted,
     MemberHeard,
@@ -38,11 +39,10 @@ from coordinator.group.records import (
     RangesGranted,
     RangesReleased,
     RangesRevoked,
-    RebalanceRequested,
     Record,
     TargetComputed,
 )
-from coordinator.group.state import GroupState, HandoffKind, MemberPhase
+from coordinator.group.state import GroupState, HandoffKind
 from coordinator.model.positions import Position, PositionUpdate, TopicPartition
 from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
 from coordinator.protocol.messages import ErrorCode
@@ -50,7 +50,6 @@ from coordinator.strategies.base import (
     Assignment,
     AssignmentSpec,
     Assignor,
-    ImbalanceMeter,
     MemberSpec,
     RangeValidator,
 )
@@ -125,8 +124,9 @@ def ping_answered(
     load: Iterable[tuple[int, int]],
     now: float,
     high_watermarks: Iterable[tuple[TopicPartition, int, bool]] = (),
+    fetched: Iterable[FetchedCounts] = (),
 ) -> Result:
-    """A Ping reply: proof of life, progress, load and the partition ends it sees.
+    """A Ping reply: proof of life, progress, load, demand and the partition ends it sees.
 
     1. Unknown member (fenced or removed meanwhile): error, nothing applied.
     2. Renew the session.
@@ -138,7 +138,7 @@ def ping_answered(
     if member is None:
         return Result(error=(ErrorCode.UNKNOWN_MEMBER, f"member {member_id!r} is not in the group"))
     result = Result(
-        records=[MemberHeard(member_id, now, tuple(load), tuple(high_watermarks))],
+        records=[MemberHeard(member_id, now, tuple(load), tuple(high_watermarks), tuple(fetched))],
         effects=[SetTimer(SessionTimer(member_id), now + member.session_timeout_ms / 1000)],
     )
     if epoch != member.epoch:
@@ -322,7 +322,7 @@ def reclaim(
 
 
 def timer_fired(state: GroupState, *, key: TimerKey, now: float) -> Result:
-    """A session, drain, quarantine or hold timer fired (`balance_check` has its own).
+    """A session, drain, quarantine or hold timer fired (`balance.balance_check` has its own).
 
     Timers may fire late or for a deadline that has moved since they were armed, so each
     one judges again with what is known now:
@@ -405,13 +405,18 @@ def _remove(
 
 
 def assignment_spec(state: GroupState, now: float) -> AssignmentSpec:
-    """The assignor's inputs: members, their previous targets (stickiness), measured load."""
+    """The assignor's inputs: members, their previous targets (stickiness), and the demand
+    per slot (records waiting plus the measured rate over the demand horizon)."""
     return AssignmentSpec(
         members=tuple(
             MemberSpec(m.member_id, m.capacity, m.fixed_ranges) for m in state.members.values()
         ),
         current={mid: state.target.get(mid, m.owned) for mid, m in state.members.items()},
-        slot_load=state.load.slot_load(now),
+        slot_load=demand_profile(
+            state.load.rates(now),
+            state.demand.backlog(),
+            state.config.demand_horizon_ms / 1000,
+        ),
     )
 
 
@@ -428,55 +433,6 @@ def target_computed(
     return TargetComputed(
         tuple(sorted(target.items())), inputs_version, assignment.unassigned, assignment.notes
     )
-
-
-_RENEWED_BY = 1.05
-_IN_FLIGHT = (MemberPhase.DRAINING, MemberPhase.STARTING)
-
-
-def balance_check(
-    state: GroupState,
-    *,
-    now: float,
-    imbalance: ImbalanceMeter | None,
-) -> Result:
-    """Periodic load check with hysteresis, for strategies that read load.
-
-    1. Re-arm the check.
-    2. Skip while a handoff is in flight or nothing was measured: moving boundaries on top
-       of moving boundaries is how thrashing starts.
-    3. Imbalance (busiest member's load share / capacity share) above the threshold starts
-       a clock; below it stops the clock; above it for `rebalance_hold_ms` requests a
-       rebalance, which recomputes the target with the measured load.
-    4. Until the group is back under the threshold, only an imbalance worse (by
-       `_RENEWED_BY`) than the one that set off the last load rebalance starts the clock:
-       when the strategy cannot pack the load any better (a few heavy keys over many
-       members), the same request every hold period would recompute the same target
-       forever, and move boundaries with every drift of the load.
-    """
-    config = state.config
-    result = Result(effects=[SetTimer(BalanceTimer(), now + config.balance_check_ms / 1000)])
-    busy = any(m.phase in _IN_FLIGHT for m in state.members.values())
-    if imbalance is None or not state.members or busy or state.quarantined:
-        return result
-    spec = assignment_spec(state, now)
-    if spec.slot_load is None:
-        return result
-    measured = imbalance(spec, state.target)
-    bar = config.rebalance_threshold
-    if state.last_rebalance_imbalance is not None:
-        bar = max(bar, state.last_rebalance_imbalance * _RENEWED_BY)
-    if measured <= config.rebalance_threshold:
-        if state.imbalanced_since is not None or state.last_rebalance_imbalance is not None:
-            result.records.append(ImbalanceObserved(None))
-    elif measured <= bar:
-        pass  # no worse than what the last rebalance was asked to fix
-    elif state.imbalanced_since is None:
-        result.records.append(ImbalanceObserved(now))
-    elif now - state.imbalanced_since >= config.rebalance_hold_ms / 1000:
-        reason = f"load imbalance {measured:.2f} > {bar:.2f}"
-        result.records.append(RebalanceRequested(reason, now, imbalance=measured))
-    return result
 
 
 def reconcile(

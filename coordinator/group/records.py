@@ -13,6 +13,10 @@ from coordinator.group.state import GroupConfig, HandoffKind, PendingClaim
 from coordinator.model.positions import Position, RangePositionMap, TopicPartition
 from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
 
+# (partition, start, end, ((bucket, records), ...)): what a member's fetches examined in
+# offsets [start, end) of the partition (coordinator.group.demand).
+FetchedCounts = tuple[TopicPartition, int, int, tuple[tuple[int, int], ...]]
+
 
 @dataclass(frozen=True, slots=True)
 class MemberJoined:
@@ -33,6 +37,7 @@ class MemberHeard:
     load: tuple[tuple[int, int], ...] = ()
     # (partition, offset, stable): stable when the offset is a last stable offset.
     high_watermarks: tuple[tuple[TopicPartition, int, bool], ...] = ()
+    fetched: tuple[FetchedCounts, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,10 +63,13 @@ def replay(state: GroupState, record: Record) -> None:
             member = state.members.get(record.member_id)
             if member is not None:
                 member.last_heard = record.at
+                for tp, start, end, buckets in record.fetched:  # before the completions
+                    state.demand.fetched(tp, start, end, buckets)
                 if record.load:
                     member.load = dict(record.load)
                     member.processed += sum(c for _, c in record.load)
                     state.load.add(record.load, record.at)
+                    state.demand.completed(record.load)
                 for tp, offset, stable in record.high_watermarks:
                     state.high_watermarks[tp] = max(state.high_watermarks.get(tp, 0), offset)
                     state.stable_ends[tp] = stable

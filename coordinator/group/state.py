@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from coordinator.group.demand import BucketDemand
 from coordinator.group.load import BucketLoad
 from coordinator.model.hashing import MAX_SLOT
 from coordinator.model.positions import RangePositionMap, TopicPartition
@@ -34,7 +35,15 @@ class GroupConfig:
     rebalance_threshold: float = 1.25
     # ...continuously for this long (hysteresis: no thrashing on bursts).
     rebalance_hold_ms: int = 30_000
-    balance_check_ms: int = 5_000
+    # A backlog is not noise: when the busiest member has at least `backlog_records`
+    # records waiting beyond its share of the group's backlog, the imbalance must hold
+    # only this long (work waiting now, that the others could take over now).
+    backlog_hold_ms: int = 1_000
+    backlog_records: int = 200
+    # Demand = records waiting + this long of records at the measured rate: what each
+    # member is expected to drain, balanced against its capacity.
+    demand_horizon_ms: int = 2_000
+    balance_check_ms: int = 1_000
     load_half_life_ms: int = 30_000
     # Extra wait past a lost member's session timeout before its ranges move, covering
     # clock skew and the member's own detection delay.
@@ -156,6 +165,7 @@ class GroupState:
     unassigned: RangeSet = EMPTY  # slots the strategy gives nobody: their records wait
     notes: tuple[str, ...] = ()  # what the strategy reported (e.g. a slot too hot to split)
     load: BucketLoad = field(default_factory=BucketLoad)
+    demand: BucketDemand = field(default_factory=BucketDemand)  # the backlog, per bucket
     imbalanced_since: float | None = None
     # The imbalance that set off the last load rebalance, until the group is back under the
     # threshold: while the measure is no worse than this (+5%), asking again would only

@@ -11,7 +11,7 @@ ends are built from this one module, so anything lax would only hide a bug.
 
 from collections import Counter
 from enum import StrEnum
-from typing import Annotated, Literal, TypeAlias, get_args
+from typing import Annotated, Literal, Self, TypeAlias, get_args
 
 from pydantic import (
     AfterValidator,
@@ -21,6 +21,7 @@ from pydantic import (
     StringConstraints,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from coordinator.model.addresses import parse_host_port
@@ -221,6 +222,28 @@ class HighWatermark(_WireModel):
     stable: bool = False
 
 
+class FetchedWindow(_WireModel):
+    """What the member's fetches brought in one partition since its last Ping reply:
+    offsets [start, end) examined, and how many records of each load bucket were among
+    them, owned or not. Demand the coordinator can see before anyone processes it (the
+    backlog's key distribution); every member reading a partition sees the same records,
+    so the coordinator merges windows by offset instead of adding them up."""
+
+    topic: str = Field(min_length=1, max_length=249)
+    partition: int = Field(ge=0)
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    buckets: dict[Annotated[int, Field(ge=0, le=4095)], Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.end < self.start:
+            raise ValueError(f"fetched window ends ({self.end}) before it starts ({self.start})")
+        return self
+
+
 class PingResponse(_WireMessage):
     type: Literal["ping_response"] = "ping_response"
     member_epoch: int
@@ -230,6 +253,7 @@ class PingResponse(_WireMessage):
     load: dict[Annotated[int, Field(ge=0, le=4095)], Annotated[int, Field(ge=0)]] = Field(
         default_factory=dict
     )
+    fetched: list[FetchedWindow] = Field(default_factory=list)
 
 
 class StopFetcherRequest(_WireMessage):

@@ -28,6 +28,12 @@ from coordinator.runtime.verdicts import PendingReplies
 
 log = logging.getLogger(__name__)
 PING_TICK_S = 0.1
+# A member of a small group is first pinged about this soon after it registers: its first
+# reply carries the demand its first fetches saw (a backlog's key distribution), which the
+# balance check needs before the backlog drains unevenly. A large group keeps the spread
+# over a whole interval (pinging a join storm in its middle only adds to it).
+FIRST_PING_S = 1.0
+SMALL_GROUP = 64
 
 
 def ping_interval_ms(state: GroupState, session_timeout_ms: int) -> int:
@@ -62,7 +68,10 @@ class Pinger:
         # sooner than half an interval: pings in the middle of the storm only add to it.
         # Sent on ticks (a twentieth of the interval, at most 100 ms), so each loop turn
         # still serves a batch: one ping per turn doubled the CPU of steady pings.
-        delay = random.uniform(0.5 * interval, 1.5 * interval)
+        joined = self._groups.get(group)
+        small = joined is not None and len(joined.members) <= SMALL_GROUP
+        first = min(interval, FIRST_PING_S) if small else interval
+        delay = random.uniform(0.5 * first, 1.5 * first)
         tick = min(PING_TICK_S, interval / 20)
         loop = asyncio.get_running_loop()
         while not channel.is_closed:
@@ -118,6 +127,10 @@ class Pinger:
             now=self._clock(),
             high_watermarks=[
                 ((h.topic, h.partition), h.offset, h.stable) for h in reply.high_watermarks
+            ],
+            fetched=[
+                ((f.topic, f.partition), f.start, f.end, tuple(sorted(f.buckets.items())))
+                for f in reply.fetched
             ],
         )
         if result.error is not None and result.error[0] != ErrorCode.STALE_EPOCH:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from coordinator.group import handlers
+from coordinator.group import balance, handlers
 from coordinator.group.effects import (
     BalanceTimer,
     CancelTimer,
@@ -507,7 +507,7 @@ class CoordinatorRuntime:
             case BalanceTimer():
                 imbalance = strategy_named(state.config.assignor).imbalance
                 self._run(
-                    group, handlers.balance_check(state, now=self.clock(), imbalance=imbalance)
+                    group, balance.balance_check(state, now=self.clock(), imbalance=imbalance)
                 )
             case SessionTimer(member_id) | DrainTimer(member_id):
                 result = handlers.timer_fired(state, key=key, now=self.clock())

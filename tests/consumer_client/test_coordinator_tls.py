@@ -17,10 +17,9 @@ import pytest
 import trustme
 
 from consumer_client import ClientTls, CoordinatedConsumer
-from consumer_client.membership import ConsumerError, Membership
+from consumer_client.membership import ConsumerError, Membership, PingReport
 from coordinator.model.positions import PositionUpdate
 from coordinator.model.ranges import RangeSet
-from coordinator.protocol.messages import HighWatermark
 from coordinator.security.tls import ServerTls, TlsConfigError
 from coordinator.server.admission import ConnectionLimits
 from tests.coordinator.server.inprocess import running_coordinator
@@ -37,8 +36,8 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
 class Hooks:
     """A member that owns nothing and does nothing: only the protocol side runs."""
 
-    def ping_reply(self) -> tuple[PositionUpdate, dict[int, int], list[HighWatermark]]:
-        return {}, {}, []
+    def ping_reply(self) -> PingReport:
+        return PingReport({})
 
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:
         pass

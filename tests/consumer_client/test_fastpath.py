@@ -29,7 +29,7 @@ from consumer_client import fastpath
 from consumer_client.chunk import Chunk
 from consumer_client.consumer import CoordinatedConsumer
 from consumer_client.lanes import KeyLanes, Suspended, WorkItem, _Lane
-from consumer_client.progress import Grant, PartitionProgress
+from consumer_client.progress import Grant, PartitionProgress, bucket_counts
 from coordinator.model.hashing import ORDERING_KEY_HEADER, slot_for_key
 from coordinator.model.positions import Position, RangePositionMap
 from coordinator.model.ranges import RangeSet, SlotRange
@@ -214,6 +214,8 @@ async def run_scenario(scenario: Scenario, native: ModuleType | None) -> dict[st
         "pending": list(progress.pending.items()),
         "grants": [(g.slots, g.frozen_upto, g.skip_below) for g in progress.grants],
         "load": [(b, n) for b, n in enumerate(consumer._dispatcher.load) if n],
+        "demand": [(b, n) for b, n in enumerate(progress.demand) if n],
+        "demand_window": (progress.demand_from, progress.demand_upto),
         "stats": consumer.stats.as_dict(),
         "lanes": {
             repr(k): (item_state(lane.running), [item_state(i) for i in lane.queue])
@@ -377,7 +379,7 @@ async def test_no_references_leak() -> None:
         return tracked(body(record))
 
     lanes = KeyLanes(handler, max_concurrency=4, on_done=lambda _: None)
-    load = fastpath.new_load()
+    load = bucket_counts()
     for _round in range(50):
         progress = PartitionProgress(TP, grants=[Grant(RangeSet.full(), RangePositionMap(), 0)])
         i = 0
@@ -386,8 +388,9 @@ async def test_no_references_leak() -> None:
             grants = progress.grants
             table = fastpath.grant_table(grants)
             out = NATIVE.run(
-                recs, i, progress, grants, progress.cursor, table, "h", lanes._lanes, handler, load
-            )
+                recs, i, progress, grants, progress.cursor, table, "h", lanes._lanes, handler,
+                load, progress.demand, progress.demand_upto,
+            )  # fmt: skip
             status, i = out[0], out[1] + 1
             if status == NATIVE.SUSPENDED:
                 out[6].close()
@@ -407,7 +410,7 @@ async def test_ping_reply_reports_the_loads_counted_in_c() -> None:
     recs = [ConsumerRecord("t", 0, i, 0, 0, KEYS[i % 3], b"v", None, 1, 1, ()) for i in range(30)]
     assert consumer._fetcher.dispatch([Chunk(TP, 0, consumer._session(), recs)]) is None
     consumer._fetcher.kafka = None  # no high watermarks without a client
-    _, by_bucket, _ = consumer._callbacks.ping_reply()
+    by_bucket = consumer._callbacks.ping_reply().load
     expected: dict[int, int] = {}
     for key in KEYS[:3]:
         bucket = slot_for_key(key) >> 4
@@ -468,19 +471,35 @@ async def test_a_handler_suspended_in_c_is_finished_by_the_task_that_started_it(
     ("change", "error", "message"),
     [
         ({1: -1}, ValueError, "start must be >= 0"),
-        ({5: b"123"}, ValueError, "bad table or load buffer size"),
-        ({9: fastpath.new_load()[:10]}, ValueError, "bad table or load buffer size"),
+        ({5: b"123"}, ValueError, "bad table, load or demand buffer size"),
+        ({9: bucket_counts()[:10]}, ValueError, "bad table, load or demand buffer size"),
+        ({10: bucket_counts()[:10]}, ValueError, "bad table, load or demand buffer size"),
         ({9: bytes(8 * 4096)}, BufferError, "not writable"),
+        ({10: bytes(8 * 4096)}, BufferError, "not writable"),
+        ({11: "0"}, TypeError, "integer"),
         ({0: ()}, TypeError, "records must be a list"),
         ({6: b"h"}, TypeError, "header a str"),
     ],
 )
 def test_run_refuses_bad_arguments(change: dict[int, Any], error: type, message: str) -> None:
     assert NATIVE is not None
-    args: list[Any] = [[], 0, None, None, 0, b"", "h", {}, noop, fastpath.new_load()]
+    args: list[Any] = [
+        [],
+        0,
+        None,
+        None,
+        0,
+        b"",
+        "h",
+        {},
+        noop,
+        bucket_counts(),
+        bucket_counts(),
+        0,
+    ]
     for index, value in change.items():
         args[index] = value
     with pytest.raises(error, match=message):
         NATIVE.run(*args)
-    with pytest.raises(TypeError, match="exactly 10 arguments"):
-        NATIVE.run(*args[:9])  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="exactly 12 arguments"):
+        NATIVE.run(*args[:11])  # type: ignore[call-arg]

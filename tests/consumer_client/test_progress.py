@@ -222,3 +222,25 @@ def test_two_grants_with_rewind_hand_over_exactly(
     # the partition has no grants left: a new grant seeks to its own position
     again = a.add_grant(g1, start_map(g1, {}))
     assert again == {TP: 0}
+
+
+def test_demand_counts_every_examined_record_once_owned_or_not() -> None:
+    """What a Ping reply reports as fetched: each offset once per consumer, owned or not,
+    in windows that follow one another; a rewind re-examines without counting again."""
+    p = ConsumerProgress()
+    slot_a, slot_b = 0, 1 << 10  # load buckets 0 and 64
+    log = [slot_a if o % 4 else slot_b for o in range(40)]
+    p.add_grant(RangeSet.from_pairs([(0, 15)]), {TP: [(SlotRange(0, 15), Position(10))]})
+    assert p.take_demand() == []  # nothing examined yet
+    feed(p, log, 10, 30)
+    (window,) = p.take_demand()
+    assert (window.tp, window.start, window.end) == (TP, 10, 30)
+    assert window.buckets == {0: 15, 64: 5}  # bucket 64 is not owned: still demand
+    # a grant further back: the partition is re-read from 5
+    p.add_grant(
+        RangeSet.from_pairs([(slot_b, slot_b)]), {TP: [(SlotRange(slot_b, slot_b), Position(5))]}
+    )
+    feed(p, log, 5, 40)
+    (window,) = p.take_demand()
+    assert (window.start, window.end, window.buckets) == (30, 40, {0: 8, 64: 2})
+    assert p.take_demand() == []

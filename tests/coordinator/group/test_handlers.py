@@ -26,9 +26,7 @@ from coordinator.group.effects import (
     TimerKey,
 )
 from coordinator.group.records import (
-    ImbalanceObserved,
     MemberRemoved,
-    RebalanceRequested,
 )
 from coordinator.group.replay import replay
 from coordinator.group.state import GroupState
@@ -577,41 +575,3 @@ def test_drain_time_counts_from_when_the_stop_fetcher_was_written(group3: GroupS
     run(state, h.stop_written(state, member_id=other.member_id, ranges=late.ranges, now=9.0), 9.0)
     run(state, h.stop_written(state, member_id=other.member_id, ranges=other.ranges, now=1.0), 1.0)
     assert m.drains == before
-
-
-def test_a_rebalance_that_could_not_help_is_not_asked_for_again(group3: GroupState) -> None:
-    """The periodic check asks for a load rebalance after `rebalance_hold_ms` above the
-    threshold. If the group is still as imbalanced afterwards (the strategy cannot pack
-    the load better), it does not ask again every hold period; it does once the imbalance
-    is 5% worse than what set off the last one, or after the group was balanced again."""
-    state = group3
-    for mid, m in state.members.items():  # some measured load, or the check has nothing
-        run(state, h.ping_answered(state, member_id=mid, epoch=m.epoch, positions={},
-                                   load=((3, 7),), now=2.0), 2.0)  # fmt: skip
-    hold = state.config.rebalance_hold_ms / 1000
-    measured = [0.0]
-
-    def check(now: float, imbalance: float) -> list[object]:
-        measured[0] = imbalance
-        result = h.balance_check(state, now=now, imbalance=lambda spec, target: measured[0])
-        apply(state, result)
-        return list(result.records)
-
-    def requests(records: list[object]) -> list[float | None]:
-        return [r.imbalance for r in records if isinstance(r, RebalanceRequested)]
-
-    t = 10.0
-    assert check(t, 1.5) == [ImbalanceObserved(t)]
-    assert requests(check(t + hold, 1.5)) == [1.5]
-    # (the recompute ran and placed the same target)
-    for k in range(1, 6):  # as imbalanced as before, for five hold periods: no request
-        assert check(t + hold + k * hold, 1.52) == []
-    assert state.imbalanced_since is None
-    t += 10 * hold
-    assert check(t, 1.6) == [ImbalanceObserved(t)]  # worse than 1.5 x 1.05
-    assert requests(check(t + hold, 1.6)) == [1.6]
-    t += 2 * hold
-    assert check(t, 1.1) == [ImbalanceObserved(None)]  # balanced: the bar is gone
-    assert state.last_rebalance_imbalance is None
-    assert check(t + 1, 1.3) == [ImbalanceObserved(t + 1)]
-    assert requests(check(t + 1 + hold, 1.3)) == [1.3]

@@ -28,6 +28,7 @@ from coordinator.protocol.messages import (
     RESPONSE_TYPES,
     ErrorCode,
     ErrorResponse,
+    FetchedWindow,
     LeaveRequest,
     LeaveResponse,
     Message,
@@ -81,6 +82,18 @@ def positions(draw: st.DrawFn) -> PositionModel:
     return PositionModel(next_offset=next_offset, acked=acked)
 
 
+@st.composite
+def fetched_windows(draw: st.DrawFn) -> FetchedWindow:
+    start = draw(st.integers(0, 2**48))
+    return FetchedWindow(
+        topic=draw(st.text(min_size=1, max_size=40)),
+        partition=draw(st.integers(0, 10_000)),
+        start=start,
+        end=draw(st.integers(start, start + 2**20)),
+        buckets=draw(st.dictionaries(st.integers(0, 4095), st.integers(0, 2**40), max_size=8)),
+    )
+
+
 range_positions = st.builds(RangePosition, range=slot_ranges(), position=positions())
 partition_positions = st.builds(
     PartitionPositions,
@@ -132,6 +145,7 @@ MESSAGE_STRATEGIES: dict[type[BaseModel], st.SearchStrategy[Any]] = {
         member_epoch=epochs,
         positions=position_lists,
         load=st.dictionaries(st.integers(0, 4095), st.integers(0, 2**40), max_size=8),
+        fetched=st.lists(fetched_windows(), max_size=3),
     ),
     StopFetcherRequest: st.builds(
         StopFetcherRequest, correlation_id=correlation_ids, member_epoch=epochs, ranges=range_lists
@@ -550,6 +564,35 @@ def _ping_with_position(position: dict[str, Any]) -> bytes:
 )
 def test_bad_positions(position: dict[str, Any], reason: str) -> None:
     exc = decode_error(_ping_with_position(position))
+    assert exc.code is ErrorCode.INVALID_MESSAGE
+    assert reason in exc.message
+
+
+@pytest.mark.parametrize(
+    ("window", "reason"),
+    [
+        ({"start": 10, "end": 9}, "fetched window ends (9) before it starts (10)"),
+        ({"start": -1, "end": 9}, "fetched[0].start: Input should be greater than or equal to 0"),
+        (
+            {"start": 0, "end": 9, "buckets": {"4096": 1}},
+            "fetched[0].buckets['4096'] key: Input should be less than or equal to 4095",
+        ),
+        (
+            {"start": 0, "end": 9, "buckets": {"7": -1}},
+            "fetched[0].buckets['7']: Input should be greater than or equal to 0",
+        ),
+    ],
+)
+def test_bad_fetched_windows(window: dict[str, Any], reason: str) -> None:
+    frame = json_frame(
+        {
+            "type": "ping_response",
+            "correlation_id": 8,
+            "member_epoch": 1,
+            "fetched": [{"topic": "t", "partition": 0, **window}],
+        }
+    )
+    exc = decode_error(frame)
     assert exc.code is ErrorCode.INVALID_MESSAGE
     assert reason in exc.message
 

@@ -1,0 +1,149 @@
+"""The periodic load check (`coordinator.group.balance`): hysteresis against rate noise,
+a short hold for a backlog."""
+
+from __future__ import annotations
+
+from coordinator.group import handlers as h
+from coordinator.group.balance import balance_check
+from coordinator.group.records import ImbalanceObserved, RebalanceRequested
+from coordinator.group.state import GroupState
+from coordinator.model.hashing import LOAD_BUCKET_SHIFT
+from coordinator.model.ranges import RangeSet
+from coordinator.strategies.base import ImbalanceMeter
+from coordinator.strategies.load_aware import LoadAwareAssignor
+from coordinator.strategies.registry import strategy_named
+from tests.coordinator.group.test_handlers import TPS, apply, group3, run
+
+__all__ = ["group3"]  # the fixture, imported to be found here
+
+METER = strategy_named("load-aware").imbalance
+
+
+def requests(records: list[object]) -> list[RebalanceRequested]:
+    return [r for r in records if isinstance(r, RebalanceRequested)]
+
+
+def checker(state: GroupState, meter: ImbalanceMeter | None = METER):  # type: ignore[no-untyped-def]
+    def check(now: float) -> list[object]:
+        result = balance_check(state, now=now, imbalance=meter)
+        apply(state, result)
+        return list(result.records)
+
+    return check
+
+
+def buckets_of(ranges: RangeSet, count: int) -> list[int]:
+    """`count` load buckets wholly inside `ranges` (spread over them)."""
+    inside = [
+        b
+        for r in ranges
+        for b in range((r.start >> LOAD_BUCKET_SHIFT) + 1, r.end >> LOAD_BUCKET_SHIFT)
+    ]
+    step = max(1, len(inside) // count)
+    return inside[::step][:count]
+
+
+def heard(state: GroupState, now: float, **report: object) -> None:
+    for mid, m in list(state.members.items()):
+        kw = {"load": (), **report}
+        run(state, h.ping_answered(state, member_id=mid, epoch=m.epoch, positions={}, now=now,
+                                   **kw), now)  # type: ignore[arg-type]  # fmt: skip
+        report = {}  # one member's report is enough: the others read the same records
+
+
+def test_a_backlog_behind_one_member_is_rebalanced_after_the_short_hold(
+    group3: GroupState,
+) -> None:
+    """1,200 records wait, all in m1's ranges: the check asks for a rebalance after
+    `backlog_hold_ms` (1 s), not `rebalance_hold_ms` (30 s), and the load-aware strategy
+    then gives each member about a third of the backlog."""
+    state = group3
+    hot = buckets_of(state.target["m1"], 40)
+    counts = tuple((b, 30) for b in hot)
+    heard(state, 2.0, fetched=[(TPS[0], 0, 1200, counts)])
+    check = checker(state)
+    assert check(2.5) == [ImbalanceObserved(2.5)]
+    assert check(3.0) == []  # held half a second so far
+    asked = requests(check(3.5))
+    assert len(asked) == 1 and asked[0].reason.startswith("backlog imbalance (800 records")
+    spec = h.assignment_spec(state, 3.5)
+    placed = LoadAwareAssignor().assign(spec).ranges
+    waiting = {mid: sum(c for b, c in counts if (b << LOAD_BUCKET_SHIFT) in r)
+               for mid, r in placed.items()}  # fmt: skip
+    assert sum(waiting.values()) == 1200
+    assert max(waiting.values()) <= 1.1 * 400, waiting
+
+
+def test_a_rate_imbalance_still_holds_the_long_hold(group3: GroupState) -> None:
+    """Processed records only (no backlog): rate noise, so the full `rebalance_hold_ms`."""
+    state = group3
+    hot = buckets_of(state.target["m1"], 40)
+    heard(state, 2.0, load=tuple((b, 30) for b in hot))
+    check = checker(state)
+    assert check(2.5) == [ImbalanceObserved(2.5)]
+    hold = state.config.rebalance_hold_ms / 1000
+    assert check(2.5 + hold / 2) == []
+    asked = requests(check(2.5 + hold))
+    assert len(asked) == 1 and asked[0].reason.startswith("load imbalance")
+
+
+def test_a_small_backlog_is_not_a_reason_to_hurry(group3: GroupState) -> None:
+    """Fewer than `backlog_records` waiting beyond a fair share: the long hold."""
+    state = group3
+    hot = buckets_of(state.target["m1"], 10)
+    heard(state, 2.0, fetched=[(TPS[0], 0, 150, tuple((b, 15) for b in hot))])
+    check = checker(state)
+    assert check(2.5) == [ImbalanceObserved(2.5)]
+    assert requests(check(4.0)) == []
+
+
+def test_a_drained_backlog_leaves_the_rate(group3: GroupState) -> None:
+    """Completions take the backlog away: demand is the measured rate again."""
+    state = group3
+    hot = buckets_of(state.target["m2"], 5)
+    counts = tuple((b, 10) for b in hot)
+    heard(state, 2.0, fetched=[(TPS[0], 0, 50, counts)])
+    assert state.demand.backlog() is not None
+    heard(state, 3.0, load=counts)
+    assert state.demand.backlog() is None
+    profile = h.assignment_spec(state, 3.0).slot_load
+    rates = state.load.rates(3.0)
+    assert profile is not None and abs(sum(profile) - 2.0 * sum(rates.values())) < 1e-6
+
+
+def test_a_rebalance_that_could_not_help_is_not_asked_for_again(group3: GroupState) -> None:
+    """The periodic check asks for a load rebalance after `rebalance_hold_ms` above the
+    threshold. If the group is still as imbalanced afterwards (the strategy cannot pack
+    the load better), it does not ask again every hold period; it does once the imbalance
+    is 5% worse than what set off the last one, or after the group was balanced again."""
+    state = group3
+    for mid, m in state.members.items():  # some measured load, or the check has nothing
+        run(state, h.ping_answered(state, member_id=mid, epoch=m.epoch, positions={},
+                                   load=((3, 7),), now=2.0), 2.0)  # fmt: skip
+    hold = state.config.rebalance_hold_ms / 1000
+    measured = [0.0]
+
+    def check(now: float, imbalance: float) -> list[object]:
+        measured[0] = imbalance
+        result = balance_check(state, now=now, imbalance=lambda spec, target: measured[0])
+        apply(state, result)
+        return list(result.records)
+
+    def requests(records: list[object]) -> list[float | None]:
+        return [r.imbalance for r in records if isinstance(r, RebalanceRequested)]
+
+    t = 10.0
+    assert check(t, 1.5) == [ImbalanceObserved(t)]
+    assert requests(check(t + hold, 1.5)) == [1.5]
+    # (the recompute ran and placed the same target)
+    for k in range(1, 6):  # as imbalanced as before, for five hold periods: no request
+        assert check(t + hold + k * hold, 1.52) == []
+    assert state.imbalanced_since is None
+    t += 10 * hold
+    assert check(t, 1.6) == [ImbalanceObserved(t)]  # worse than 1.5 x 1.05
+    assert requests(check(t + hold, 1.6)) == [1.6]
+    t += 2 * hold
+    assert check(t, 1.1) == [ImbalanceObserved(None)]  # balanced: the bar is gone
+    assert state.last_rebalance_imbalance is None
+    assert check(t + 1, 1.3) == [ImbalanceObserved(t + 1)]
+    assert requests(check(t + 1 + hold, 1.3)) == [1.3]

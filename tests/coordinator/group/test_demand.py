@@ -1,0 +1,110 @@
+"""Demand per load bucket (`coordinator.group.demand`): windows merged by offset."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coordinator.group.demand import BucketDemand, backlog_excess, demand_profile
+from coordinator.model.hashing import LOAD_BUCKET_COUNT, SLOT_COUNT
+from coordinator.model.ranges import RangeSet, SlotRange
+
+TP = ("t", 0)
+
+
+@st.composite
+def readers(draw: st.DrawFn) -> tuple[int, list[list[tuple[int, int]]], list[int]]:
+    """N offsets read by 1-4 members, each from 0 in windows of its own cuts, and an
+    interleaving of their reports (each member's in its own order)."""
+    n = draw(st.integers(1, 400))
+    members = []
+    for _ in range(draw(st.integers(1, 4))):
+        cuts = sorted(set(draw(st.lists(st.integers(1, n - 1), max_size=6)))) if n > 1 else []
+        bounds = [0, *cuts, n]
+        members.append(list(itertools.pairwise(bounds)))
+    order = [i for i, windows in enumerate(members) for _ in windows]
+    draw(st.randoms()).shuffle(order)
+    return n, members, order
+
+
+@given(readers(), st.integers(0, 2**32 - 1))
+def test_members_reading_one_partition_count_each_record_once(
+    case: tuple[int, list[list[tuple[int, int]]], list[int]], seed: int
+) -> None:
+    """However the members cut their windows and whatever order the reports arrive in,
+    the merged count is the number of records, not N times it."""
+    n, members, order = case
+    rng = random.Random(seed)
+    buckets = [rng.randrange(LOAD_BUCKET_COUNT) for _ in range(n)]  # bucket of each offset
+    demand = BucketDemand()
+    next_window = [0] * len(members)
+    for i in order:
+        start, end = members[i][next_window[i]]
+        next_window[i] += 1
+        counts: dict[int, int] = {}
+        for offset in range(start, end):
+            counts[buckets[offset]] = counts.get(buckets[offset], 0) + 1
+        demand.fetched(TP, start, end, counts.items())
+    backlog = demand.backlog()
+    assert backlog is not None
+    assert abs(sum(backlog) - n) < 1e-6
+
+
+def test_one_reader_counts_exactly_and_completions_drain_it() -> None:
+    demand = BucketDemand()
+    demand.fetched(TP, 10, 20, [(3, 6), (7, 4)])
+    demand.fetched(TP, 10, 20, [(3, 6), (7, 4)])  # another member, same records: nothing
+    demand.fetched(("t", 1), 0, 5, [(3, 5)])  # another partition: more records
+    backlog = demand.backlog()
+    assert backlog is not None and (backlog[3], backlog[7], sum(backlog)) == (11, 4, 15)
+    demand.completed([(3, 11), (7, 3)])
+    backlog = demand.backlog()
+    assert backlog is not None and sum(backlog) == 1 and backlog[7] == 1
+    demand.completed([(7, 5)])  # more than fetched (counted before a restart): capped
+    assert demand.backlog() is None
+    demand.fetched(TP, 20, 22, [(7, 2)])  # later arrivals of that bucket are not hidden
+    backlog = demand.backlog()
+    assert backlog is not None and backlog[7] == 2
+
+
+def test_a_window_straddling_the_frontier_adds_its_new_part() -> None:
+    demand = BucketDemand()
+    demand.fetched(TP, 0, 100, [(1, 100)])
+    demand.fetched(TP, 50, 150, [(2, 100)])  # half of it is new
+    backlog = demand.backlog()
+    assert backlog is not None and (backlog[1], backlog[2]) == (100, 50)
+
+
+def test_bad_counts_are_ignored() -> None:
+    demand = BucketDemand()
+    demand.fetched(TP, 5, 5, [(1, 3)])  # an empty window
+    demand.fetched(TP, 0, 9, [(-1, 3), (LOAD_BUCKET_COUNT, 3), (2, 0)])
+    assert demand.backlog() is None
+
+
+def test_demand_is_backlog_plus_the_rate_over_the_horizon() -> None:
+    assert demand_profile({}, None, 2.0) is None
+    backlog = [0.0] * LOAD_BUCKET_COUNT
+    backlog[1] = 32.0
+    profile = demand_profile({1: 8.0, 4095: 1.6}, backlog, 2.0)
+    assert profile is not None and len(profile) == SLOT_COUNT
+    assert profile[16:32] == [3.0] * 16  # (32 + 8 x 2) / 16
+    assert abs(sum(profile[-16:]) - 3.2) < 1e-9
+    assert abs(sum(profile) - (48 + 3.2)) < 1e-9
+
+
+def test_backlog_excess_is_the_busiest_members_records_beyond_its_share() -> None:
+    backlog = [0.0] * LOAD_BUCKET_COUNT
+    backlog[0] = 160.0  # slots 0-15, 10 records each
+    backlog[9] = 40.0  # slots 144-159
+    owned = {
+        "a": RangeSet([SlotRange(0, 7)]),  # 80 records
+        "b": RangeSet([SlotRange(8, 159)]),  # 80 + 40
+        "c": RangeSet([SlotRange(160, SLOT_COUNT - 1)]),  # nothing
+    }
+    capacity = {"a": 1, "b": 1, "c": 2}
+    assert backlog_excess(backlog, owned, capacity) == 120 - 50
+    assert backlog_excess([0.0] * LOAD_BUCKET_COUNT, owned, capacity) == 0
