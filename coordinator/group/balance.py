@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from coordinator.group.demand import backlog_excess
 from coordinator.group.effects import BalanceTimer, Result, SetTimer
-from coordinator.group.handlers import assignment_spec
+from coordinator.group.handlers import assignment_spec, backlog_now
 from coordinator.group.records import ImbalanceObserved, RebalanceRequested
 from coordinator.group.state import GroupState, MemberPhase
 from coordinator.strategies.base import ImbalanceMeter
@@ -58,7 +58,7 @@ def balance_check(
     elif state.imbalanced_since is None:
         result.records.append(ImbalanceObserved(now))
     else:
-        waiting = _waiting_beyond_share(state)
+        waiting = _waiting_beyond_share(state, now)
         backlogged = waiting >= config.backlog_records
         hold_ms = config.backlog_hold_ms if backlogged else config.rebalance_hold_ms
         if now - state.imbalanced_since >= hold_ms / 1000:
@@ -68,8 +68,8 @@ def balance_check(
     return result
 
 
-def _waiting_beyond_share(state: GroupState) -> float:
-    backlog = state.demand.backlog()
+def _waiting_beyond_share(state: GroupState, now: float) -> float:
+    backlog = backlog_now(state, now)
     if backlog is None:
         return 0.0
     capacities = {mid: max(1, m.capacity) for mid, m in state.members.items()}

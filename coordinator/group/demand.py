@@ -97,6 +97,34 @@ def demand_profile(
     return load
 
 
+def discounted(
+    backlog: Sequence[float], owned: Mapping[str, RangeSet], done: Mapping[str, float]
+) -> list[float] | None:
+    """`backlog` less what each owner has completed since it was counted: `done[member]`
+    records taken off its buckets pro rata (a bucket belongs to the owner of its middle
+    slot); None when nothing is left waiting."""
+    waiting = list(backlog)
+    half = _BUCKET_WIDTH // 2  # bucket b's middle slot is b * width + half
+    for member_id, ranges in owned.items():
+        gone = done.get(member_id, 0.0)
+        if gone <= 0:
+            continue
+        mine = [
+            b
+            for r in ranges
+            for b in range(
+                (r.start + half - 1) >> LOAD_BUCKET_SHIFT, (r.end + half) >> LOAD_BUCKET_SHIFT
+            )
+        ]
+        total = sum(waiting[b] for b in mine)
+        if total <= 0:
+            continue
+        keep = max(0.0, 1 - gone / total)
+        for b in mine:
+            waiting[b] *= keep
+    return waiting if any(w > 0.5 for w in waiting) else None
+
+
 def backlog_excess(
     backlog: Sequence[float], owned: Mapping[str, RangeSet], capacity: Mapping[str, int]
 ) -> float:

@@ -38,6 +38,7 @@ class MemberHeard:
     # (partition, offset, stable): stable when the offset is a last stable offset.
     high_watermarks: tuple[tuple[TopicPartition, int, bool], ...] = ()
     fetched: tuple[FetchedCounts, ...] = ()
+    ping: bool = False  # a Ping reply: `load` is everything completed since the last one
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,11 @@ def replay(state: GroupState, record: Record) -> None:
                 member.last_heard = record.at
                 for tp, start, end, buckets in record.fetched:  # before the completions
                     state.demand.fetched(tp, start, end, buckets)
+                if record.ping:
+                    if member.pinged_at is not None and record.at > member.pinged_at:
+                        completed = sum(c for _, c in record.load)
+                        member.processed_per_s = completed / (record.at - member.pinged_at)
+                    member.pinged_at = record.at
                 if record.load:
                     member.load = dict(record.load)
                     member.processed += sum(c for _, c in record.load)

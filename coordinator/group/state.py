@@ -92,6 +92,10 @@ class Member:
     fixed_ranges: RangeSet | None = None  # declared at Register (sticky strategy)
     load: dict[int, int] = field(default_factory=dict)
     processed: int = 0
+    # Its last Ping reply, and its records completed per second between the last two:
+    # how much of the backlog counted against it is already gone (`handlers.backlog_now`).
+    pinged_at: float | None = None
+    processed_per_s: float = 0.0
 
     @property
     def phase(self) -> MemberPhase:

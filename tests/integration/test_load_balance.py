@@ -5,6 +5,7 @@ hold time, and moves boundaries through the ordered handoff."""
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,9 @@ async def test_load_aware_rebalances_skewed_traffic(broker: EmbeddedBroker, tmp_
         )
         assert spread_before > 2.0, "the traffic must start skewed"
         assert spread_after < 1.3
-        assert "rebalancing: load imbalance" in coordinator.read_log()
+        # A backlog when the hot member falls behind (records waiting: the short hold),
+        # else the measured rate (the long hold).
+        assert re.search(r"rebalancing: (backlog|load) imbalance", coordinator.read_log())
     finally:
         workers.stop_all()
         coordinator.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from coordinator.group import handlers as h
 from coordinator.group.balance import balance_check
+from coordinator.group.handlers import backlog_now
 from coordinator.group.records import ImbalanceObserved, RebalanceRequested
 from coordinator.group.state import GroupState
 from coordinator.model.hashing import LOAD_BUCKET_SHIFT
@@ -147,3 +148,29 @@ def test_a_rebalance_that_could_not_help_is_not_asked_for_again(group3: GroupSta
     assert state.last_rebalance_imbalance is None
     assert check(t + 1, 1.3) == [ImbalanceObserved(t + 1)]
     assert requests(check(t + 1 + hold, 1.3)) == [1.3]
+
+
+def test_what_an_owner_completed_since_its_last_ping_is_not_a_backlog(
+    group3: GroupState,
+) -> None:
+    """Each member's completions are as old as its last Ping reply. m1 reported 900
+    records fetched and 300 completed in the second since its previous reply (300/s); two
+    seconds later the other 600 are done too, though nobody has said so yet: no backlog,
+    so no short hold (uncorrected, it looked 400 records over its share)."""
+    state = group3
+    for mid, m in state.members.items():
+        run(state, h.ping_answered(state, member_id=mid, epoch=m.epoch, positions={}, load=(),
+                                   now=2.0), 2.0)  # fmt: skip
+    hot = buckets_of(state.target["m1"], 30)
+    m1 = state.members["m1"]
+    reply = h.ping_answered(
+        state, member_id="m1", epoch=m1.epoch, positions={}, now=3.0,
+        load=tuple((b, 10) for b in hot), fetched=[(TPS[0], 0, 900, tuple((b, 30) for b in hot))],
+    )  # fmt: skip
+    run(state, reply, 3.0)
+    assert m1.processed_per_s == 300
+    assert sum(backlog_now(state, 3.0) or ()) == 600
+    assert backlog_now(state, 5.0) is None
+    check = checker(state)
+    check(5.0)
+    assert requests(check(6.5)) == []

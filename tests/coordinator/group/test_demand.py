@@ -8,7 +8,7 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.group.demand import BucketDemand, backlog_excess, demand_profile
+from coordinator.group.demand import BucketDemand, backlog_excess, demand_profile, discounted
 from coordinator.model.hashing import LOAD_BUCKET_COUNT, SLOT_COUNT
 from coordinator.model.ranges import RangeSet, SlotRange
 
@@ -108,3 +108,28 @@ def test_backlog_excess_is_the_busiest_members_records_beyond_its_share() -> Non
     capacity = {"a": 1, "b": 1, "c": 2}
     assert backlog_excess(backlog, owned, capacity) == 120 - 50
     assert backlog_excess([0.0] * LOAD_BUCKET_COUNT, owned, capacity) == 0
+
+
+@given(st.lists(st.integers(1, SLOT_COUNT - 1), max_size=12, unique=True), st.integers(0, 12))
+def test_each_bucket_is_discounted_for_exactly_its_middle_slots_owner(
+    cuts: list[int], pick: int
+) -> None:
+    """Ranges cut anywhere, members owning every other piece: a member's completions come
+    off exactly the buckets whose middle slot it owns, and nobody else's."""
+    bounds = [0, *sorted(cuts), SLOT_COUNT]
+    pieces = [SlotRange(a, b - 1) for a, b in itertools.pairwise(bounds)]
+    owned = {f"m{i}": RangeSet(pieces[i::3]) for i in range(3) if pieces[i::3]}
+    member = sorted(owned)[pick % len(owned)]
+    left = discounted([1.0] * LOAD_BUCKET_COUNT, owned, {member: 1e12})
+    cleared = {b for b, w in enumerate(left or [0.0] * LOAD_BUCKET_COUNT) if w == 0}
+    assert cleared == {b for b in range(LOAD_BUCKET_COUNT) if b * 16 + 8 in owned[member]}
+
+
+def test_a_discount_is_pro_rata_and_never_below_zero() -> None:
+    backlog = [0.0] * LOAD_BUCKET_COUNT
+    backlog[0], backlog[1], backlog[2] = 30.0, 10.0, 5.0
+    owned = {"a": RangeSet([SlotRange(0, 31)]), "b": RangeSet([SlotRange(32, SLOT_COUNT - 1)])}
+    left = discounted(backlog, owned, {"a": 20.0, "b": 0.0})
+    assert left is not None and (left[0], left[1], left[2]) == (15.0, 5.0, 5.0)
+    left = discounted(backlog, owned, {"a": 100.0, "b": 100.0})
+    assert left is None
