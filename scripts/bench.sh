@@ -20,7 +20,9 @@
 #   which declares Python >= 3.12 but runs on 3.11) and peers/confluent (confluent-kafka
 #   2.16.1: the KIP-848 consumer and the share consumer);
 # - for --broker kafka, Apache Kafka's jars from Maven Central, as the test fixture
-#   (tests/brokers/kafka.py) collects them; Java 17 and Maven from Debian if missing.
+#   (tests/brokers/kafka.py) collects them; Java 17 and Maven from Debian if missing;
+# - for spark, Spark's own Kafka source (spark-sql-kafka-0-10, the baseline) and its
+#   dependencies from Maven Central the same way (bench/spark-kafka-pom.xml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
@@ -30,6 +32,7 @@ fi
 part="$1"
 shift
 broker=""
+spark_kafka=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -45,7 +48,7 @@ case "$part" in
   handoff) script=bench/handoff_pause.py; peers=1 ;;
   coord-scale) script=bench/coord_scale.py; peers=0 ;;
   balance) script=bench/balance.py; peers=0 ;;
-  spark) script=bench/spark_source.py; peers=0 ;;
+  spark) script=bench/spark_source.py; peers=0; spark_kafka=1 ;;
   filter-breakdown) script=bench/filter_breakdown.py; peers=0 ;;
   failover) script=bench/failover.py; peers=0 ;;
   exactly-once) script=bench/exactly_once.py; peers=0; broker=kafka ;;  # needs transactions
@@ -54,8 +57,8 @@ case "$part" in
 esac
 case "$script:$broker" in
   *:|*:tansu|bench/throughput.py:kafka|bench/peers.py:kafka|bench/handoff_pause.py:kafka) ;;
-  bench/failover.py:kafka|bench/exactly_once.py:kafka) ;;
-  *) echo "$part has no --broker $broker (on Kafka: the throughput parts, peers, handoff, failover)" >&2; exit 2 ;;
+  bench/failover.py:kafka|bench/exactly_once.py:kafka|bench/spark_source.py:kafka) ;;
+  *) echo "$part has no --broker $broker (on Kafka: the throughput parts, peers, handoff, failover, spark)" >&2; exit 2 ;;
 esac
 
 bash scripts/setup.sh bench
@@ -84,13 +87,18 @@ if [ "$peers" = 1 ]; then
   peer_venv pyrallel --ignore-requires-python pyrallel-consumer==1.0.0
   peer_venv confluent confluent-kafka==2.16.1
 fi
-if [ "$broker" = kafka ]; then
+if [ "$broker" = kafka ] || [ "$spark_kafka" = 1 ]; then
   if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
     if [ "$(id -u)" = 0 ]; then
       apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless maven
     fi
   fi
+fi
+if [ "$broker" = kafka ]; then
   .venv/bin/python -c 'from tests.brokers.kafka import ensure_jars; print("Apache Kafka jars:", ensure_jars())'
+fi
+if [ "$spark_kafka" = 1 ]; then
+  PYTHONPATH=. .venv/bin/python bench/_spark_kafka.py
 fi
 # The scripts import the test fixtures (tests.brokers, tests.integration.harness) too.
 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" exec .venv/bin/python "$script" "${args[@]}"

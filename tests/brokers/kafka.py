@@ -80,42 +80,53 @@ def missing_tools() -> str | None:
     jars are cached."""
     if shutil.which("java") is None:
         return "no `java` on the PATH (Apache Kafka needs Java 17)"
-    if not (_jar_dir() / ".complete").exists() and shutil.which("mvn") is None:
+    if not (jar_dir(POM, "kafka-jars") / ".complete").exists() and shutil.which("mvn") is None:
         return "no `mvn` on the PATH to collect Apache Kafka's jars from Maven Central"
     return None
 
 
-def _jar_dir() -> Path:
-    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
-    return cache_root() / f"kafka-jars-{digest}"
+def jar_dir(pom: Path, name: str) -> Path:
+    """Where `pom`'s jars are cached: `name` and a digest of the pom's content, so an
+    edited pom collects afresh."""
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
+    return cache_root() / f"{name}-{digest}"
 
 
 def ensure_jars(timeout: float = 600.0) -> Path:
-    """The directory holding Kafka's jars, collected on first use (a file lock keeps two
-    test runs from collecting into one directory at once)."""
-    target = _jar_dir()
-    if (target / ".complete").exists():
-        return target
+    """The directory holding Kafka's jars, collected on first use."""
     reason = missing_tools()
     if reason is not None:
         raise KafkaUnavailable(reason)
+    return collect_jars(POM, "kafka-jars", "kafka_2.13-*.jar", timeout)
+
+
+def collect_jars(pom: Path, name: str, expect: str, timeout: float = 600.0) -> Path:
+    """The directory holding the jars `pom` names and everything they pull in, collected by
+    `mvn dependency:copy-dependencies` on first use into the cache (`jar_dir`); `expect` is
+    a glob that must match a collected jar. A file lock keeps two runs from collecting into
+    one directory at once."""
+    target = jar_dir(pom, name)
+    if (target / ".complete").exists():
+        return target
+    if shutil.which("mvn") is None:
+        raise KafkaUnavailable(f"no `mvn` on the PATH to collect {name} from Maven Central")
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".kafka-jars.lock", "w") as lock:
+    with open(target.parent / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / ".complete").exists():
             return target
-        staging = Path(tempfile.mkdtemp(prefix="kafka-jars-", dir=target.parent))
-        cmd = ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies"]
+        staging = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=target.parent))
+        cmd = ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies"]
         cmd.append(f"-DoutputDirectory={staging}")
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as err:
             shutil.rmtree(staging, ignore_errors=True)
-            raise KafkaUnavailable(f"mvn did not collect Kafka's jars in {timeout:g} s") from err
-        if done.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
+            raise KafkaUnavailable(f"mvn did not collect {name} in {timeout:g} s") from err
+        if done.returncode != 0 or not any(staging.glob(expect)):
             shutil.rmtree(staging, ignore_errors=True)
             tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-            raise KafkaUnavailable(f"mvn could not collect Kafka's jars:\n{tail}")
+            raise KafkaUnavailable(f"mvn could not collect {name}:\n{tail}")
         (staging / ".complete").touch()
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
