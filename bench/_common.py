@@ -11,6 +11,7 @@ stopped by pid.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import platform
@@ -172,8 +173,27 @@ def _env(spec: RunSpec | None = None) -> dict[str, str]:
 
 #: The producer's batching: (linger ms, max batch bytes). "large" is what these benchmarks
 #: always used; "default" is the Java producer's defaults (5 ms, 16 KiB, Kafka 4.x); "small"
-#: ~10 records per batch. Share groups hand out acquired records by batch.
-BATCHING = {"large": (20, 256 * 1024), "default": (5, 16 * 1024), "small": (0, 1024)}
+#: ~10 records per batch, "small20" ~20 (of the 64-byte records here). Share groups hand out
+#: acquired records by batch.
+BATCHING = {
+    "large": (20, 256 * 1024),
+    "default": (5, 16 * 1024),
+    "small": (0, 1024),
+    "small20": (0, 1800),
+}
+
+
+def key_weights(keys: int, zipf: float) -> list[float]:
+    """Key k's weight 1 / (k + 1) ** zipf: all alike for 0, key 0 the hottest above."""
+    return [1 / (k + 1) ** zipf for k in range(keys)]
+
+
+def draw_keys(records: int, keys: int, random_keys: bool, zipf: float = 0.0) -> list[int]:
+    """The key numbers `load_topic` writes, in order (deterministic: a fixed seed)."""
+    draw = random.Random(16)
+    if random_keys and zipf:
+        return draw.choices(range(keys), key_weights(keys, zipf), k=records)
+    return [draw.randrange(keys) if random_keys else i % keys for i in range(records)]
 
 
 def load_topic(
@@ -185,12 +205,16 @@ def load_topic(
     create: bool = True,
     batching: str = "large",
     random_keys: bool = False,
+    zipf: float = 0.0,
 ) -> float:
     """Create `topic` (unless `create` is False) and fill it with `records` keyed records
-    (key i mod `keys`, or with `random_keys` drawn uniformly from `keys` with a fixed seed;
-    64-byte values); returns the seconds the filling took."""
+    (key i mod `keys`, or with `random_keys` drawn from `keys` with a fixed seed: uniformly,
+    or with `zipf` > 0 by the weights of `key_weights`; 64-byte values); returns the seconds
+    the filling took."""
     return asyncio.run(
-        _load_topic(bootstrap, topic, partitions, records, keys, create, batching, random_keys)
+        _load_topic(
+            bootstrap, topic, partitions, records, keys, create, batching, random_keys, zipf
+        )
     )
 
 
@@ -203,6 +227,7 @@ async def _load_topic(
     create: bool,
     batching: str = "large",
     random_keys: bool = False,
+    zipf: float = 0.0,
 ) -> float:
     from aiokafka import AIOKafkaProducer
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -221,11 +246,9 @@ async def _load_topic(
     )
     await producer.start()
     value = b"v" * 64
-    draw = random.Random(16)
     try:
         futures = []
-        for i in range(records):
-            k = draw.randrange(keys) if random_keys else i % keys
+        for k in draw_keys(records, keys, random_keys, zipf):
             futures.append(await producer.send(topic, key=f"key-{k}".encode(), value=value))
             if len(futures) >= 20_000:
                 await asyncio.gather(*futures)
@@ -262,6 +285,11 @@ class RunSpec:
     # per-key order check (bench/_order.py).
     order_log: bool = False
     note: str = ""  # shown after the system's name, e.g. the topic's producer batching
+    max_poll_records: int = 0  # share group's max.poll.records; 0: the client's default
+    # > 0: no throughput window; the run lasts until each of the `records` records (of a
+    # one-partition topic) was handled at least once, or this many seconds after the go
+    # (then it timed out). Needs order_log (the times and members come from it).
+    until_all_s: float = 0.0
 
 
 @dataclass
@@ -275,6 +303,11 @@ class RunResult:
     stats: dict[str, int] = field(default_factory=dict)  # keyshard counters, summed
     error: str = ""
     order: OrderStats | None = None
+    # until_all_s runs: from the order logs
+    timed_out: bool = False
+    distinct: int = 0  # records handled at least once
+    last_s: float = 0.0  # go -> the last record's first completed handling
+    per_member: list[int] = field(default_factory=list)  # handler calls per process
 
 
 _counter = Counter[str]()
@@ -301,7 +334,9 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
                 "--name", f"{tag}-w{i}", "--concurrency", str(spec.concurrency),
                 "--replay-window", str(spec.replay_window),
                 "--go", str(gos[i]), "--status", str(status),
+                "--max-poll-records", str(spec.max_poll_records),
                 *(["--order-log"] if spec.order_log else []),
+                *(["--track-distinct"] if spec.until_all_s else []),
             ]  # fmt: skip
             log = open(work / f"w{i}.log", "wb")  # noqa: SIM115 - handed to the child
             procs.append(
@@ -319,6 +354,7 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
             load_topic(cluster.bootstrap, spec.topic, 1, spec.records, KEYS, create=False)
         t_go = time.monotonic()
         first: float | None = None
+        timed_out = False
         while True:
             time.sleep(min(0.1, spec.stagger_s / 4) if spec.stagger_s else 0.1)
             _touch_due(gos, due)
@@ -329,6 +365,13 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
             if firsts:
                 first = min(firsts)
             now = time.monotonic()
+            if spec.until_all_s:
+                if _distinct(live) >= spec.records:
+                    break
+                if now > t_go + spec.until_all_s:
+                    timed_out = True
+                    break
+                continue
             if done >= spec.records:
                 break
             if first is not None and now > first + spec.warmup_s + spec.window_s + 0.2:
@@ -339,7 +382,35 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
         for proc in procs:
             stop_process(proc)
     finals = [_read(s) for s in statuses]
-    return _measure(spec, t_go, finals)
+    result = _measure(spec, t_go, finals)
+    if spec.until_all_s and spec.order_log:
+        _until_all(result, t_go, finals, timed_out)
+    return result
+
+
+def _distinct(statuses: list[dict[str, Any]]) -> int:
+    """Offsets handled by any worker (the union of their live bitmaps)."""
+    union = 0
+    for data in statuses:
+        union |= int.from_bytes(base64.b64decode(data.get("seen", "")), "little")
+    return union.bit_count()
+
+
+def _until_all(
+    result: RunResult, t_go: float, finals: list[dict[str, Any]], timed_out: bool
+) -> None:
+    """The times of a run to the last record, from every handler call's log row."""
+    first_done: dict[tuple[int, int], float] = {}
+    for data in finals:
+        for partition, offset, _key, _start, end in data.get("order", []):
+            where = (int(partition), int(offset))
+            first_done[where] = min(end, first_done.get(where, end))
+    result.timed_out = timed_out
+    result.distinct = len(first_done)
+    result.per_member = [len(d.get("order", [])) for d in finals]
+    if first_done:
+        result.start_s = min(first_done.values()) - t_go
+        result.last_s = max(first_done.values()) - t_go
 
 
 def _touch_due(gos: list[Path], due: list[float]) -> None:

@@ -5,7 +5,10 @@ times from the system-wide monotonic clock, so logs of different processes line 
 each key, its records are taken in offset order; a record is a **violation** when it
 started before some earlier record of its key had finished: it overlapped an earlier one,
 or ran entirely before it (then the earlier record, which started after a later one, is
-out of order too, and the later one is the one counted). Records handled more than once
+out of order too, and the later one is the one counted). The violations split in two:
+an **inversion** started before an earlier record of its key had even started (handled
+out of order); an **overlap** started while an earlier record of its key was running
+(same key, at the same time). Records handled more than once
 (a share group redelivers what a consumer held when it left, or let time out) count as
 **redelivered**, and only their first handling enters the order check.
 """
@@ -23,6 +26,8 @@ class OrderStats:
     violations: int  # records started before an earlier record of their key had finished
     keys_violated: int  # keys with at least one violation
     redelivered: int  # handler calls for an offset already handled
+    inversions: int = 0  # violations that started before an earlier record had started
+    overlaps: int = 0  # violations that started while an earlier record was running
 
     def share(self) -> float:
         first = self.handled - self.redelivered
@@ -43,14 +48,17 @@ def order_stats(logs: Iterable[Sequence[Sequence[float]]]) -> OrderStats:
                 seen[where] = min(seen[where], (start, end))
             else:
                 seen[where] = (start, end)
-    violations = keys_violated = 0
+    violations = keys_violated = inversions = 0
     for records in by_key.values():
-        latest_end = float("-inf")
+        latest_start = latest_end = float("-inf")
         bad = 0
         for _, (start, end) in sorted(records.items()):
             if start < latest_end:
                 bad += 1
+                inversions += start < latest_start
+            latest_start = max(latest_start, start)
             latest_end = max(latest_end, end)
         violations += bad
         keys_violated += bad > 0
-    return OrderStats(handled, violations, keys_violated, redelivered)
+    overlaps = violations - inversions
+    return OrderStats(handled, violations, keys_violated, redelivered, inversions, overlaps)

@@ -9,7 +9,9 @@ keyshard. Protocol with the orchestrator:
    time of the N processes is not measured, only consumption);
 2. consume; every completed handler call is counted in 10 ms buckets of `time.monotonic()`
    (CLOCK_MONOTONIC is system-wide on Linux, so buckets of different processes line up);
-   a small live file `--status` says how many were done so far;
+   a small live file `--status` says how many were done so far (with `--track-distinct`
+   also which offsets, as a bitmap, so the orchestrator can stop once every record was
+   handled somewhere, counting a record handled twice once);
 3. on SIGTERM stop (gracefully where the system has a graceful stop) and write the final
    JSON (`--status`): buckets, counts, keyshard's fetch counters when it has them, and with
    `--order-log` every handler call as [partition, offset, key number, start, end].
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -43,6 +46,7 @@ class Meter:
         self.first: float | None = None
         self.extra: dict[str, Any] = {}
         self.order: list[tuple[int, int, int, float, float]] | None = None
+        self.seen: bytearray | None = None  # --track-distinct: bit per offset handled
 
     def done(self, record: Any = None, start: float = 0.0) -> None:
         now = time.monotonic()
@@ -50,11 +54,19 @@ class Meter:
             self.first = now
         self.count += 1
         self.buckets[int(now / BUCKET_S)] += 1
-        if self.order is not None and record is not None:
-            self.order.append((*where(record), start, now))
+        if record is not None and (self.order is not None or self.seen is not None):
+            partition, offset, key = where(record)
+            if self.order is not None:
+                self.order.append((partition, offset, key, start, now))
+            if self.seen is not None:  # offsets of one partition (the topics it is used on)
+                if offset // 8 >= len(self.seen):
+                    self.seen.extend(bytes(offset // 8 + 1 - len(self.seen)))
+                self.seen[offset // 8] |= 1 << (offset % 8)
 
     def write(self, final: bool) -> None:
         data: dict[str, Any] = {"pid": os.getpid(), "count": self.count, "first": self.first}
+        if self.seen is not None:
+            data["seen"] = base64.b64encode(self.seen).decode()
         if final:
             data["final"] = True
             data["buckets"] = {str(k): v for k, v in self.buckets.items()}
@@ -293,7 +305,10 @@ async def run_share(args: argparse.Namespace, handler: Any, stop: asyncio.Event)
     from confluent_kafka import ShareConsumer  # type: ignore[import-not-found, unused-ignore]
 
     set_share_group_earliest(args.bootstrap, args.group)
-    consumer = ShareConsumer({"bootstrap.servers": args.bootstrap, "group.id": args.group})
+    config = {"bootstrap.servers": args.bootstrap, "group.id": args.group}
+    if args.max_poll_records:
+        config["max.poll.records"] = str(args.max_poll_records)
+    consumer = ShareConsumer(config)
     await wait_go(args)
     consumer.subscribe([args.topic])
     loop = asyncio.get_running_loop()
@@ -376,6 +391,8 @@ async def main(args: argparse.Namespace) -> None:
     meter = Meter(args.status)
     if args.order_log:
         meter.order = []
+    if args.track_distinct:
+        meter.seen = bytearray()
     handler = make_handler(args.handler, args.cpu_loops, meter)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -425,6 +442,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=0)
     p.add_argument("--replay-window", type=int, default=-1, help="keyshard; -1: its default")
     p.add_argument("--order-log", action="store_true", help="log every handler call")
+    p.add_argument("--track-distinct", action="store_true", help="offsets handled, live")
+    p.add_argument("--max-poll-records", type=int, default=0, help="share group; 0: default")
     p.add_argument("--go", type=Path, required=True)
     p.add_argument("--status", type=Path, required=True)
     return p.parse_args(argv)

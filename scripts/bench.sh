@@ -12,6 +12,8 @@
 #       filter-breakdown   bench/filter_breakdown.py
 #       failover       bench/failover.py           exactly-once   bench/exactly_once.py
 #       sigterm-handoff    bench/sigterm_handoff.py
+#       skewed-backlog     keyshard vs share group, KIP-848 group on a skewed backlog
+#                          (bench/skewed_backlog.py; on Apache Kafka unless --broker tansu)
 #
 # What it sets up (each step idempotent, cached):
 # - the project's .venv with keyshard[bench] (server, spark, matplotlib);
@@ -26,7 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 part="$1"
@@ -53,12 +55,14 @@ case "$part" in
   failover) script=bench/failover.py; peers=0 ;;
   exactly-once) script=bench/exactly_once.py; peers=0; broker=kafka ;;  # needs transactions
   sigterm-handoff) script=bench/sigterm_handoff.py; peers=0 ;;
+  skewed-backlog) script=bench/skewed_backlog.py; peers=1; broker="${broker:-kafka}" ;;
   *) echo "unknown part '$part' (see: bash scripts/bench.sh)" >&2; exit 2 ;;
 esac
 case "$script:$broker" in
   *:|*:tansu|bench/throughput.py:kafka|bench/peers.py:kafka|bench/handoff_pause.py:kafka) ;;
   bench/failover.py:kafka|bench/exactly_once.py:kafka|bench/spark_source.py:kafka) ;;
-  *) echo "$part has no --broker $broker (on Kafka: the throughput parts, peers, handoff, failover, spark)" >&2; exit 2 ;;
+  bench/skewed_backlog.py:kafka) ;;
+  *) echo "$part has no --broker $broker (on Kafka: the throughput parts, peers, handoff, failover, spark, skewed-backlog)" >&2; exit 2 ;;
 esac
 
 bash scripts/setup.sh bench
