@@ -25,7 +25,7 @@ import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from datetime import date
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +134,7 @@ class Cluster:
         log = open(self.work / "coordinator.log", "wb")
         self.coordinator_proc = subprocess.Popen(
             [
-                sys.executable, "-m", "coordinator.cli", "--log-level", "WARNING",
+                sys.executable, "-m", "coordinator.cli", "--log-level", "INFO",
                 "coordinator", "--bootstrap-servers", self.bootstrap, "--listen",
                 self.coordinator, "--admin-listen", f"127.0.0.1:{admin}",
             ],
@@ -308,6 +308,10 @@ class RunResult:
     distinct: int = 0  # records handled at least once
     last_s: float = 0.0  # go -> the last record's first completed handling
     per_member: list[int] = field(default_factory=list)  # handler calls per process
+    # keyshard: ranges moved after the go, (s after it, handoff kind, slots), and the
+    # coordinator's reasons for rebalancing, (s after the go, reason)
+    moves: list[tuple[float, str, int]] = field(default_factory=list)
+    rebalances: list[tuple[float, str]] = field(default_factory=list)
 
 
 _counter = Counter[str]()
@@ -316,6 +320,7 @@ _counter = Counter[str]()
 def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
     _counter[spec.system] += 1
     tag = f"{spec.system}-{spec.topic}-{spec.processes}-{_counter[spec.system]}"
+    moved: tuple[list[tuple[float, str, int]], list[tuple[float, str]]] | None = None
     work = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=cluster.work))
     # One start file per worker: all touched at once, or one after another (stagger_s).
     gos = [work / f"go{i}" for i in range(spec.processes)]
@@ -352,7 +357,7 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
         if spec.fill_when_settled:
             _wait(lambda: settled(_group(cluster, tag), spec.processes), procs, 60, work)
             load_topic(cluster.bootstrap, spec.topic, 1, spec.records, KEYS, create=False)
-        t_go = time.monotonic()
+        t_go, t_go_wall = time.monotonic(), time.time()
         first: float | None = None
         timed_out = False
         while True:
@@ -378,14 +383,37 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
                 break
             if first is None and now > t_go + timeout_s:
                 return RunResult(spec, 0, 0, 0, 0, 0, error="nothing processed")
+        moved = _moves(cluster, tag, t_go, t_go_wall) if spec.system == "keyshard" else None
     finally:
         for proc in procs:
             stop_process(proc)
     finals = [_read(s) for s in statuses]
     result = _measure(spec, t_go, finals)
+    if moved is not None:
+        result.moves, result.rebalances = moved
     if spec.until_all_s and spec.order_log:
         _until_all(result, t_go, finals, timed_out)
     return result
+
+
+def _moves(
+    cluster: Cluster, group: str, t_go: float, t_go_wall: float
+) -> tuple[list[tuple[float, str, int]], list[tuple[float, str]]]:
+    """What moved ranges after the go, before the workers stop: the group's handoffs (the
+    coordinator's monotonic clock is this process's) and its logged rebalance reasons."""
+    view = _group(cluster, group) or {"handoffs": []}
+    moves = sorted(
+        (h["started_at"] - t_go, h["kind"], sum(b - a + 1 for a, b in h["ranges"]))
+        for h in view["handoffs"]
+        if h["started_at"] >= t_go
+    )
+    marker = f"group {group}: rebalancing: "
+    reasons = []
+    for line in (cluster.work / "coordinator.log").read_text(errors="replace").splitlines():
+        if marker in line:
+            at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() - t_go_wall
+            reasons.append((at, line.split(marker, 1)[1]))
+    return moves, reasons
 
 
 def _distinct(statuses: list[dict[str, Any]]) -> int:

@@ -180,6 +180,7 @@ def skew_table(specs: list[RunSpec], results: dict[int, list[RunResult]]) -> str
                 " / ".join(f"{o.overlaps:,}" for o in orders) or "-",
                 " / ".join(f"{o.redelivered:,}" for o in orders) or "-",
                 "; ".join(members) or "-",
+                " / ".join(moves(r) for r in ok) if spec.system == "keyshard" else "-",
                 "; ".join(failed) or f"{len(rs)} of {len(rs)}",
             ]
         )  # fmt: skip
@@ -188,9 +189,19 @@ def skew_table(specs: list[RunSpec], results: dict[int, list[RunResult]]) -> str
         "go -> first record, s", "first -> last record (drain), s, runs",
         "keyshard drain / share group's", "end to end, s", "inversions, runs",
         "same-key overlaps, runs", "duplicates, runs", "handler calls per member, max / mean",
+        "keyshard: handoffs after the go; rebalances (s after the go: why), runs",
         "runs complete",
     ]  # fmt: skip
     return markdown_table(header, rows)
+
+
+def moves(r: RunResult) -> str:
+    """The ranges keyshard moved in a run: handoffs, and each rebalance's time and cause."""
+    why = [
+        f"{at:.1f} s: {reason.split(' imbalance')[0]} {reason.rsplit(' ', 3)[-3]}"
+        for at, reason in r.rebalances
+    ]
+    return f"{len(r.moves)} ({', '.join(why) or 'no rebalance'})"
 
 
 def skew_note(distributions: list[str]) -> str:

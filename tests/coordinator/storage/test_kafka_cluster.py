@@ -30,7 +30,7 @@ from coordinator.storage.records import (
     merge_into,
 )
 from tests.brokers import Broker
-from tests.integration.harness import create_topic
+from tests.integration.harness import create_topic, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -97,9 +97,12 @@ async def test_a_position_map_too_large_for_one_record_is_split_and_read_back(
     try:
         epoch, _ = await log.claim(0)
         await log.write(0, epoch, chunks)
-        await log.wait_tailed(0, await log.end_of(0), 30)
-        read = log.images[0].groups()["g"].positions[("orders", 0)]
-        assert log.images[0].chunk_count("g", ("orders", 0)) == len(chunks)
+        # Not `end_of` right after the write: the broker writes the commit markers after
+        # the commit returns, and until then the records are not committed to a reader.
+        image = log.images[0]
+        chunk_count = lambda: image.chunk_count("g", ("orders", 0))  # noqa: E731
+        await wait_for(lambda: chunk_count() == len(chunks), 30, "every chunk read back")
+        read = image.groups()["g"].positions[("orders", 0)]
     finally:
         await log.stop()
     assert read.to_json() == pmap.to_json()
