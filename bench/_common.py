@@ -24,6 +24,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from pathlib import Path
@@ -520,6 +521,15 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def publish(stem: str, md: str, results: Mapping[int, list[RunResult]]) -> None:
+    """A benchmark's table (`bench/STEM.md`) and every run (`bench/STEM.json`), and the
+    table on stdout."""
+    out = Path(__file__).resolve().parent
+    (out / f"{stem}.md").write_text(md)
+    save_json(out / f"{stem}.json", [r for rs in results.values() for r in rs])
+    print(md)
 
 
 def save_json(path: Path, results: list[RunResult]) -> None:

@@ -49,7 +49,7 @@ from _common import (
     markdown_table,
     median,
     peer_missing,
-    save_json,
+    publish,
     workdir,
 )
 from throughput import LANES, Size, _pyplot, label, repeat
@@ -209,10 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             md = f"{header}\n{table}\n\nCPU handler: {loops} loop iterations.\n"
             stem = "peers" + ("-quick" if args.quick else "")
             stem += "" if args.handlers == "io,cpu" else "-" + args.handlers.replace(",", "-")
-            (OUT / f"{stem}.md").write_text(md)
-            save_json(OUT / f"{stem}.json", [r for rs in results.values() for r in rs])
+            publish(stem, md, results)
             peers_plot(specs, results, OUT / f"{stem}.png")
-            print(md)
             print(f"total {time.monotonic() - t0:.0f} s")
     finally:
         cleanup(work)

@@ -48,12 +48,11 @@ from _common import (
     markdown_table,
     median,
     peer_missing,
+    publish,
     run,
-    save_json,
     workdir,
 )
 
-OUT = Path(__file__).resolve().parent
 RECORDS = 8_000
 KEYS = 1_000
 PROCESSES = 4
@@ -270,9 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"Load average at the end: {' '.join(load)}.\n"
             )
             stem = "skewed_backlog" + ("-quick" if args.quick else "")
-            (OUT / f"{stem}.md").write_text(md)
-            save_json(OUT / f"{stem}.json", [r for rs in results.values() for r in rs])
-            print(md)
+            publish(stem, md, results)
             print(f"total {time.monotonic() - t0:.0f} s")
     finally:
         cleanup(work)

@@ -174,3 +174,20 @@ def test_what_an_owner_completed_since_its_last_ping_is_not_a_backlog(
     check = checker(state)
     check(5.0)
     assert requests(check(6.5)) == []
+
+
+def shares_of(state: GroupState) -> tuple[tuple[int, int], ...]:
+    """m1 1.2 times its share: 80 records in each of 20 buckets of m1's, 60 of m2's and
+    m3's (4,000 in all; m1 267 over its share)."""
+    per_bucket = {"m1": 80, "m2": 60, "m3": 60}
+    return tuple(
+        (b, per_bucket[mid]) for mid in per_bucket for b in buckets_of(state.target[mid], 20)
+    )
+
+
+def test_a_rate_imbalance_under_the_threshold_moves_nothing(group3: GroupState) -> None:
+    """1.2 times its share of the measured rate on m1: under the threshold (1.25)."""
+    state = group3
+    heard(state, 2.0, load=shares_of(state))
+    check = checker(state)
+    assert check(2.5) == [] and check(40.0) == []
