@@ -43,12 +43,26 @@ def start_replicas(
     return coords
 
 
+async def _ready(coord: Coordinator, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(timeout=10) as client:
+        while time.monotonic() < deadline:
+            try:
+                if (await client.get(f"{coord.admin_url}/readyz")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass  # not listening yet
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"the coordinator was not ready within {timeout:.0f} s")
+
+
 async def placed_groups(
     coords: list[Coordinator], groups: list[str], timeout: float = 90
 ) -> dict[str, Coordinator]:
     """Which replica serves each group, once every replica is ready and two answers a
     second apart agree (the replicas' own placement has settled)."""
-    if len(coords) == 1:
+    if len(coords) == 1:  # ready once it owns the state partitions: registers succeed
+        await _ready(coords[0], timeout)
         return dict.fromkeys(groups, coords[0])
     by_id = {f"r{i}": c for i, c in enumerate(coords)}
     previous: dict[str, str] | None = None

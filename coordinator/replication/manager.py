@@ -61,12 +61,14 @@ class ReplicationSettings:
     heartbeat_interval_ms: int = 1_000
 
 
-def cut_off(silent_s: float, replica_timeout_s: float) -> bool:
-    """Whether a replica that has read none of its own beats back for `silent_s` must
-    stop serving: at half the replica timeout, so that it has let go well before the
-    others count it gone (they count in their own beats, so a slow reader on their side
-    only delays them)."""
-    return silent_s >= replica_timeout_s / 2
+def cut_off(silent_s: float, replica_timeout_s: float, *, others_alive: bool = True) -> bool:
+    """Whether a replica none of whose beats Kafka has acknowledged or it has read back
+    for `silent_s` must stop serving: at half the replica timeout, so that it has let go
+    well before the others count it gone (they count in their own beats, so a slow
+    reader on their side only delays them). Never when no other replica is alive in its
+    view: nobody would take its partitions over (and a replica really cut off from
+    Kafka reads no beats at all, so the others it knew stay alive in its view)."""
+    return others_alive and silent_s >= replica_timeout_s / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,11 +329,11 @@ class ReplicaManager:
         their leases) well before that. It lets go of every partition at half the
         timeout; consumers ride through to the new owner, or back to it."""
         owned = self.runtime.owned_partitions()
-        silent = self._unheard_s()
-        if owned and cut_off(silent, self.settings.replica_timeout_s):
+        silent = self._cut_off_for()
+        if owned and silent is not None:
             for partition in list(owned):
                 self.runtime.release_partition(
-                    partition, f"cut off: no beat of ours read back from Kafka for {silent:.1f} s"
+                    partition, f"cut off: no beat of ours reached Kafka for {silent:.1f} s"
                 )
                 self._fenced_producers.add(partition)
 
@@ -367,9 +369,25 @@ class ReplicaManager:
                 owners[partition] = claim.replica_id
         return owners
 
+    def _cut_off_for(self) -> float | None:
+        """How long our beats have not reached Kafka, when that means we must stop
+        serving; else None.
+
+        A lone coordinator (`cut_off`'s `others_alive`) has nobody to hand a split brain
+        to; letting go would only drop its members, as it did when a join storm of 5,000
+        registers held its event loop for ~1.6 s.
+        """
+        others = bool(set(self._alive()) - {self.identity.replica_id})
+        silent = self._unheard_s()
+        timeout = self.settings.replica_timeout_s
+        return silent if cut_off(silent, timeout, others_alive=others) else None
+
     def _unheard_s(self) -> float:
-        """How long none of our own beats has been read back from the log."""
-        last = max(self.log.own_beat_seen_at, self.started_at)
+        """How long no beat of ours has been acknowledged by Kafka or read back from the
+        log. Read-back alone lagged behind a join storm's state records on a busy machine:
+        a lone coordinator let go of its partitions in the middle of 5,000 registers."""
+        beats = self.log
+        last = max(beats.own_beat_seen_at, beats.own_beat_acked_at, self.started_at)
         return asyncio.get_running_loop().time() - last
 
     def _listened(self) -> float:
@@ -407,7 +425,7 @@ class ReplicaManager:
                 await self.log.release(partition)
             elif desired.get(partition, me) != me:
                 await self._hand_over(partition, f"the group moved to {desired[partition]}")
-        if cut_off(self._unheard_s(), self.settings.replica_timeout_s):
+        if self._cut_off_for() is not None:
             return  # no claim while our own beats do not come back (`_watch_own_beats`)
         wanted = [
             p for p, r in sorted(desired.items())

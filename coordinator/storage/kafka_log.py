@@ -104,7 +104,15 @@ class KafkaStateLog:
         # When the last of them was read back (loop time): a replica whose beats stop
         # coming back is cut off from Kafka, and the others will soon take over.
         self.own_beat_seen_at = 0.0
+        # When the last beat Kafka acknowledged was sent (loop time): it is in the log, so
+        # the others read it before counting us gone, however far our own reading lags
+        # (a join storm writes thousands of state records ahead of the next beat).
+        self.own_beat_acked_at = 0.0
         self._producer: AIOKafkaProducer | None = None
+        # Beats have a producer of their own, as Kafka's consumers heartbeat apart from
+        # their fetches: behind a join storm's state records in one producer they reached
+        # Kafka 1.5 s late, and the replica took itself for cut off.
+        self._beat_producer: AIOKafkaProducer | None = None
         self._txn: dict[int, AIOKafkaProducer] = {}
         self._locks: dict[int, asyncio.Lock] = {}
         self._tail: AIOKafkaConsumer | None = None
@@ -122,13 +130,11 @@ class KafkaStateLog:
                 self.bootstrap, self.settings, self.topic, self.partitions, self.timeout
             )
             self.images = {p: PartitionImage(p) for p in range(self.partitions)}
-            self._producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap, acks="all", linger_ms=0,
-                **self.settings.client_options(),
-            )  # fmt: skip
-            await start_client(
-                self._producer, self.bootstrap, self.settings, "state producer", self.timeout
-            )
+            self._producer, self._beat_producer = (self._plain_producer() for _ in range(2))
+            for producer, role in ((self._producer, "state"), (self._beat_producer, "beat")):
+                await start_client(
+                    producer, self.bootstrap, self.settings, f"{role} producer", self.timeout
+                )
             await self.beat()  # a principal that may not write is told now, not later
             if self.transactions is None:
                 self.transactions = await self._broker_has_transactions()
@@ -145,13 +151,16 @@ class KafkaStateLog:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        clients: list[Any] = [self._producer, *self._txn.values(), self._tail, self._beat_reader]
+        clients: list[Any] = [
+            self._producer, self._beat_producer, *self._txn.values(), self._tail,
+            self._beat_reader,
+        ]  # fmt: skip
         for client in clients:
             if client is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.stop(), self.timeout)
         self._txn.clear()
-        self._producer = self._tail = self._beat_reader = None
+        self._producer = self._beat_producer = self._tail = self._beat_reader = None
 
     async def _broker_has_transactions(self) -> bool:
         """Whether the broker takes transactional producers (Kafka does; the embedded test
@@ -185,6 +194,12 @@ class KafkaStateLog:
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(probe.stop(), self.timeout)
+
+    def _plain_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, acks="all", linger_ms=0,
+            **self.settings.client_options(),
+        )  # fmt: skip
 
     def _transactional_producer(self, transactional_id: str) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -317,14 +332,16 @@ class KafkaStateLog:
             self.identity.replica_id, self.identity.address, self.identity.admin_url,
             int(time.time() * 1000), leaving, placement_version,
         )  # fmt: skip
-        assert self._producer is not None
+        assert self._beat_producer is not None
+        sent = asyncio.get_running_loop().time()
         try:
             await asyncio.wait_for(
-                self._producer.send_and_wait(self.topic, encode(beat), beat.key, partition=0),
+                self._beat_producer.send_and_wait(self.topic, encode(beat), beat.key, partition=0),
                 self.timeout,
             )
         except TopicAuthorizationFailedError as err:
             raise denied(self.settings, self.topic, "Write", err) from None
+        self.own_beat_acked_at = max(self.own_beat_acked_at, sent)
 
     async def claim(self, partition: int, placement_version: int = 0) -> tuple[int, PartitionImage]:
         """Take `partition` over: fence the previous writer, read to the end, write the

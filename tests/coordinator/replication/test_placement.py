@@ -95,3 +95,10 @@ def test_a_replica_cut_off_from_kafka_lets_go_well_before_the_others_take_over()
     # However long the timeout, half of it is left between letting go and the takeover.
     for timeout in (1.0, 2.0, 10.0):
         assert cut_off(timeout / 2, timeout) and not cut_off(timeout / 2 - 0.01, timeout)
+
+
+def test_a_lone_replica_never_lets_go_for_a_slow_beat() -> None:
+    """Nobody would take its partitions over: a join storm that holds its loop (and so
+    its beats) for seconds must not make it drop every member."""
+    assert not cut_off(60.0, replica_timeout_s=2.0, others_alive=False)
+    assert cut_off(1.0, replica_timeout_s=2.0, others_alive=True)
