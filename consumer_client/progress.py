@@ -210,6 +210,9 @@ class ConsumerProgress:
                 progress.cursor = fetch_from
                 progress.generation += 1
                 seeks[tp] = fetch_from
+                if progress.demand_from == progress.demand_upto < fetch_from:
+                    # an empty window moves along: it must not claim offsets never read
+                    progress.demand_from = progress.demand_upto = fetch_from
             elif fetch_from < progress.cursor and held_from is not None and held_from <= fetch_from:
                 grant = Grant(
                     slots, start, fetch_from, replay_cursor=fetch_from, replay_upto=progress.cursor

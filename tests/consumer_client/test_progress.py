@@ -244,3 +244,19 @@ def test_demand_counts_every_examined_record_once_owned_or_not() -> None:
     (window,) = p.take_demand()
     assert (window.start, window.end, window.buckets) == (30, 40, {0: 8, 64: 2})
     assert p.take_demand() == []
+
+
+def test_demand_windows_do_not_claim_offsets_never_read() -> None:
+    """A partition all of whose grants went away, granted again further on: the next
+    window starts where reading starts, not where it stopped before."""
+    p = ConsumerProgress()
+    log = [0] * 100
+    slots = RangeSet.from_pairs([(0, 15)])
+    p.add_grant(slots, {TP: [(SlotRange(0, 15), Position(0))]})
+    feed(p, log, 0, 10)
+    assert [(w.start, w.end) for w in p.take_demand()] == [(0, 10)]
+    p.begin_stop(slots)
+    p.finish_stop(slots)
+    p.add_grant(slots, {TP: [(SlotRange(0, 15), Position(50))]})
+    feed(p, log, 50, 60)
+    assert [(w.start, w.end) for w in p.take_demand()] == [(50, 60)]
