@@ -61,14 +61,25 @@ class ReplicationSettings:
     heartbeat_interval_ms: int = 1_000
 
 
+# In replica timeouts: when a lone replica whose beats do not reach Kafka lets go, and how
+# long a starting replica leaves a partition to a holder it has not heard from.
+LONE_CUT_OFF = 1.5
+HELD_PATIENCE = 2.5
+
+
 def cut_off(silent_s: float, replica_timeout_s: float, *, others_alive: bool = True) -> bool:
     """Whether a replica none of whose beats Kafka has acknowledged or it has read back
     for `silent_s` must stop serving: at half the replica timeout, so that it has let go
     well before the others count it gone (they count in their own beats, so a slow
-    reader on their side only delays them). Never when no other replica is alive in its
-    view: nobody would take its partitions over (and a replica really cut off from
-    Kafka reads no beats at all, so the others it knew stay alive in its view)."""
-    return others_alive and silent_s >= replica_timeout_s / 2
+    reader on their side only delays them).
+
+    A replica with no other alive in its view (a replica really cut off from Kafka reads
+    no beats, so the others it knew stay alive in its view) waits `LONE_CUT_OFF` timeouts:
+    the only one that could take its partitions over is one that starts meanwhile, and
+    that one waits `HELD_PATIENCE` timeouts before taking a partition somebody holds
+    (`ReplicaManager.desired_owners`). Half the timeout made a lone coordinator drop all
+    its members when a join storm of 5,000 registers held its event loop for 1.6-2.3 s."""
+    return silent_s >= replica_timeout_s * (0.5 if others_alive else LONE_CUT_OFF)
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,7 +360,10 @@ class ReplicaManager:
         Before the group has placed anyone, this replica takes everything only once it
         has listened to beats long enough to know that no other replica is alive (two
         beat intervals): a lone coordinator starts at once, and one of several waits for
-        the group's answer.
+        the group's answer. A partition still held by a replica it has not heard from
+        since it started (killed, frozen, or cut off from Kafka) it takes only after
+        `HELD_PATIENCE` replica timeouts: a lone holder that lost Kafka lets go after
+        `LONE_CUT_OFF` (`cut_off`), so the two never serve it at once.
         """
         me = self.identity.replica_id
         alive = set(self._alive()) | {me}
@@ -360,12 +374,14 @@ class ReplicaManager:
             owners = take_orphans({}, self.partitions, [me])
         else:
             return {}
+        patience = HELD_PATIENCE * self.settings.replica_timeout_s
+        patient = self.directory is None and self._listened() < patience
         for partition, image in self.log.images.items():
             claim = image.owner
-            if (
-                claim is not None and not claim.released and claim.replica_id in alive
-                and claim.placement_version >= self.placement_version
-            ):  # fmt: skip
+            if claim is None or claim.released:
+                continue
+            sticks = claim.replica_id in alive and claim.placement_version >= self.placement_version
+            if sticks or (patient and claim.replica_id != me):
                 owners[partition] = claim.replica_id
         return owners
 
@@ -373,9 +389,7 @@ class ReplicaManager:
         """How long our beats have not reached Kafka, when that means we must stop
         serving; else None.
 
-        A lone coordinator (`cut_off`'s `others_alive`) has nobody to hand a split brain
-        to; letting go would only drop its members, as it did when a join storm of 5,000
-        registers held its event loop for ~1.6 s.
+        A lone coordinator waits longer (see `cut_off`).
         """
         others = bool(set(self._alive()) - {self.identity.replica_id})
         silent = self._unheard_s()

@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.replication.manager import cut_off
+from coordinator.replication.manager import HELD_PATIENCE, LONE_CUT_OFF, cut_off
 from coordinator.replication.placement import ReplicaClaim, assign, take_orphans
 
 names = st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=6, unique=True)
@@ -97,8 +97,11 @@ def test_a_replica_cut_off_from_kafka_lets_go_well_before_the_others_take_over()
         assert cut_off(timeout / 2, timeout) and not cut_off(timeout / 2 - 0.01, timeout)
 
 
-def test_a_lone_replica_never_lets_go_for_a_slow_beat() -> None:
-    """Nobody would take its partitions over: a join storm that holds its loop (and so
-    its beats) for seconds must not make it drop every member."""
-    assert not cut_off(60.0, replica_timeout_s=2.0, others_alive=False)
+def test_a_lone_replica_lets_go_later_but_before_a_new_one_takes_over() -> None:
+    """Only a replica started meanwhile could take its partitions over, and that one waits
+    `HELD_PATIENCE` timeouts for a held partition: a join storm that holds the loop (and
+    so the beats) for 2.3 s must not make a lone coordinator drop every member."""
+    assert LONE_CUT_OFF < HELD_PATIENCE
+    assert not cut_off(2.9, replica_timeout_s=2.0, others_alive=False)
+    assert cut_off(3.0, replica_timeout_s=2.0, others_alive=False)
     assert cut_off(1.0, replica_timeout_s=2.0, others_alive=True)

@@ -1,0 +1,49 @@
+"""Which partitions a replica wants (`ReplicaManager.desired_owners`), with the state log
+and the runtime faked: placement only, no Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+from coordinator.kafka.settings import KafkaSettings
+from coordinator.replication.manager import ReplicaManager, ReplicationSettings
+from coordinator.storage.image import PartitionImage
+from coordinator.storage.kafka_log import ReplicaIdentity
+from coordinator.storage.records import EpochMarker
+
+
+class QuietLog:
+    """A state log of two partitions in which no replica beats (all silent)."""
+
+    topic = "state"
+    partitions = 2
+
+    def __init__(self) -> None:
+        self.identity = ReplicaIdentity("b", "b:1", "http://b:2")
+        self.images = {p: PartitionImage(p) for p in range(self.partitions)}
+
+    def alive(self, within_own_beats: int) -> dict[str, Any]:
+        return {}
+
+
+async def test_a_new_replica_waits_for_a_partition_somebody_holds() -> None:
+    """Partition 0 is held by replica a, silent since b started (killed, frozen, or cut off
+    from Kafka, where it lets go after 1.5 replica timeouts): b takes the free partition at
+    once and a's only after 2.5 timeouts (5 s)."""
+    log = QuietLog()
+    log.images[0].owner = EpochMarker(0, 3, "a", "a:1", "http://a:2")
+    manager = ReplicaManager(
+        cast(Any, log), cast(Any, SimpleNamespace()), bootstrap="127.0.0.1:1",
+        kafka=KafkaSettings.parse(), settings=ReplicationSettings(group_id="replicas"),
+    )  # fmt: skip
+    now = asyncio.get_running_loop().time()
+    manager.started_at = now - 4.9
+    assert manager.desired_owners() == {0: "a", 1: "b"}
+    manager.started_at = now - 5.1
+    assert manager.desired_owners() == {0: "b", 1: "b"}
+    released = log.images[0].owner
+    log.images[0].owner = EpochMarker(0, 3, "a", "a:1", "http://a:2", released=True)
+    manager.started_at = now - 1.5
+    assert released is not None and manager.desired_owners() == {0: "b", 1: "b"}
