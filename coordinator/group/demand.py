@@ -8,11 +8,17 @@ reply reports, per partition, the offsets the member examined since the last one
 many records of each load bucket were among them (`FetchedWindow`, owned or not).
 
 Members reading one partition see the same records, so windows are merged by offset, not
-added up: per partition the group keeps the end of what it has counted (`frontier`), and
-a window adds only its part past it (its counts scaled by that fraction: within one
-window records are spread evenly enough for balancing). Completions (the `load` of the
-same replies) are counted per bucket too; the backlog of a bucket is fetched minus
-completed.
+added up: per partition the group keeps the end of what it has counted (`frontier`); a
+window that starts at or past it counts, one that ends before it is already counted, and
+one that straddles it is dropped (scaling its counts by the new fraction made per-bucket
+errors that only ever added up: too high stayed, too low was cut by the cap below).
+Dropping only ever under-counts. Completions (the `load` of the same replies) are counted
+per bucket too; the backlog of a bucket is fetched minus completed.
+
+Estimates that went wrong anyway are reset rather than left to drift: a departing
+member's buckets are forgotten (`forget`: a Leave carries no completions, so its last
+ones would be waiting forever), and whenever every partition of the group is caught up
+the whole backlog is zero (`settle`).
 
 What it cannot see, and why that is fine for balancing: records beyond every member's
 fetch (a backlog longer than consumers read ahead) are assumed distributed like the ones
@@ -41,6 +47,8 @@ class BucketDemand:
         self._frontier: dict[TopicPartition, int] = {}
         self._fetched = [0.0] * LOAD_BUCKET_COUNT
         self._completed = [0.0] * LOAD_BUCKET_COUNT
+        self.waiting = 0.0  # the sum of the backlog, kept as counts arrive
+        self._checked_at = float("-inf")
 
     def __eq__(self, other: object) -> bool:
         """Equal counts (tests compare whole group states)."""
@@ -55,25 +63,52 @@ class BucketDemand:
     def fetched(
         self, tp: TopicPartition, start: int, end: int, buckets: Iterable[tuple[int, int]]
     ) -> None:
-        """Records examined in [start, end) of `tp`: the part past the frontier counts."""
+        """Records examined in [start, end) of `tp`: counted if the window starts at or
+        past the frontier (see the module doc)."""
         frontier = self._frontier.get(tp)
         if end <= start or (frontier is not None and end <= frontier):
             return
-        share = 1.0 if frontier is None or start >= frontier else (end - frontier) / (end - start)
         self._frontier[tp] = end
+        if frontier is not None and start < frontier:
+            return  # straddles what is counted: its new part cannot be told apart
         for bucket, count in buckets:
             if 0 <= bucket < LOAD_BUCKET_COUNT and count > 0:
-                self._fetched[bucket] += count * share
+                self._fetched[bucket] += count
+                self.waiting += count
 
     def completed(self, buckets: Iterable[tuple[int, int]]) -> None:
         """Handler completions per bucket (capped at what was fetched: see the module doc)."""
         fetched, completed = self._fetched, self._completed
         for bucket, count in buckets:
             if 0 <= bucket < LOAD_BUCKET_COUNT and count > 0:
-                completed[bucket] = min(completed[bucket] + count, fetched[bucket])
+                before = completed[bucket]
+                completed[bucket] = min(before + count, fetched[bucket])
+                self.waiting -= completed[bucket] - before
+
+    def forget(self, buckets: Iterable[int]) -> None:
+        """Nothing known waits in `buckets` any more."""
+        for bucket in buckets:
+            self.waiting -= self._fetched[bucket] - self._completed[bucket]
+            self._completed[bucket] = self._fetched[bucket]
+
+    def check_due(self, at: float) -> bool:
+        """Whether to look whether the group is caught up (`settle`): only while something
+        is counted as waiting, and at most once a second (it reads every partition's
+        positions)."""
+        if self.waiting < 0.5 or at - self._checked_at < 1.0:
+            return False
+        self._checked_at = at
+        return True
+
+    def settle(self) -> None:
+        """Nothing waits anywhere: every partition is read and done to its end."""
+        self._completed = list(self._fetched)
+        self.waiting = 0.0
 
     def backlog(self) -> list[float] | None:
         """Records waiting per bucket; None when nothing is."""
+        if self.waiting < 0.5:
+            return None
         waiting = [f - c for f, c in zip(self._fetched, self._completed, strict=True)]
         return waiting if any(w > 0.5 for w in waiting) else None
 
@@ -104,18 +139,11 @@ def discounted(
     records taken off its buckets pro rata (a bucket belongs to the owner of its middle
     slot); None when nothing is left waiting."""
     waiting = list(backlog)
-    half = _BUCKET_WIDTH // 2  # bucket b's middle slot is b * width + half
     for member_id, ranges in owned.items():
         gone = done.get(member_id, 0.0)
         if gone <= 0:
             continue
-        mine = [
-            b
-            for r in ranges
-            for b in range(
-                (r.start + half - 1) >> LOAD_BUCKET_SHIFT, (r.end + half) >> LOAD_BUCKET_SHIFT
-            )
-        ]
+        mine = buckets_of(ranges)
         total = sum(waiting[b] for b in mine)
         if total <= 0:
             continue
@@ -123,6 +151,18 @@ def discounted(
         for b in mine:
             waiting[b] *= keep
     return waiting if any(w > 0.5 for w in waiting) else None
+
+
+def buckets_of(ranges: RangeSet) -> list[int]:
+    """The load buckets whose middle slot is in `ranges`: each bucket has one owner."""
+    half = _BUCKET_WIDTH // 2  # bucket b's middle slot is b * width + half
+    return [
+        b
+        for r in ranges
+        for b in range(
+            (r.start + half - 1) >> LOAD_BUCKET_SHIFT, (r.end + half) >> LOAD_BUCKET_SHIFT
+        )
+    ]
 
 
 def backlog_excess(

@@ -435,8 +435,10 @@ def backlog_now(state: GroupState, now: float) -> list[float] | None:
     if backlog is None:
         return None
     owned = {mid: m.owned for mid, m in state.members.items() if m.owned}
+    # A member that stopped answering is not assumed to go on completing records for
+    # longer than half its session (after a whole one it is removed anyway).
     done = {
-        mid: m.processed_per_s * (now - m.pinged_at)
+        mid: m.processed_per_s * min(now - m.pinged_at, m.session_timeout_ms / 2000)
         for mid, m in state.members.items()
         if m.pinged_at is not None and now > m.pinged_at
     }

@@ -9,6 +9,7 @@ of ownership a value that can be logged, persisted and asserted on.
 
 from __future__ import annotations
 
+from coordinator.group.demand import buckets_of
 from coordinator.group.records import (
     ClaimAwaited,
     DrainStarted,
@@ -41,6 +42,15 @@ from coordinator.group.state import (
 )
 from coordinator.model.positions import RangePositionMap
 from coordinator.model.ranges import EMPTY, RangeSet
+
+
+def _caught_up(state: GroupState) -> bool:
+    """Every partition of the group done to the end its members' fetches last saw."""
+    ends = state.high_watermarks
+    return bool(state.partitions) and all(
+        tp in ends and tp in state.positions and state.positions[tp].minimum_offset() >= ends[tp]
+        for tp in state.partitions
+    )
 
 
 def replay(state: GroupState, record: Record) -> None:
@@ -78,6 +88,8 @@ def replay(state: GroupState, record: Record) -> None:
                 for tp, offset, stable in record.high_watermarks:
                     state.high_watermarks[tp] = max(state.high_watermarks.get(tp, 0), offset)
                     state.stable_ends[tp] = stable
+                if record.ping and state.demand.check_due(record.at) and _caught_up(state):
+                    state.demand.settle()
         case MemberContacted():
             member = state.members.get(record.member_id)
             if member is not None:
@@ -167,6 +179,7 @@ def replay(state: GroupState, record: Record) -> None:
                         state.open.remove(h)
         case MemberRemoved():
             member = state.members.pop(record.member_id)
+            state.demand.forget(buckets_of(member.owned))  # its last completions are lost
             state.target.pop(record.member_id, None)
             state.excess.discard(record.member_id)
             if member.owned:

@@ -191,3 +191,24 @@ def test_a_rate_imbalance_under_the_threshold_moves_nothing(group3: GroupState) 
     heard(state, 2.0, load=shares_of(state))
     check = checker(state)
     assert check(2.5) == [] and check(40.0) == []
+
+
+def test_a_leaving_members_backlog_is_forgotten(group3: GroupState) -> None:
+    """A Leave carries no completions: what it did since its last ping would wait forever."""
+    state = group3
+    hot = buckets_of(state.target["m2"], 10)
+    heard(state, 2.0, fetched=[(TPS[0], 0, 300, tuple((b, 30) for b in hot))])
+    assert sum(backlog_now(state, 2.0) or ()) == 300
+    run(state, h.leave(state, member_id="m2", positions={}, now=3.0), 3.0)
+    assert backlog_now(state, 3.0) is None
+
+
+def test_a_caught_up_group_has_no_backlog(group3: GroupState) -> None:
+    """Every partition done to the end the members last saw: whatever the counts say, the
+    backlog is zero (estimates that went wrong do not linger)."""
+    state = group3
+    hot = buckets_of(state.target["m1"], 10)
+    heard(state, 2.0, fetched=[(TPS[0], 0, 300, tuple((b, 30) for b in hot))])
+    ends = [(TPS[0], 10, False), (TPS[1], 19, False)]  # group3's positions: 10 and 20
+    heard(state, 3.0, high_watermarks=ends)
+    assert backlog_now(state, 3.0) is None
