@@ -82,12 +82,13 @@ async def test_kill9_consumer_ranges_resume_within_session_timeout(
 async def test_coordinator_restart_restores_positions(
     broker: EmbeddedBroker, tmp_path: Path, lease: str
 ) -> None:
-    """A lone coordinator killed -9 and restarted on the same ports. While their lease
-    holds, consumers process on and the restarted coordinator adopts their claims: the
-    same members, nothing processed twice. Once it has run out they stop and register
-    anew, and the group resumes from the stored positions: nothing lost, order kept, and
-    only records past those positions (processed while it was down) run again."""
-    coordinator = CoordinatorProcess(broker.bootstrap_servers, tmp_path)
+    """A lone coordinator killed -9 and restarted on the same ports, as the same replica
+    (a container restarted in its pod keeps the pod name, the chart's replica id). While
+    their lease holds, consumers process on and the restarted coordinator adopts their
+    claims: the same members, nothing processed twice. Once it has run out they stop and
+    register anew, and the group resumes from the stored positions: nothing lost, order
+    kept, and only records past those positions (processed while it was down) run again."""
+    coordinator = CoordinatorProcess(broker.bootstrap_servers, tmp_path, replica_id="solo")
     workers = Workers(coordinator, tmp_path)
     session = ("--session-timeout-ms", "10000" if lease == "held" else "3000")
     try:
@@ -109,8 +110,7 @@ async def test_coordinator_restart_restores_positions(
             )
             await wait_for(ran_out, 30, "every consumer's lease ran out")
         await coordinator.start()
-        view = await coordinator.group()
-        assert view is not None, "the group must come back from the state topic"
+        view = await wait_for(coordinator.group, 30, "the group back from the state topic")
         assert view["partitions"][0]["low_watermark"] >= 4000
 
         after = await wait_for(lambda: coordinator.settled(3), 30, "consumers re-registered")
