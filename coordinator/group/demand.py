@@ -8,31 +8,26 @@ reply reports, per partition, the offsets the member examined since the last one
 many records of each load bucket were among them (`FetchedWindow`, owned or not).
 
 Members reading one partition see the same records, so windows are merged by offset, not
-added up: per partition the group keeps the end of what it has counted (`frontier`); a
-window that starts at or past it counts, one that ends before it is already counted, and
-one that straddles it is dropped (scaling its counts by the new fraction made per-bucket
-errors that only ever added up: too high stayed, too low was cut by the cap below).
-Dropping only ever under-counts. Completions (the `load` of the same replies) are counted
-per bucket too; the backlog of a bucket is fetched minus completed.
+added up: per partition the group keeps the end of what it has counted (`frontier`), and
+a window adds only its part past it (its counts scaled by that fraction: within one
+window records are spread evenly enough for balancing). Completions (the `load` of the
+same replies) lower the level of their bucket, never below zero.
 
-Estimates that went wrong anyway are reset rather than left to drift: a departing
-member's buckets are forgotten (`forget`: a Leave carries no completions, so its last
-ones would be waiting forever), and whenever every partition of the group is caught up
-the whole backlog is zero (`settle`).
-
-What it cannot see, and why that is fine for balancing: records beyond every member's
-fetch (a backlog longer than consumers read ahead) are assumed distributed like the ones
-seen, which changes no member's share. After a coordinator restart counting starts
-again at the consumers' cursors: records examined before it and completed after would
-make a bucket's completions exceed its fetches, so completions are capped at fetches
-(the surplus is dropped instead of hiding later arrivals of that bucket). A member's own
-completions never precede the fetch counts of the same records (its reply carries both,
-fetched applied first, or another member read them earlier), so the cap loses nothing
-otherwise.
+Such an estimate drifts: a scaled window is a little off per bucket, a completion that
+finds its bucket at zero is lost while an overestimate stays, and in steady traffic every
+window straddles the frontier. So levels fade with a half-life (60 s): a real backlog is
+raised again by every window that reads further into it, a wrong count fades. (Fading
+also under-counts an old backlog, by a share that is the same for every bucket: 9% after
+8 s; shares between members stay right, and shares are what the balance check reads.)
+A departing member's buckets are forgotten (a Leave carries no completions), and a group
+whose partitions are all done to their end has no backlog at all (`settle`). Records
+beyond every member's fetch (a backlog longer than consumers read ahead) are taken to be
+distributed like those seen.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from coordinator.model.hashing import LOAD_BUCKET_COUNT, LOAD_BUCKET_SHIFT, SLOT_COUNT
@@ -40,77 +35,102 @@ from coordinator.model.positions import TopicPartition
 from coordinator.model.ranges import RangeSet
 
 _BUCKET_WIDTH = 1 << LOAD_BUCKET_SHIFT
+_REBASE_AFTER = 50.0  # rebase the scaling origin before exp() could overflow
 
 
 class BucketDemand:
-    def __init__(self) -> None:
+    """Records waiting per load bucket: a level per bucket that fetched windows raise,
+    completions lower (never below zero) and time lets fade (half-life, lazily, as
+    `coordinator.group.load.BucketLoad` decays rates): an estimate that nothing refreshes
+    cannot linger, whatever made it wrong."""
+
+    def __init__(self, half_life_s: float = 60.0) -> None:
+        if half_life_s <= 0:
+            raise ValueError("half_life_s must be > 0")
+        self._lambda = math.log(2) / half_life_s
+        self._origin: float | None = None
+        self._scaled: dict[int, float] = {}  # bucket -> level x exp(lambda (t - origin))
         self._frontier: dict[TopicPartition, int] = {}
-        self._fetched = [0.0] * LOAD_BUCKET_COUNT
-        self._completed = [0.0] * LOAD_BUCKET_COUNT
-        self.waiting = 0.0  # the sum of the backlog, kept as counts arrive
         self._checked_at = float("-inf")
 
     def __eq__(self, other: object) -> bool:
-        """Equal counts (tests compare whole group states)."""
-        return isinstance(other, BucketDemand) and (
-            self._frontier,
-            self._fetched,
-            self._completed,
-        ) == (other._frontier, other._fetched, other._completed)
+        """Equal levels (tests compare whole group states)."""
+        return isinstance(other, BucketDemand) and self._values() == other._values()
 
     __hash__ = None  # type: ignore[assignment]  # mutable: equal by value, not hashable
 
+    def _values(self) -> tuple[object, ...]:
+        return self._lambda, self._origin, self._scaled, self._frontier
+
+    def _scale(self, at: float) -> float:
+        """exp(lambda (at - origin)), rebasing the origin before it could overflow."""
+        if self._origin is None:
+            self._origin = at
+        if self._lambda * (at - self._origin) > _REBASE_AFTER:
+            factor = math.exp(-self._lambda * (at - self._origin))
+            self._scaled = {b: v * factor for b, v in self._scaled.items() if v * factor > 1e-9}
+            self._origin = at
+        return math.exp(self._lambda * (at - self._origin))
+
     def fetched(
-        self, tp: TopicPartition, start: int, end: int, buckets: Iterable[tuple[int, int]]
+        self,
+        tp: TopicPartition,
+        start: int,
+        end: int,
+        buckets: Iterable[tuple[int, int]],
+        at: float,
     ) -> None:
-        """Records examined in [start, end) of `tp`: counted if the window starts at or
-        past the frontier (see the module doc)."""
+        """Records examined in [start, end) of `tp`: the part past the frontier counts."""
         frontier = self._frontier.get(tp)
         if end <= start or (frontier is not None and end <= frontier):
             return
+        share = 1.0 if frontier is None or start >= frontier else (end - frontier) / (end - start)
         self._frontier[tp] = end
-        if frontier is not None and start < frontier:
-            return  # straddles what is counted: its new part cannot be told apart
+        scale = self._scale(at) * share
+        levels = self._scaled
         for bucket, count in buckets:
             if 0 <= bucket < LOAD_BUCKET_COUNT and count > 0:
-                self._fetched[bucket] += count
-                self.waiting += count
+                levels[bucket] = levels.get(bucket, 0.0) + count * scale
 
-    def completed(self, buckets: Iterable[tuple[int, int]]) -> None:
-        """Handler completions per bucket (capped at what was fetched: see the module doc)."""
-        fetched, completed = self._fetched, self._completed
+    def completed(self, buckets: Iterable[tuple[int, int]], at: float) -> None:
+        """Handler completions per bucket (a level never goes below zero)."""
+        scale = self._scale(at)
+        levels = self._scaled
         for bucket, count in buckets:
-            if 0 <= bucket < LOAD_BUCKET_COUNT and count > 0:
-                before = completed[bucket]
-                completed[bucket] = min(before + count, fetched[bucket])
-                self.waiting -= completed[bucket] - before
+            level = levels.get(bucket)
+            if level is not None and count > 0:
+                left = level - count * scale
+                if left > 0:
+                    levels[bucket] = left
+                else:
+                    del levels[bucket]
 
     def forget(self, buckets: Iterable[int]) -> None:
         """Nothing known waits in `buckets` any more."""
         for bucket in buckets:
-            self.waiting -= self._fetched[bucket] - self._completed[bucket]
-            self._completed[bucket] = self._fetched[bucket]
+            self._scaled.pop(bucket, None)
 
     def check_due(self, at: float) -> bool:
         """Whether to look whether the group is caught up (`settle`): only while something
-        is counted as waiting, and at most once a second (it reads every partition's
-        positions)."""
-        if self.waiting < 0.5 or at - self._checked_at < 1.0:
+        waits, and at most once a second (it reads every partition's positions)."""
+        if not self._scaled or at - self._checked_at < 1.0:
             return False
         self._checked_at = at
         return True
 
     def settle(self) -> None:
         """Nothing waits anywhere: every partition is read and done to its end."""
-        self._completed = list(self._fetched)
-        self.waiting = 0.0
+        self._scaled = {}
 
-    def backlog(self) -> list[float] | None:
-        """Records waiting per bucket; None when nothing is."""
-        if self.waiting < 0.5:
+    def backlog(self, at: float) -> list[float] | None:
+        """Records waiting per bucket as of `at`; None when nothing is."""
+        if self._origin is None or not self._scaled:
             return None
-        waiting = [f - c for f, c in zip(self._fetched, self._completed, strict=True)]
-        return waiting if any(w > 0.5 for w in waiting) else None
+        factor = math.exp(-self._lambda * (at - self._origin))
+        waiting = [0.0] * LOAD_BUCKET_COUNT
+        for bucket, level in self._scaled.items():
+            waiting[bucket] = level * factor
+        return waiting if sum(waiting) >= 0.5 else None
 
 
 def demand_profile(

@@ -431,7 +431,7 @@ def backlog_now(state: GroupState, now: float) -> list[float] | None:
     backlogged (at 600 records/s and 3 s between pings, by up to ~2,000 records that are
     long done), and the balance check would chase the ping phase.
     """
-    backlog = state.demand.backlog()
+    backlog = state.demand.backlog(now)
     if backlog is None:
         return None
     owned = {mid: m.owned for mid, m in state.members.items() if m.owned}

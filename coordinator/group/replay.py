@@ -74,7 +74,7 @@ def replay(state: GroupState, record: Record) -> None:
             if member is not None:
                 member.last_heard = record.at
                 for tp, start, end, buckets in record.fetched:  # before the completions
-                    state.demand.fetched(tp, start, end, buckets)
+                    state.demand.fetched(tp, start, end, buckets, record.at)
                 if record.ping:
                     if member.pinged_at is not None and record.at > member.pinged_at:
                         completed = sum(c for _, c in record.load)
@@ -84,7 +84,7 @@ def replay(state: GroupState, record: Record) -> None:
                     member.load = dict(record.load)
                     member.processed += sum(c for _, c in record.load)
                     state.load.add(record.load, record.at)
-                    state.demand.completed(record.load)
+                    state.demand.completed(record.load, record.at)
                 for tp, offset, stable in record.high_watermarks:
                     state.high_watermarks[tp] = max(state.high_watermarks.get(tp, 0), offset)
                     state.stable_ends[tp] = stable

@@ -31,12 +31,12 @@ def readers(draw: st.DrawFn) -> tuple[int, list[list[tuple[int, int]]], list[int
 
 
 @given(readers(), st.integers(0, 2**32 - 1))
-def test_members_reading_one_partition_count_each_record_at_most_once(
+def test_members_reading_one_partition_count_each_record_once(
     case: tuple[int, list[list[tuple[int, int]]], list[int]], seed: int
 ) -> None:
     """However the members cut their windows and whatever order the reports arrive in,
-    no bucket counts more records than it has (windows straddling what is counted are
-    dropped), and one member alone is counted exactly."""
+    the merged count is the number of records, not N times it, and one member alone is
+    counted exactly, bucket by bucket."""
     n, members, order = case
     rng = random.Random(seed)
     buckets = [rng.randrange(LOAD_BUCKET_COUNT) for _ in range(n)]  # bucket of each offset
@@ -48,63 +48,74 @@ def test_members_reading_one_partition_count_each_record_at_most_once(
         counts: dict[int, int] = {}
         for offset in range(start, end):
             counts[buckets[offset]] = counts.get(buckets[offset], 0) + 1
-        demand.fetched(TP, start, end, counts.items())
-    backlog = demand.backlog()
+        demand.fetched(TP, start, end, counts.items(), 0.0)
+    backlog = demand.backlog(0.0)
     assert backlog is not None
-    truth = [0] * LOAD_BUCKET_COUNT
-    for b in buckets:
-        truth[b] += 1
-    assert all(counted <= real for counted, real in zip(backlog, truth, strict=True))
+    assert abs(sum(backlog) - n) < 1e-6
     if len(members) == 1:
+        truth = [0.0] * LOAD_BUCKET_COUNT
+        for b in buckets:
+            truth[b] += 1
         assert backlog == truth
-    assert abs(sum(backlog) - demand.waiting) < 1e-6
 
 
 def test_one_reader_counts_exactly_and_completions_drain_it() -> None:
     demand = BucketDemand()
-    demand.fetched(TP, 10, 20, [(3, 6), (7, 4)])
-    demand.fetched(TP, 10, 20, [(3, 6), (7, 4)])  # another member, same records: nothing
-    demand.fetched(("t", 1), 0, 5, [(3, 5)])  # another partition: more records
-    backlog = demand.backlog()
+    demand.fetched(TP, 10, 20, [(3, 6), (7, 4)], 0.0)
+    demand.fetched(TP, 10, 20, [(3, 6), (7, 4)], 0.0)  # another member, same records
+    demand.fetched(("t", 1), 0, 5, [(3, 5)], 0.0)  # another partition: more records
+    backlog = demand.backlog(0.0)
     assert backlog is not None and (backlog[3], backlog[7], sum(backlog)) == (11, 4, 15)
-    demand.completed([(3, 11), (7, 3)])
-    backlog = demand.backlog()
+    demand.completed([(3, 11), (7, 3)], 0.0)
+    backlog = demand.backlog(0.0)
     assert backlog is not None and sum(backlog) == 1 and backlog[7] == 1
-    demand.completed([(7, 5)])  # more than fetched (counted before a restart): capped
-    assert demand.backlog() is None
-    demand.fetched(TP, 20, 22, [(7, 2)])  # later arrivals of that bucket are not hidden
-    backlog = demand.backlog()
+    demand.completed([(7, 5)], 0.0)  # more than waits (counted before a restart): zero
+    assert demand.backlog(0.0) is None
+    demand.fetched(TP, 20, 22, [(7, 2)], 0.0)  # later arrivals of that bucket count
+    backlog = demand.backlog(0.0)
     assert backlog is not None and backlog[7] == 2
 
 
-def test_a_window_straddling_the_frontier_is_dropped_and_the_next_one_counts() -> None:
+def test_a_window_straddling_the_frontier_adds_its_new_part() -> None:
     demand = BucketDemand()
-    demand.fetched(TP, 0, 100, [(1, 100)])
-    demand.fetched(TP, 50, 150, [(2, 100)])  # which of these are new cannot be told
-    demand.fetched(TP, 150, 160, [(3, 10)])  # that member's next window goes on from it
-    backlog = demand.backlog()
-    assert backlog is not None and (backlog[1], backlog[2], backlog[3]) == (100, 0, 10)
+    demand.fetched(TP, 0, 100, [(1, 100)], 0.0)
+    demand.fetched(TP, 50, 150, [(2, 100)], 0.0)  # half of it is new
+    backlog = demand.backlog(0.0)
+    assert backlog is not None and (backlog[1], backlog[2]) == (100, 50)
+
+
+def test_a_level_nothing_refreshes_fades() -> None:
+    """A wrong count cannot linger: after one half-life half of it is left."""
+    demand = BucketDemand(half_life_s=60.0)
+    demand.fetched(TP, 0, 100, [(1, 100)], 10.0)
+    backlog = demand.backlog(70.0)
+    assert backlog is not None and abs(backlog[1] - 50) < 1e-9
+    demand.completed([(1, 20)], 70.0)  # completions take real records off the level
+    backlog = demand.backlog(130.0)
+    assert backlog is not None and abs(backlog[1] - 15) < 1e-9
+    later = demand.backlog(10_000.0)  # long after: rebasing keeps it finite
+    assert later is None or sum(later) < 0.5
 
 
 def test_forgotten_and_settled_backlogs_are_zero() -> None:
     demand = BucketDemand()
-    demand.fetched(TP, 0, 30, [(1, 10), (2, 20)])
+    demand.fetched(TP, 0, 30, [(1, 10), (2, 20)], 0.0)
     demand.forget([1])
-    backlog = demand.backlog()
-    assert backlog is not None and (backlog[1], backlog[2], demand.waiting) == (0, 20, 20)
+    backlog = demand.backlog(0.0)
+    assert backlog is not None and (backlog[1], backlog[2]) == (0, 20)
     assert demand.check_due(5.0) and not demand.check_due(5.5) and demand.check_due(6.0)
     demand.settle()
-    assert demand.backlog() is None and not demand.check_due(10.0)
-    demand.fetched(TP, 30, 35, [(1, 5)])  # new arrivals count again
-    backlog = demand.backlog()
+    assert demand.backlog(6.0) is None and not demand.check_due(10.0)
+    demand.fetched(TP, 30, 35, [(1, 5)], 6.0)  # new arrivals count again
+    backlog = demand.backlog(6.0)
     assert backlog is not None and backlog[1] == 5
 
 
 def test_bad_counts_are_ignored() -> None:
     demand = BucketDemand()
-    demand.fetched(TP, 5, 5, [(1, 3)])  # an empty window
-    demand.fetched(TP, 0, 9, [(-1, 3), (LOAD_BUCKET_COUNT, 3), (2, 0)])
-    assert demand.backlog() is None
+    demand.fetched(TP, 5, 5, [(1, 3)], 0.0)  # an empty window
+    demand.fetched(TP, 0, 9, [(-1, 3), (LOAD_BUCKET_COUNT, 3), (2, 0)], 0.0)
+    assert demand.backlog(0.0) is None
 
 
 def test_demand_is_backlog_plus_the_rate_over_the_horizon() -> None:
