@@ -8,15 +8,52 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
 
 from coordinator.model.addresses import LOOPBACK
 
+# Where the kernel picks the local ports of outgoing connections (Linux's default). A
+# listening port taken from that range can be grabbed by any client socket (a broker's,
+# aiokafka's) between the moment it is found free and the moment the child binds it:
+# CI once saw a coordinator fail with "Address already in use" that way.
+_EPHEMERAL_DEFAULT = (32768, 60999)
+_LISTEN_FLOOR = 10000
+_TRIES = 200
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(part) for part in f.read().split())
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+    return low, high
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
 
 def free_port(host: str = LOOPBACK) -> int:
-    """Return a port that was free a moment ago (bind to port 0, read it, close)."""
+    """Return a port that was free a moment ago, chosen at random below the ephemeral range.
+
+    Below it, nothing but another listener can take the port before the child binds it,
+    and the random choice keeps ports of consecutive calls (and of a restarted process's
+    neighbours) apart. Where the range leaves no room, the kernel's choice (port 0)."""
+    low, _high = _ephemeral_range()
+    if low - _LISTEN_FLOOR >= 1000:
+        for _ in range(_TRIES):
+            port = random.randrange(_LISTEN_FLOOR, low)
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
