@@ -6,7 +6,7 @@ Ping/StopFetcher/StartFetcher, notice a silent or lost coordinator), the *fetche
 (`consumer_client.fetcher`: one aiokafka consumer with manual assignment, its records
 filtered by owned slots in `consumer_client.dispatch`), and the *lanes*
 (`consumer_client.lanes`: the user's handler, per key). What the connector's requests do
-to the fetcher and the lanes is `_MemberCallbacks`, kept off the user's class. The
+to the fetcher and the lanes is `consumer_client.callbacks`, kept off the user's class. The
 lost-connection procedure is docs/protocol.md's (§6.1 'Consumer', state LOST): stop every
 fetcher, drop every queue, find the coordinator again, register again.
 """
@@ -25,13 +25,14 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.abc import AbstractTokenProvider
 
+from consumer_client.callbacks import MemberCallbacks
 from consumer_client.dead_letters import DeadLetters
 from consumer_client.dispatch import Dispatcher
 from consumer_client.endpoints import ConsumerEndpoints
 from consumer_client.errors import ConsumerError
 from consumer_client.fetcher import Fetcher
 from consumer_client.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy
-from consumer_client.membership import Membership, PingReport
+from consumer_client.membership import Membership
 from consumer_client.metrics import ConsumerMetrics, ConsumerSnapshot, DeadLetter
 from consumer_client.progress import ConsumerProgress
 from consumer_client.signals import ConsumerAborted, GracefulSignals, signals_to_handle
@@ -48,8 +49,6 @@ from coordinator.kafka.connect import KafkaUnreachable, start_client
 from coordinator.kafka.settings import KafkaSettings
 from coordinator.model.addresses import parse_host_ports
 from coordinator.model.hashing import ORDERING_KEY_HEADER
-from coordinator.model.positions import PositionUpdate
-from coordinator.model.ranges import RangeSet
 from coordinator.security.tls import ClientTls
 
 log = logging.getLogger(__name__)
@@ -181,7 +180,7 @@ class CoordinatedConsumer:
             replay_window=replay_window,
             session=self._session,
         )
-        self._callbacks = _MemberCallbacks(self.progress, self._fetcher, self._dispatcher)
+        self._callbacks = MemberCallbacks(self.progress, self._fetcher, self._dispatcher)
         self._membership = Membership(
             self._callbacks,
             group=group,
@@ -491,51 +490,3 @@ class CoordinatedConsumer:
 def _abort(aborted: asyncio.Future[None]) -> None:
     if not aborted.done():
         aborted.set_exception(ConsumerAborted("aborted by a second signal during the drain"))
-
-
-class _MemberCallbacks:
-    """What the coordinator's requests do to this consumer (`membership.MemberHooks`)."""
-
-    def __init__(self, progress: ConsumerProgress, fetcher: Fetcher, dispatcher: Dispatcher):
-        self._progress = progress
-        self._fetcher = fetcher
-        self._dispatcher = dispatcher
-
-    def ping_reply(self) -> PingReport:
-        return PingReport(
-            self._progress.positions(),
-            self._dispatcher.take_load(),
-            self._fetcher.high_watermarks(),
-            self._progress.take_demand(),
-        )
-
-    def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:
-        self._fetcher.grant(slots, positions)
-
-    def held(self) -> tuple[RangeSet, PositionUpdate]:
-        """What this consumer still runs and its exact positions (a claim after losing
-        the coordinator): ranges already stopping are not claimed, their final positions
-        are (the membership keeps them)."""
-        return self._progress.running(), self._progress.positions()
-
-    def stop_fetcher(self, slots: RangeSet) -> Awaitable[PositionUpdate]:
-        """Stop dispatching `slots` now; the final positions once they are drained."""
-        self._progress.begin_stop(slots)
-        if self._dispatcher.lanes is not None:
-            self._dispatcher.lanes.drop(slots)
-        return self._finish_stop(slots)
-
-    async def _finish_stop(self, slots: RangeSet) -> PositionUpdate:
-        if self._dispatcher.lanes is not None:
-            await self._dispatcher.lanes.wait_idle(slots)
-        final = self._progress.finish_stop(slots)
-        self._fetcher.pause_idle()
-        return final
-
-    async def session_lost(self) -> None:
-        """docs/protocol.md, §6.1 LOST: stop fetchers, drop queues, forget ownership."""
-        self._progress.clear()
-        self._fetcher.forget()
-        if self._dispatcher.lanes is not None:
-            await self._dispatcher.lanes.abort()
-        self._fetcher.room.set()

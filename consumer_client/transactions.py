@@ -38,9 +38,10 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, ProducerFenced
 
+from consumer_client.callbacks import MemberCallbacks
 from consumer_client.dispatch import Dispatcher
 from consumer_client.fetcher import Fetcher
-from consumer_client.membership import ConsumerError, PingReport
+from consumer_client.membership import ConsumerError
 from consumer_client.progress import ConsumerProgress
 from consumer_client.txn_log import (
     TxnLog,
@@ -366,7 +367,7 @@ class TransactionalWriter:
                 raise self._fail(f"cannot open a new transactional producer: {err!r}") from None
 
 
-class TransactionalCallbacks:
+class TransactionalCallbacks(MemberCallbacks):
     """`membership.MemberHooks` of an exactly-once consumer: the plain callbacks, with
     committed positions reported and slots taken over before they are dispatched."""
 
@@ -377,18 +378,12 @@ class TransactionalCallbacks:
         fetcher: Fetcher,
         dispatcher: Dispatcher,
     ) -> None:
+        super().__init__(progress, fetcher, dispatcher)
         self.writer = writer
-        self._progress = progress
-        self._fetcher = fetcher
-        self._dispatcher = dispatcher
 
-    def ping_reply(self) -> PingReport:
-        return PingReport(
-            self.writer.committed,
-            self._dispatcher.take_load(),
-            self._fetcher.high_watermarks(),
-            self._progress.take_demand(),
-        )
+    def _reported_positions(self) -> PositionUpdate:
+        """Committed positions only: the coordinator is never ahead of a commit."""
+        return dict(self.writer.committed)
 
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:
         entry = _Preparing(slots)
@@ -408,39 +403,25 @@ class TransactionalCallbacks:
 
     def held(self) -> tuple[RangeSet, PositionUpdate]:
         """Our claim: running and preparing slots, with committed positions only."""
-        running = self._progress.running()
+        running, committed = super().held()
         for entry in self.writer.preparing:
             running = running | entry.slots
-        return running, dict(self.writer.committed)
+        return running, committed
 
-    def stop_fetcher(self, slots: RangeSet) -> Awaitable[PositionUpdate]:
+    def _settle_before_stop(self, slots: RangeSet) -> list[asyncio.Task[None]]:
+        """A take-over of these slots still under way finishes first (it may have
+        fenced a writer); what it had not granted yet is no longer granted."""
         waiting = []
         for entry in self.writer.preparing:
             if entry.slots.overlaps(slots) and entry.task is not None:
                 waiting.append(entry.task)
             entry.slots = entry.slots - slots
-        self._progress.begin_stop(slots)
-        if self._dispatcher.lanes is not None:
-            self._dispatcher.lanes.drop(slots)
-        return self._finish_stop(slots, waiting)
+        return waiting
 
-    async def _finish_stop(
-        self, slots: RangeSet, waiting: list[asyncio.Task[None]]
-    ) -> PositionUpdate:
-        """Drained, then committed (releasing the slots in our record): the final
-        positions are committed ones."""
-        await asyncio.gather(*waiting, return_exceptions=True)
-        if self._dispatcher.lanes is not None:
-            await self._dispatcher.lanes.wait_idle(slots)
+    async def _after_drain(self, slots: RangeSet) -> None:
+        """Committed (releasing the slots in our record): the final positions are
+        committed ones."""
         await self.writer.commit(releasing=slots, force=True)
-        final = self._progress.finish_stop(slots)
-        self._fetcher.pause_idle()
-        return final
 
-    async def session_lost(self) -> None:
-        self._progress.clear()
-        self._fetcher.forget()
-        if self._dispatcher.lanes is not None:
-            await self._dispatcher.lanes.abort()
+    async def _forget_session(self) -> None:
         await self.writer.session_lost()
-        self._fetcher.room.set()
