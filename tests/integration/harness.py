@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import httpx
 from aiokafka import AIOKafkaProducer
@@ -34,18 +34,33 @@ GROUP = "demo"  # the worker command's group
 TOPIC = "demo.events"
 
 
+# Two signatures so a coroutine probe's result type survives (one union of `Awaitable[T] | T`
+# infers T as Never for coroutine functions). Only a truthy result is returned, so a probe
+# that answers `X | None` gives an `X`.
+@overload
 async def wait_for(
-    probe: Callable[[], Awaitable[T] | T], timeout: float, what: str, interval: float = 0.05
-) -> T:
+    probe: Callable[[], Awaitable[T | None]], timeout: float, what: str, interval: float = 0.05
+) -> T: ...
+
+
+@overload
+async def wait_for(
+    probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05
+) -> T: ...
+
+
+async def wait_for(
+    probe: Callable[[], object], timeout: float, what: str, interval: float = 0.05
+) -> Any:
     """Poll `probe` until it returns something truthy; fail naming `what` on timeout."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: object = None
     while True:
         result = probe()
         if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
-            result = await result  # type: ignore[misc]
+            result = await result
         if result:
-            return result  # type: ignore[return-value]
+            return result
         last = result
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
@@ -125,7 +140,8 @@ class CoordinatorProcess:
         """The replica serving `group` as this one says (known groups or not)."""
         async with self.client() as client:
             response = await client.get(f"{self.admin_url}/v1/groups/{group}")
-        return response.headers.get("x-keyshard-served-by")
+        served_by: str | None = response.headers.get("x-keyshard-served-by")
+        return served_by
 
     async def group(self, group: str = GROUP) -> dict[str, Any] | None:
         async with self.client() as client:
