@@ -133,7 +133,9 @@ def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredK
 #: What each test principal may do; the README's ACL table says the same in prose.
 SECURED_USERS = ("admin", "keyshard", "app", "limited")
 SECURED_PREFIX = "secure."  # topics and groups of the secured tests start with this
-_COORDINATOR_ACLS = [
+#: (resource type, name prefix, operations)
+Acl = tuple[str, str, tuple[str, ...]]
+_COORDINATOR_ACLS: list[Acl] = [
     ("topic", "__keyshard", ("Create", "Describe", "DescribeConfigs", "Read", "Write")),
     # Read: committing a group's low watermark as a Kafka offset needs it (Describe alone
     # gives partition counts, not offset commits).
@@ -144,7 +146,7 @@ _COORDINATOR_ACLS = [
     ("group", "keyshard-coordinators.__keyshard", ("Read", "Describe")),
     ("transactional-id", "keyshard.__keyshard", ("Write", "Describe")),
 ]
-ACLS = {
+ACLS: dict[str, list[Acl]] = {
     "keyshard": _COORDINATOR_ACLS,
     "app": [("topic", SECURED_PREFIX, ("Read", "Describe", "Write"))],
     "limited": [

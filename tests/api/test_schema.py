@@ -8,11 +8,16 @@ match the documented status codes and schemas. Reads are protected too here, so 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import schemathesis
 from hypothesis import HealthCheck, settings
 
 from api.app import create_app
 from tests.api.fake_runtime import fake_runtime
+
+if TYPE_CHECKING:
+    from schemathesis.specs.openapi.schemas import OpenApiOperation
 
 TOKEN = "schema-token"
 app = create_app(fake_runtime(), admin_token=TOKEN, auth_reads=True)
@@ -21,5 +26,5 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 
 @schema.parametrize()
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-def test_api_conforms_to_its_schema(case: schemathesis.Case) -> None:
+def test_api_conforms_to_its_schema(case: schemathesis.Case[OpenApiOperation]) -> None:
     case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"})

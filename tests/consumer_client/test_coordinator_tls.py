@@ -19,7 +19,7 @@ import trustme
 from consumer_client import ClientTls, CoordinatedConsumer
 from consumer_client.membership import ConsumerError, Membership, PingReport
 from coordinator.model.positions import PositionUpdate
-from coordinator.model.ranges import RangeSet
+from coordinator.model.ranges import EMPTY, RangeSet
 from coordinator.security.tls import ServerTls, TlsConfigError
 from coordinator.server.admission import ConnectionLimits
 from tests.coordinator.server.inprocess import running_coordinator
@@ -50,6 +50,9 @@ class Hooks:
 
     async def session_lost(self) -> None:
         pass
+
+    def held(self) -> tuple[RangeSet, PositionUpdate]:
+        return EMPTY, {}
 
 
 def server_tls(tls: TlsFiles, *, mutual: bool = False) -> ServerTls:

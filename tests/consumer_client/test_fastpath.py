@@ -127,7 +127,7 @@ class Scenario:
             group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
         )
         consumer._dispatcher.native = native
-        consumer._fetcher.kafka = FakeKafka()  # type: ignore[assignment]
+        consumer._fetcher.kafka = FakeKafka()
         calls: list[Any] = []
         lanes = KeyLanes(
             self.handler(consumer, calls),
@@ -281,7 +281,7 @@ def plain_consumer(native: ModuleType | None, handler: Any) -> CoordinatedConsum
         group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
     )
     consumer._dispatcher.native = native
-    consumer._fetcher.kafka = object()  # type: ignore[assignment]  # only checked for None
+    consumer._fetcher.kafka = object()  # only checked for None
     consumer._dispatcher.lanes = KeyLanes(
         handler, max_concurrency=4, on_done=consumer._dispatcher.on_done
     )
@@ -419,7 +419,7 @@ async def test_ping_reply_reports_the_loads_counted_in_c() -> None:
     stats = consumer.stats
     assert (stats.fetched, stats.admitted, stats.processed) == (0, 30, 30)
     assert not any(consumer._dispatcher.load)  # a fresh buffer after the reply, counted in C
-    consumer._fetcher.kafka = FakeKafka()  # type: ignore[assignment]
+    consumer._fetcher.kafka = FakeKafka()
     more = [ConsumerRecord("t", 0, 30 + i, 0, 0, KEYS[0], b"v", None, 1, 1, ()) for i in range(4)]
     assert consumer._fetcher.dispatch([Chunk(TP, 0, consumer._session(), more)]) is None
     load = consumer._dispatcher.load
@@ -502,4 +502,4 @@ def test_run_refuses_bad_arguments(change: dict[int, Any], error: type, message:
     with pytest.raises(error, match=message):
         NATIVE.run(*args)
     with pytest.raises(TypeError, match="exactly 12 arguments"):
-        NATIVE.run(*args[:11])  # type: ignore[call-arg]
+        NATIVE.run(*args[:11])

@@ -64,7 +64,7 @@ async def test_the_fetch_loop_lets_other_tasks_run() -> None:
         group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
     )
     kafka = EndlessBuffer()
-    consumer._fetcher.kafka = kafka  # type: ignore[assignment]
+    consumer._fetcher.kafka = kafka
     consumer._dispatcher.lanes = KeyLanes(
         inline, max_concurrency=4, on_done=consumer._dispatcher.on_done
     )
@@ -153,7 +153,7 @@ async def test_a_replay_is_dispatched_while_the_fetcher_waits_on_max_pending() -
         bootstrap_servers="127.0.0.1:1",
         max_pending=20,
     )
-    log = consumer._fetcher.kafka = FiniteLog(records)  # type: ignore[assignment]
+    log = consumer._fetcher.kafka = FiniteLog(records)
     # Room to run every key at once: only the fetcher can hold the replay back.
     consumer._dispatcher.lanes = KeyLanes(
         handler, max_concurrency=len(records), on_done=consumer._dispatcher.on_done

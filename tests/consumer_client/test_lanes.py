@@ -255,6 +255,6 @@ async def test_abort_cancels_everything() -> None:
 
 
 def test_unkeyed_records_get_a_lane_each() -> None:
-    lanes = KeyLanes(pytest.fail, max_concurrency=1, on_done=lambda _: None)  # type: ignore[arg-type]
+    lanes = KeyLanes(pytest.fail, max_concurrency=1, on_done=lambda _: None)
     assert lanes.lane_key(b"k") == lanes.lane_key(b"k")
     assert lanes.lane_key(None) != lanes.lane_key(None)

@@ -129,7 +129,7 @@ class OutputReader:
             auto_offset_reset="earliest",
         )
         self.latest = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-        self.outputs: list[tuple[int, int, dict[str, object]]] = []  # partition, offset, value
+        self.outputs: list[tuple[int, int, dict[str, Any]]] = []  # partition, offset, value
 
     async def start(self) -> None:
         await self.consumer.start()
@@ -165,10 +165,10 @@ async def outputs_reach(reader: OutputReader, apps: Apps, n: int, timeout: float
     await wait_for(lambda: _above(reader, n), timeout, f"{n} distinct outputs\n{apps.logs()}")
 
 
-def check(outputs: list[tuple[int, int, dict[str, object]]], count: int, keys: int) -> None:
+def check(outputs: list[tuple[int, int, dict[str, Any]]], count: int, keys: int) -> None:
     """Every input exactly once; per key, sequences in output order are 0, 1, 2, ..."""
-    seen: dict[tuple[object, object], int] = defaultdict(int)
-    per_key: dict[object, list[object]] = defaultdict(list)
+    seen: dict[tuple[str, int], int] = defaultdict(int)
+    per_key: dict[str, list[int]] = defaultdict(list)
     for _, _, value in sorted(outputs, key=lambda o: (o[0], o[1])):
         seen[value["k"], value["seq"]] += 1
         per_key[value["k"]].append(value["seq"])

@@ -173,9 +173,9 @@ async def test_a_frozen_replica_changes_nothing_when_it_wakes(
     thawed_at = time.monotonic_ns()
     await produce(replica_set.bootstrap, 4 * RATE, 200, start=16 * RATE, rate=RATE)
     await wait_for(lambda: consumers.unique() >= 20 * RATE, 60, "records after the thaw")
-    view = await wait_for(lambda: replica_set.settled(CONSUMERS), 30, "the group settled")
-    assert view["served_by"]["coordinator_epoch"] >= fenced_at
-    assert {m["member_id"] for m in view["members"]} == members, "nobody was replaced"
+    settled = await wait_for(lambda: replica_set.settled(CONSUMERS), 30, "the group settled")
+    assert settled["served_by"]["coordinator_epoch"] >= fenced_at
+    assert {m["member_id"] for m in settled["members"]} == members, "nobody was replaced"
     processed = consumers.processed()
     report = check(await _all_produced(replica_set), processed)
     assert report.lost == [] and report.order_violations == [] and report.duplicates == 0

@@ -121,7 +121,10 @@ async def test_coordinator_restart_restores_positions(
         assert report.order_violations == []
         if lease == "held":
             assert report.duplicates == 0, "the claims were adopted at their positions"
-            ids = lambda v: sorted(m["member_id"] for m in v["members"])  # noqa: E731
+
+            def ids(view: dict[str, Any]) -> list[str]:
+                return sorted(m["member_id"] for m in view["members"])
+
             assert ids(after) == ids(before), "the same members, adopted"
         else:
             runs = Counter((e.partition, e.offset) for e in processed)

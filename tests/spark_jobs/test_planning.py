@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coordinator.model.hashing import SLOT_COUNT
-from coordinator.model.positions import Position, RangePositionMap
+from coordinator.model.positions import Position, RangePositionMap, TopicPartition
 from coordinator.model.ranges import RangeSet, SlotRange
 from coordinator.security.tls import ClientTls
 from spark_jobs.offsets import (
@@ -245,7 +245,8 @@ def test_batches_read_every_owned_record_exactly_once(
     # Handed over: slots below 30000 of ("t", 0) done up to 3, plus 5..8 acknowledged ahead.
     handed = {("t", 0): [(SlotRange(0, 29999), Position.from_done([(0, 3), (5, 8)]))]}
     grants = [GrantView(RangeSet.full(), grant_positions(handed))]
-    offset, seen = StreamOffset(), []
+    offset = StreamOffset()
+    seen: list[tuple[TopicPartition, int]] = []
     for step, count in enumerate(growth):
         for tp in partitions:
             log[tp].extend(rng.randrange(SLOT_COUNT) for _ in range(count + (step == 0) * 10))

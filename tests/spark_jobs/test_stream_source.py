@@ -19,7 +19,7 @@ from tests.integration.harness import CoordinatorProcess, create_topic, produce,
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
 pytestmark = [pytest.mark.integration, pytest.mark.brokers("tansu", "kafka")]
 

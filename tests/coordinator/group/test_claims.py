@@ -5,7 +5,7 @@ hand-moved clock (helpers from test_handlers)."""
 from __future__ import annotations
 
 from coordinator.group import handlers as h
-from coordinator.group.effects import SendStart, SendStop
+from coordinator.group.effects import QuarantineTimer, Result, SendStart, SendStop
 from coordinator.group.records import ClaimAwaited, Record, TargetComputed
 from coordinator.group.state import GroupState, PendingClaim
 from coordinator.model.positions import Position
@@ -78,7 +78,7 @@ def test_a_claim_after_its_quarantine_ran_out_is_gone(group3: GroupState) -> Non
     state = group3
     lose(state, "m1", 2.0)
     until = state.claims["m1"].until
-    run(state, h.timer_fired(state, key=h.QuarantineTimer("m1"), now=until), until)
+    run(state, h.timer_fired(state, key=QuarantineTimer("m1"), now=until), until)
     assert "m1" not in state.claims, "too late: its ranges moved, a Register is fresh"
     owned_disjoint(state)
 
@@ -96,13 +96,13 @@ def test_a_takeover_waits_for_the_durable_members_and_adopts_the_ones_that_come_
     half = RangeSet((SlotRange(0, 32767),))
     other = RangeSet((SlotRange(32768, 65535),))
     for mid, owned in (("a", half), ("b", other)):
-        apply(state, h.Result(records=[ClaimAwaited(PendingClaim(mid, mid, 4, owned, SESSION))]))
+        apply(state, Result(records=[ClaimAwaited(PendingClaim(mid, mid, 4, owned, SESSION))]))
     apply(state, join(state, "new", 0.0))
-    effects = run(state, h.Result(), 0.0)
+    effects = run(state, Result(), 0.0)
     assert not of(effects, SendStart), "nothing free to grant before the claims resolve"
     run(state, reclaim(state, "a", half, 1.0), 1.0)
     assert state.members["a"].owned == half and state.members["a"].epoch == 5
-    later = run(state, h.timer_fired(state, key=h.QuarantineTimer("b"), now=SESSION), SESSION)
+    later = run(state, h.timer_fired(state, key=QuarantineTimer("b"), now=SESSION), SESSION)
     granted = RangeSet(r for s in of(later, SendStart) for r in s.ranges)
     assert granted == other - state.members["a"].owned, "b never came back: its slots move"
     owned_disjoint(state)
@@ -120,7 +120,7 @@ def test_a_takeover_where_every_member_comes_back_keeps_the_previous_target() ->
     taken_over: list[Record] = [TargetComputed((), inputs_version=0)]  # as takeover_result
     for mid, owned in (("a", low), ("b", high)):
         taken_over.append(ClaimAwaited(PendingClaim(mid, mid, 4, owned, SESSION)))
-    run(state, h.Result(records=taken_over), 0.0)
+    run(state, Result(records=taken_over), 0.0)
     moved = []
     for at, (mid, owned) in enumerate((("a", low), ("b", high)), start=1):
         moved += run(state, reclaim(state, mid, owned, float(at)), float(at))

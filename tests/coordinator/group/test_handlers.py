@@ -29,7 +29,7 @@ from coordinator.group.records import (
     MemberRemoved,
 )
 from coordinator.group.replay import replay
-from coordinator.group.state import GroupState
+from coordinator.group.state import GroupState, HandoffKind
 from coordinator.model.positions import Position, PositionUpdate
 from coordinator.model.ranges import EMPTY, RangeSet
 from coordinator.protocol.messages import ErrorCode
@@ -256,7 +256,7 @@ def test_drain_deadline_fences_and_quarantines(group3: GroupState) -> None:
     now = 2.0 + DRAIN
     res = h.timer_fired(state, key=key, now=now)
     until = now + SESSION + MARGIN
-    assert res.records == [MemberRemoved(laggard.member_id, "fenced", until, now)]
+    assert res.records == [MemberRemoved(laggard.member_id, HandoffKind.FENCED, until, now)]
     effects = run(state, res, now)
     (close,) = of(effects, CloseMember)
     assert (close.member_id, close.code) == (laggard.member_id, ErrorCode.FENCED_MEMBER)

@@ -311,8 +311,8 @@ async def test_members_registering_together_are_not_pinged_together() -> None:
         channels = [PingClock() for _ in range(30)]
         began = asyncio.get_running_loop().time()
         await asyncio.gather(
-            *(runtime.register(c, register(f"m{i}")) for i, c in enumerate(channels))
-        )  # type: ignore[arg-type]
+            *(runtime.register(c, register(f"m{i}")) for i, c in enumerate(channels))  # type: ignore[arg-type]
+        )
         await eventually(lambda: all(c.pinged for c in channels), "everyone pinged once")
         first = sorted(c.pinged[0] - began for c in channels)
         assert first[0] >= 0.1 and first[-1] <= 0.3 + 0.1, "within half an interval of it"

@@ -205,7 +205,8 @@ async def test_accept_errors_pause_accepting_and_are_logged_once_per_interval(
         failing = _OutOfFiles(real, failures=30)
         loop = asyncio.get_running_loop()
         loop.remove_reader(real.fileno())
-        loop.add_reader(real.fileno(), server._accept, failing)  # as start() would
+        # as start() would; `failing` stands in for the listening socket (only accept() is used)
+        loop.add_reader(real.fileno(), server._accept, failing)  # type: ignore[arg-type]
         # A real client waits in the backlog meanwhile, and is served once accept works.
         member = await registered(server.port, "patient")
         # One failed accept per wake-up: paused, not spinning through the backlog.

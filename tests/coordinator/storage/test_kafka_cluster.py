@@ -13,6 +13,7 @@ import random
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -40,7 +41,7 @@ async def test_overlapping_commits_of_a_group_share_one_committer(
 ) -> None:
     started: list[Any] = []
 
-    class CountedConsumer(kafka_cluster.AIOKafkaConsumer):  # type: ignore[misc]
+    class CountedConsumer(AIOKafkaConsumer):  # type: ignore[misc]  # aiokafka is untyped (Any)
         async def start(self) -> None:
             started.append(self)
             await super().start()
@@ -100,8 +101,11 @@ async def test_a_position_map_too_large_for_one_record_is_split_and_read_back(
         # Not `end_of` right after the write: the broker writes the commit markers after
         # the commit returns, and until then the records are not committed to a reader.
         image = log.images[0]
-        chunk_count = lambda: image.chunk_count("g", ("orders", 0))  # noqa: E731
-        await wait_for(lambda: chunk_count() == len(chunks), 30, "every chunk read back")
+        await wait_for(
+            lambda: image.chunk_count("g", ("orders", 0)) == len(chunks),
+            30,
+            "every chunk read back",
+        )
         read = image.groups()["g"].positions[("orders", 0)]
     finally:
         await log.stop()
