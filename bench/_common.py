@@ -99,8 +99,7 @@ def machine() -> str:
 
 def calibrate_cpu_loops(target_s: float = 0.001) -> int:
     """Loop count of `_worker.burn` that takes `target_s` here (best of several tries)."""
-    sys.path.insert(0, str(WORKER.parent))
-    from _worker import burn
+    from bench._worker import burn
 
     loops = 20_000
     best = float("inf")

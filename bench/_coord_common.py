@@ -107,7 +107,7 @@ class Coordinator:
             time.sleep(0.1)
         raise RuntimeError("coordinator did not become ready within 60 s")
 
-    def group(self, group: str, timeout: float = 30) -> dict[str, object] | None:
+    def group(self, group: str, timeout: float = 30) -> dict[str, Any] | None:
         response = httpx.get(f"{self.admin_url}/v1/groups/{group}", timeout=timeout)
         return response.json() if response.status_code == 200 else None
 

@@ -104,7 +104,7 @@ async def _plain(args: Any, group: PeerGroup, handle: Any, event: Any, stop: Any
 
 
 async def _kip848(args: Any, group: PeerGroup, handle: Any, event: Any, stop: Any) -> None:
-    from confluent_kafka import Consumer  # type: ignore[import-not-found, unused-ignore]
+    from confluent_kafka import Consumer
 
     consumer = Consumer(
         {
@@ -131,9 +131,10 @@ async def _kip848(args: Any, group: PeerGroup, handle: Any, event: Any, stop: An
 
 
 async def _share(args: Any, group: PeerGroup, handle: Any, event: Any, stop: Any) -> None:
-    sys.path.insert(0, str(HERE))
-    from _worker import set_share_group_earliest
-    from confluent_kafka import ShareConsumer  # type: ignore[import-not-found, unused-ignore]
+    sys.path.insert(0, str(HERE.parent))
+    from confluent_kafka import ShareConsumer
+
+    from bench._worker import set_share_group_earliest
 
     set_share_group_earliest(args.bootstrap, group.name)
     consumer = ShareConsumer({"bootstrap.servers": args.bootstrap, "group.id": group.name})

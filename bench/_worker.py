@@ -222,7 +222,7 @@ async def run_keyshard(
 
 async def run_pyrallel(args: argparse.Namespace, handler: Any, stop: asyncio.Event) -> None:
     """Pyrallel Consumer 1.0.0, key_hash ordering (per record key), async engine."""
-    from pyrallel_consumer import (  # type: ignore[import-not-found, unused-ignore]
+    from pyrallel_consumer import (
         ExecutionMode,
         KafkaConfig,
         OrderingMode,
@@ -249,7 +249,7 @@ async def run_pyrallel(args: argparse.Namespace, handler: Any, stop: asyncio.Eve
 async def run_kip848(args: argparse.Namespace, handler: Any, stop: asyncio.Event) -> None:
     """A KIP-848 consumer group (`group.protocol=consumer`: the broker assigns partitions,
     incrementally), confluent-kafka, each record awaited in order, as the plain group."""
-    from confluent_kafka import Consumer  # type: ignore[import-not-found, unused-ignore]
+    from confluent_kafka import Consumer
 
     consumer = Consumer(
         {
@@ -281,7 +281,7 @@ async def run_kip848(args: argparse.Namespace, handler: Any, stop: asyncio.Event
 def set_share_group_earliest(bootstrap: str, group: str) -> None:
     """A share group starts at the partitions' end by default; this one starts at their
     beginning, like every other system here (IncrementalAlterConfigs on the GROUP)."""
-    from confluent_kafka.admin import (  # type: ignore[import-not-found, unused-ignore]
+    from confluent_kafka.admin import (
         AdminClient,
         AlterConfigOpType,
         ConfigEntry,
@@ -302,7 +302,7 @@ async def run_share(args: argparse.Namespace, handler: Any, stop: asyncio.Event)
     """A KIP-932 share group member (confluent_kafka.ShareConsumer, implicit acknowledgement):
     each poll's records are handled with up to `--concurrency` handlers at a time (the
     same per-process concurrency as keyshard's lanes), then the next poll accepts them."""
-    from confluent_kafka import ShareConsumer  # type: ignore[import-not-found, unused-ignore]
+    from confluent_kafka import ShareConsumer
 
     set_share_group_earliest(args.bootstrap, args.group)
     config = {"bootstrap.servers": args.bootstrap, "group.id": args.group}
@@ -358,7 +358,7 @@ async def run_pyrallel_process(args: argparse.Namespace, meter: Meter, stop: asy
     for CPU-bound handlers. `PROCESS_WORKERS` (one per core) worker processes per consumer."""
     import multiprocessing
 
-    from pyrallel_consumer import (  # type: ignore[import-not-found, unused-ignore]
+    from pyrallel_consumer import (
         ExecutionMode,
         KafkaConfig,
         OrderingMode,

@@ -44,7 +44,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -370,7 +370,7 @@ def plot(results: list[Outcome], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = [
+    series: list[tuple[str, Callable[[Outcome], float | None]]] = [
         ("takeover", lambda r: None if r.takeover_s is None else r.takeover_s * 1e3),
         ("largest extra delay,\nunmoved ranges", lambda r: r.unmoved_extra_ms),
         ("joiner's first record", lambda r: _ms(r.joiner_served_s)),

@@ -101,7 +101,7 @@ async def main(n: int, passes: int) -> None:
     )
     dispatcher, fetcher = consumer._dispatcher, consumer._fetcher
     dispatcher.lanes = lanes
-    fetcher.kafka = object()  # type: ignore[assignment]  # only checked for None here
+    fetcher.kafka = object()  # only checked for None here
 
     native = dispatcher.native
 
@@ -134,8 +134,8 @@ async def main(n: int, passes: int) -> None:
         print("(no C fast path: consumer_client._fastpath is not built or is disabled)\n")
     print(f"{n:,} synthetic records, best of {passes} passes, microseconds per record:\n")
     print("| step | us/record |\n|---|---|")
-    for name, us in rows:
-        print(f"| {name} | {us:.3f} |")
+    for name, per_record in rows:
+        print(f"| {name} | {per_record:.3f} |")
     for name, cost in rows[-2 if native is not None else -1 :]:
         which = name.rsplit(", ", 1)[1]
         print(f"\nkeyshard's path ({which}) minus the bare loop's: {cost - bare_us:.3f} us/record")

@@ -34,9 +34,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import (
+from bench._common import (
     BROKERS,
     KEYS,
     Cluster,
@@ -52,7 +52,7 @@ from _common import (
     publish,
     workdir,
 )
-from throughput import LANES, Size, _pyplot, label, repeat
+from bench.throughput import LANES, Size, _pyplot, label, repeat
 
 OUT = Path(__file__).resolve().parent
 FULL = Size(records=600_000, runs=3, warmup_s=11.0, window_s=4.0, filter_records=0)

@@ -34,9 +34,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import (
+from bench._common import (
     BROKERS,
     Cluster,
     RunResult,

@@ -44,17 +44,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Spark's Python workers import spark_jobs too: give them the checkout.
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
 )
 
-from _common import cleanup, machine, markdown_table, workdir  # noqa: E402
-from _spark_kafka import connector_version, spark_kafka_jars  # noqa: E402
 from aiokafka import AIOKafkaProducer  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
 
+from bench._common import cleanup, machine, markdown_table, workdir  # noqa: E402
+from bench._spark_kafka import connector_version, spark_kafka_jars  # noqa: E402
 from coordinator.local.broker import EmbeddedBroker  # noqa: E402
 from coordinator.model.positions import Position  # noqa: E402
 from coordinator.model.ranges import SlotRange  # noqa: E402

@@ -33,9 +33,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import (
+from bench._common import (
     BROKERS,
     KEYS,
     Cluster,
@@ -52,7 +52,7 @@ from _common import (
     save_json,
     workdir,
 )
-from _worker import PROCESS_WORKERS
+from bench._worker import PROCESS_WORKERS
 
 OUT = Path(__file__).resolve().parent
 LANES = 64  # keyshard's default max_concurrency
