@@ -227,12 +227,6 @@ async def test_exactly_once_output_through_churn_and_crashes(
         await reader.stop()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known liveness bug: in 1 of 8 runs (1 of 2 full-suite runs) the thawed member's "
-    "take-over and then the other member's stalled for 150 s (no output at all, nothing "
-    "duplicated); passes alone 5 of 5; not yet diagnosed",
-)
 async def test_a_frozen_member_commits_nothing_for_slots_it_lost(
     coordinator: CoordinatorProcess, apps: Apps
 ) -> None:
