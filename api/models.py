@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
+from coordinator.group.handlers import speed_factors_of
 from coordinator.group.state import GroupConfig, GroupState, Handoff, MemberPhase
 from coordinator.model.positions import RangePositionMap
 from coordinator.model.ranges import RangeSet
@@ -69,6 +70,12 @@ class MemberView(BaseModel):
     processed: int
     # Records per second over the last few seconds of polling; None until two samples.
     processed_per_s: float | None = None
+    # Records per second of handler time (its speed when busy), from its Ping replies;
+    # None until measured. `speed_factor`: what the load-aware balance weighs its capacity
+    # with (its speed per unit of capacity against the group's median; 1.0 within the
+    # dead band or unmeasured).
+    measured_speed: float | None = None
+    speed_factor: float = 1.0
     last_heard_s_ago: float
     lag: int | None = None  # sum over `range_lag`; None before any high watermark
     range_lag: list[RangeLag] = []
@@ -210,6 +217,7 @@ def group_view(
     rates: Mapping[str, float | None] | None = None,
 ) -> GroupView:
     rates = rates or {}
+    factors = speed_factors_of(state)
     members = []
     for m in sorted(state.members.values(), key=lambda m: m.member_id):
         drain = drain_view(state, m.member_id, now)
@@ -227,6 +235,8 @@ def group_view(
                 draining=drain,
                 processed=m.processed,
                 processed_per_s=rates.get(m.member_id),
+                measured_speed=m.speed.speed,
+                speed_factor=factors[m.member_id],
                 last_heard_s_ago=now - m.last_heard,
                 **_lag_of(state, m.owned),
             )

@@ -23,6 +23,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
+from time import monotonic
 from types import CoroutineType
 from typing import Any, Literal
 
@@ -59,17 +60,34 @@ DEFAULT_RETRY = RetryPolicy()
 
 class _Permits:
     """A counting semaphore with a synchronous `try_take`: the inline path must take a
-    permit without awaiting. Released permits go to waiters first, in order."""
+    permit without awaiting. Released permits go to waiters first, in order.
 
-    __slots__ = ("free", "waiters")
+    It also integrates the permits held over time (`held_s`, permit-seconds): what the
+    handlers ran for, which with the completions measures how fast this member works
+    (docs/protocol.md §8.7). Updated on each change of `free`, one clock read each."""
+
+    __slots__ = ("_since", "count", "free", "held_s", "waiters")
 
     def __init__(self, count: int) -> None:
+        self.count = count
         self.free = count
+        self.held_s = 0.0
+        self._since = monotonic()
         self.waiters: deque[asyncio.Future[None]] = deque()
+
+    def account(self) -> None:
+        now = monotonic()
+        self.held_s += (self.count - self.free) * (now - self._since)
+        self._since = now
+
+    def take_now(self) -> None:
+        """Take a permit known to be free (nothing ran since it was checked)."""
+        self.account()
+        self.free -= 1
 
     def try_take(self) -> bool:
         if self.free > 0 and not self.waiters:
-            self.free -= 1
+            self.take_now()
             return True
         return False
 
@@ -94,6 +112,7 @@ class _Permits:
             if not waiter.done():
                 waiter.set_result(None)
                 return
+        self.account()
         self.free += 1
 
 
@@ -226,6 +245,14 @@ class KeyLanes:
     def handler(self) -> Handler:
         return self._handler
 
+    def take_busy_s(self) -> float:
+        """Handler time since the last call, in seconds of the whole concurrency: two
+        lanes busy for one second of `max_concurrency` 4 are half a second."""
+        limit = self._limit
+        limit.account()
+        busy, limit.held_s = limit.held_s, 0.0
+        return busy / limit.count
+
     @property
     def busy_keys(self) -> Mapping[object, object]:
         """The keys that have a lane (running, queued or backing off): a record of one
@@ -262,7 +289,7 @@ class KeyLanes:
         """
         item = WorkItem(tp, offset, slot, key, record, session)
         lane = self._lanes[key] = _Lane(running=item, scheduled=True)
-        self._limit.free -= 1
+        self._limit.take_now()
         self._busy_workers += 1
         if type(rest) is Resume:
             return Suspended(key, lane, item, rest)

@@ -99,6 +99,7 @@ class PingReport:
     load: dict[int, int] = field(default_factory=dict)  # completions per load bucket
     high_watermarks: list[HighWatermark] = field(default_factory=list)
     fetched: list[Fetched] = field(default_factory=list)  # demand seen by the fetches
+    busy_ms: int | None = None  # handler time (whole concurrency) since the last reply
 
 
 class MemberHooks(Protocol):
@@ -493,6 +494,7 @@ class Membership:
                             )
                             for f in report.fetched
                         ],
+                        busy_ms=report.busy_ms,
                     ),
                 )  # fmt: skip
             case StartFetcherRequest():

@@ -146,9 +146,13 @@ def _show_status(view: dict[str, Any], handoffs: dict[str, Any], console: Consol
         f"group [bold]{view['group']}[/bold]  topics {', '.join(view['topics'])}  "
         f"assignor {view['assignor']}  unowned {_ranges(view['unowned'])}"
     )
-    table = Table("member", "epoch", "slots", "ranges", "processed", "rate/s", "draining")
+    table = Table(
+        "member", "epoch", "slots", "ranges", "processed", "rate/s", "speed/s", "draining"
+    )
     for m in view["members"]:
         rate = m.get("processed_per_s")
+        speed = m.get("measured_speed")
+        factor = m.get("speed_factor", 1.0)
         table.add_row(
             m["member_id"],
             str(m["epoch"]),
@@ -156,6 +160,7 @@ def _show_status(view: dict[str, Any], handoffs: dict[str, Any], console: Consol
             _ranges(m["ranges"]),
             str(m["processed"]),
             "-" if rate is None else f"{rate:.1f}",
+            "-" if speed is None else f"{speed:.0f}" + (f" x{factor:.2f}" if factor != 1 else ""),
             _ranges(m["draining"]["ranges"]) if m["draining"] else "",
         )
     console.print(table)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from coordinator.group.demand import backlog_excess
 from coordinator.group.effects import BalanceTimer, Result, SetTimer
-from coordinator.group.handlers import assignment_spec, backlog_now
+from coordinator.group.handlers import assignment_spec, backlog_now, speed_factors_of
 from coordinator.group.records import ImbalanceObserved, RebalanceRequested
 from coordinator.group.state import GroupState, MemberPhase
 from coordinator.strategies.base import ImbalanceMeter
@@ -72,5 +72,6 @@ def _waiting_beyond_share(state: GroupState, now: float) -> float:
     backlog = backlog_now(state, now)
     if backlog is None:
         return 0.0
-    capacities = {mid: max(1, m.capacity) for mid, m in state.members.items()}
-    return backlog_excess(backlog, state.target, capacities)
+    factors = speed_factors_of(state)
+    weights = {mid: max(1, m.capacity) * factors[mid] for mid, m in state.members.items()}
+    return backlog_excess(backlog, state.target, weights)

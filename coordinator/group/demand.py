@@ -186,10 +186,11 @@ def buckets_of(ranges: RangeSet) -> list[int]:
 
 
 def backlog_excess(
-    backlog: Sequence[float], owned: Mapping[str, RangeSet], capacity: Mapping[str, int]
+    backlog: Sequence[float], owned: Mapping[str, RangeSet], capacity: Mapping[str, float]
 ) -> float:
-    """Records waiting on the member furthest above its capacity share of the backlog,
-    beyond that share: the work the others could be doing instead of idling at the end."""
+    """Records waiting on the member furthest above its share of the backlog (shares by
+    `capacity`: declared capacity at measured speed), beyond that share: the work the
+    others could be doing instead of idling at the end."""
     total_capacity = sum(capacity.values())
     total = sum(backlog)
     if total_capacity <= 0 or total <= 0:

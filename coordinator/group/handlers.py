@@ -42,6 +42,7 @@ from coordinator.group.records import (
     Record,
     TargetComputed,
 )
+from coordinator.group.speed import speed_factors
 from coordinator.group.state import GroupState, HandoffKind
 from coordinator.model.positions import Position, PositionUpdate, TopicPartition
 from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
@@ -125,6 +126,7 @@ def ping_answered(
     now: float,
     high_watermarks: Iterable[tuple[TopicPartition, int, bool]] = (),
     fetched: Iterable[FetchedCounts] = (),
+    busy_ms: int | None = None,
 ) -> Result:
     """A Ping reply: proof of life, progress, load, demand and the partition ends it sees.
 
@@ -140,7 +142,13 @@ def ping_answered(
     result = Result(
         records=[
             MemberHeard(
-                member_id, now, tuple(load), tuple(high_watermarks), tuple(fetched), ping=True
+                member_id,
+                now,
+                tuple(load),
+                tuple(high_watermarks),
+                tuple(fetched),
+                ping=True,
+                busy_ms=busy_ms,
             )
         ],
         effects=[SetTimer(SessionTimer(member_id), now + member.session_timeout_ms / 1000)],
@@ -411,15 +419,22 @@ def _remove(
 def assignment_spec(state: GroupState, now: float) -> AssignmentSpec:
     """The assignor's inputs: members, their previous targets (stickiness), and the demand
     per slot (records waiting plus the measured rate over the demand horizon)."""
+    factors = speed_factors_of(state)
     return AssignmentSpec(
         members=tuple(
-            MemberSpec(m.member_id, m.capacity, m.fixed_ranges) for m in state.members.values()
+            MemberSpec(m.member_id, m.capacity, m.fixed_ranges, factors[m.member_id])
+            for m in state.members.values()
         ),
         current={mid: state.target.get(mid, m.owned) for mid, m in state.members.items()},
         slot_load=demand_profile(
             state.load.rates(now), backlog_now(state, now), state.config.demand_horizon_ms / 1000
         ),
     )
+
+
+def speed_factors_of(state: GroupState) -> dict[str, float]:
+    """Each member's measured speed per unit of capacity against the group's median."""
+    return speed_factors({mid: (m.capacity, m.speed.speed) for mid, m in state.members.items()})
 
 
 def backlog_now(state: GroupState, now: float) -> list[float] | None:

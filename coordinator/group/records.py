@@ -39,6 +39,7 @@ class MemberHeard:
     high_watermarks: tuple[tuple[TopicPartition, int, bool], ...] = ()
     fetched: tuple[FetchedCounts, ...] = ()
     ping: bool = False  # a Ping reply: `load` is everything completed since the last one
+    busy_ms: int | None = None  # a Ping reply's handler time since the last one
 
 
 @dataclass(frozen=True, slots=True)

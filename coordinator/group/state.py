@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from coordinator.group.demand import BucketDemand
 from coordinator.group.load import BucketLoad
+from coordinator.group.speed import SpeedMeter
 from coordinator.model.hashing import MAX_SLOT
 from coordinator.model.positions import RangePositionMap, TopicPartition
 from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
@@ -96,6 +97,8 @@ class Member:
     # how much of the backlog counted against it is already gone (`handlers.backlog_now`).
     pinged_at: float | None = None
     processed_per_s: float = 0.0
+    # Records per second of handler time, from its Ping replies (coordinator.group.speed).
+    speed: SpeedMeter = field(default_factory=SpeedMeter)
 
     @property
     def phase(self) -> MemberPhase:

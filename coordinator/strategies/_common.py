@@ -111,6 +111,11 @@ def capacity(member: MemberSpec) -> int:
     return max(1, member.capacity)
 
 
+def weight(member: MemberSpec) -> float:
+    """What a member is given load by: its capacity at its measured speed."""
+    return capacity(member) * member.speed
+
+
 def describe_ranges(ranges: Iterable[SlotRange], limit: int = 8) -> str:
     """Human-readable list of ranges for notes and errors, truncated after `limit`."""
     items = list(ranges)

@@ -28,6 +28,9 @@ class MemberSpec:
     capacity: int = 1
     # Ranges the member declared at Register (the `sticky` strategy); None otherwise.
     fixed_ranges: RangeSet | None = None
+    # Its measured speed per unit of capacity against the group's (1.0: typical, or not
+    # measured; coordinator.group.speed). Only strategies that place by load read it.
+    speed: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

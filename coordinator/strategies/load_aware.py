@@ -1,16 +1,17 @@
 """Load-aware ranges: the default strategy.
 
 Each member's share of the measured load (`spec.slot_load`) matches its share of
-capacity, and a rebalance moves about as little load as that requires. Slot counts are
-the wrong thing to balance: with skewed keys one slot can carry more records than ten
-thousand others, so equal slot counts can still leave one consumer with most of the work.
+capacity at its measured speed (`_common.weight`), and a rebalance moves about as little
+load as that requires. Slot counts are the wrong thing to balance: with skewed keys one
+slot can carry more records than ten thousand others, so equal slot counts can still
+leave one consumer with most of the work.
 
 It is `balanced` weighted by load (all pure, all deterministic):
 
 1. The profile to balance caps every slot at the smallest member's fair share
    (`measures.capped`): a hotter slot cannot be split, and counting it as one full share gives
    its holder little else while the others balance among themselves. Member j's fair
-   load is the capped total times its capacity share.
+   load is the capped total times its share of the weights.
 2. Hysteresis. With nothing orphaned, the current assignment is kept while every member is
    within `tolerance` of its fair load, or while it is within `tolerance` of the
    assignment step 3 would place (slots hotter than the tolerance make a tighter band
@@ -46,7 +47,7 @@ from collections.abc import Mapping
 
 from coordinator.model.hashing import MAX_SLOT, SLOT_COUNT
 from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
-from coordinator.strategies._common import LoadPrefix, capacity
+from coordinator.strategies._common import LoadPrefix, weight
 from coordinator.strategies.base import Assignment, AssignmentSpec, MemberSpec
 from coordinator.strategies.measures import achievable_imbalance, capped
 
@@ -55,7 +56,7 @@ _SLICE_CANDIDATES = 16
 
 
 class LoadAwareAssignor:
-    """Ranges whose measured loads match capacity shares, moving few slots.
+    """Ranges whose measured loads match weight shares, moving few slots.
 
     `tolerance` is in units of a fair share: the current assignment is kept while no
     member is above its fair share by more than it, nor below by more than twice it
@@ -84,7 +85,7 @@ class LoadAwareAssignor:
         if len(members) > SLOT_COUNT:
             raise ValueError(f"{len(members)} members cannot each own one of {SLOT_COUNT} slots")
         measured = LoadPrefix(spec.slot_load)
-        caps = {mid: capacity(m) for mid, m in members.items()}
+        caps = {mid: weight(m) for mid, m in members.items()}
         total_cap = sum(caps.values())
         load = capped(measured, min(caps.values()) / total_cap)
         fair = {mid: load.total * c / total_cap for mid, c in caps.items()}
@@ -125,7 +126,7 @@ class LoadAwareAssignor:
     def _hot_slot_notes(
         self, load: LoadPrefix, members: Mapping[str, MemberSpec]
     ) -> tuple[str, ...]:
-        caps = [capacity(m) for m in members.values()]
+        caps = [weight(m) for m in members.values()]
         fair_share = min(caps) / sum(caps)
         threshold = load.total * fair_share
         hot = sorted(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from coordinator.model.ranges import EMPTY
-from coordinator.strategies._common import LoadPrefix, capacity
+from coordinator.strategies._common import LoadPrefix, weight
 from coordinator.strategies.base import Assignment, MemberSpec
 
 
@@ -45,10 +45,9 @@ def capped(load: LoadPrefix, min_share: float) -> LoadPrefix:
 def _worst_ratio(load: LoadPrefix, assignment: Assignment, members: Sequence[MemberSpec]) -> float:
     if not members:
         return 0.0
-    total_cap = sum(capacity(m) for m in members)
+    total_cap = sum(weight(m) for m in members)
     return max(
-        (load.of(assignment.ranges.get(m.member_id, EMPTY)) / load.total)
-        / (capacity(m) / total_cap)
+        (load.of(assignment.ranges.get(m.member_id, EMPTY)) / load.total) / (weight(m) / total_cap)
         for m in members
     )
 
@@ -78,7 +77,7 @@ def balancing_imbalance(
     """
     if not members:
         return 0.0
-    caps = [capacity(m) for m in members]
+    caps = [weight(m) for m in members]
     return _worst_ratio(capped(LoadPrefix(slot_load), min(caps) / sum(caps)), assignment, members)
 
 
@@ -91,6 +90,6 @@ def achievable_imbalance(slot_load: Sequence[float] | None, members: Sequence[Me
     if not members:
         return 0.0
     load = LoadPrefix(slot_load)
-    caps = [capacity(m) for m in members]
+    caps = [weight(m) for m in members]
     hottest = max(load.weights) / load.total
     return max(1.0, hottest / (max(caps) / sum(caps)))

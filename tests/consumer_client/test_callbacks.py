@@ -68,6 +68,9 @@ class _Dispatcher:
     def take_load(self) -> list[Any]:
         return []
 
+    def take_busy_ms(self) -> int:
+        return 250
+
 
 class _Recording(MemberCallbacks):
     def __init__(self, steps: list[str], busy: asyncio.Event) -> None:
@@ -130,5 +133,6 @@ def test_a_plain_consumer_reports_its_own_positions() -> None:
     )
     callbacks.start_fetcher(SLOTS, {})
     assert steps == ["granted"]
-    assert callbacks.ping_reply().positions == {}
+    reply = callbacks.ping_reply()
+    assert reply.positions == {} and reply.busy_ms == 250
     assert callbacks.held() == (RangeSet([]), {})

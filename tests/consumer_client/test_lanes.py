@@ -258,3 +258,28 @@ def test_unkeyed_records_get_a_lane_each() -> None:
     lanes = KeyLanes(pytest.fail, max_concurrency=1, on_done=lambda _: None)
     assert lanes.lane_key(b"k") == lanes.lane_key(b"k")
     assert lanes.lane_key(None) != lanes.lane_key(None)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_busy_time_is_lane_time_over_the_concurrency(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two of four lanes busy for two seconds are one second of the member's concurrency:
+    a member using part of its lanes (a hot key) is not measured as a slow one."""
+    clock = _Clock()
+    monkeypatch.setattr("consumer_client.lanes.monotonic", clock)
+    h = Harness(max_concurrency=4)
+    h.submit("a", 0)
+    h.submit("b", 1)
+    await eventually(lambda: sum(h.running.values()) == 2)
+    clock.now += 2.0
+    h.open("a", "b")
+    await eventually(lambda: len(h.done) == 2)
+    clock.now += 5.0  # idle: adds nothing
+    assert h.lanes.take_busy_s() == 2 * 2.0 / 4
+    assert h.lanes.take_busy_s() == 0.0  # taken

@@ -213,3 +213,55 @@ def test_a_caught_up_group_has_no_backlog(group3: GroupState) -> None:
     ends = [(TPS[0], 10, False), (TPS[1], 19, False)]  # group3's positions: 10 and 20
     heard(state, 3.0, high_watermarks=ends)
     assert backlog_now(state, 3.0) is None
+
+
+def measure_speeds(state: GroupState, per_second: dict[str, int], now: float) -> None:
+    """A Ping reply from each member: `per_second[mid]` records completed in one second of
+    handler time, spread over its own ranges (before any backlog: nothing to lower)."""
+    for mid, m in state.members.items():
+        done = tuple((b, per_second[mid] // 10) for b in buckets_of(state.target[mid], 10))
+        run(state, h.ping_answered(state, member_id=mid, epoch=m.epoch, positions={}, now=now,
+                                   load=done, busy_ms=1000), now)  # fmt: skip
+
+
+def even_backlog(state: GroupState, now: float, per_member: int) -> None:
+    members = ("m1", "m2", "m3")
+    counts = tuple((b, per_member // 20) for m in members for b in buckets_of(state.target[m], 20))
+    heard(state, now, fetched=[(TPS[0], 0, 3 * per_member, counts)])
+
+
+def test_a_member_measured_slower_is_given_less_of_the_backlog(group3: GroupState) -> None:
+    """The backlog is spread evenly, but m1 does 100 records per second of handler time
+    and the others 400: with equal shares m1 would take four times as long. Its share is
+    weighed at its speed, the imbalance is a backlog, and the rebalance takes the short
+    hold."""
+    state = group3
+    measure_speeds(state, {"m1": 100, "m2": 400, "m3": 400}, 2.0)
+    assert [state.members[m].speed.speed for m in ("m1", "m2", "m3")] == [100.0, 400.0, 400.0]
+    even_backlog(state, 2.0, 600)
+    check = checker(state)
+    assert check(2.5) == [ImbalanceObserved(2.5)]
+    asked = requests(check(3.5))
+    assert len(asked) == 1 and asked[0].reason.startswith("backlog imbalance"), asked
+    spec = h.assignment_spec(state, 3.5)
+    assert {m.member_id: m.speed for m in spec.members} == {"m1": 0.25, "m2": 1.0, "m3": 1.0}
+    placed = LoadAwareAssignor().assign(spec).ranges
+    backlog = backlog_now(state, 3.5)
+    assert backlog is not None
+    waiting = {mid: sum(backlog[b] for b in range(len(backlog))
+                        if (b << LOAD_BUCKET_SHIFT) in r) for mid, r in placed.items()}  # fmt: skip
+    # m1's fair part is a ninth (0.25 of 2.25), the others' four ninths each.
+    assert waiting["m1"] < 0.5 * min(waiting["m2"], waiting["m3"]), waiting
+
+
+def test_members_measured_alike_are_not_rebalanced(group3: GroupState) -> None:
+    """Speeds that differ by less than the dead band (here 360 to 440) weigh the same: an
+    even backlog stays where it is."""
+    state = group3
+    measure_speeds(state, {"m1": 360, "m2": 400, "m3": 440}, 2.0)
+    even_backlog(state, 2.0, 600)
+    check = checker(state)
+    assert check(2.5) == [] and check(4.0) == []
+    assert {m.member_id: m.speed for m in h.assignment_spec(state, 4.0).members} == {
+        "m1": 1.0, "m2": 1.0, "m3": 1.0
+    }  # fmt: skip

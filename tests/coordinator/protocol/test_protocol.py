@@ -146,6 +146,7 @@ MESSAGE_STRATEGIES: dict[type[BaseModel], st.SearchStrategy[Any]] = {
         positions=position_lists,
         load=st.dictionaries(st.integers(0, 4095), st.integers(0, 2**40), max_size=8),
         fetched=st.lists(fetched_windows(), max_size=3),
+        busy_ms=st.none() | st.integers(0, 2**40),
     ),
     StopFetcherRequest: st.builds(
         StopFetcherRequest, correlation_id=correlation_ids, member_epoch=epochs, ranges=range_lists
@@ -595,6 +596,16 @@ def test_bad_fetched_windows(window: dict[str, Any], reason: str) -> None:
     exc = decode_error(frame)
     assert exc.code is ErrorCode.INVALID_MESSAGE
     assert reason in exc.message
+
+
+def test_busy_time_is_optional_and_never_negative() -> None:
+    """A consumer of before measured speeds sends none; a negative time is refused."""
+    reply = {"type": "ping_response", "correlation_id": 8, "member_epoch": 1}
+    (decoded,) = FrameDecoder(DEFAULT_MAX_FRAME_BYTES).feed(json_frame(reply))
+    assert isinstance(decoded, PingResponse) and decoded.busy_ms is None
+    exc = decode_error(json_frame({**reply, "busy_ms": -1}))
+    assert exc.code is ErrorCode.INVALID_MESSAGE
+    assert "busy_ms: Input should be greater than or equal to 0" in exc.message
 
 
 def test_adjacent_acked_intervals_are_disjoint() -> None:
