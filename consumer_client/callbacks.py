@@ -54,7 +54,7 @@ class MemberCallbacks:
             self._dispatcher.take_load(),
             self._fetcher.high_watermarks(),
             self._progress.take_demand(),
-            self._dispatcher.take_busy_ms(),
+            *self._dispatcher.take_busy(),
         )
 
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:

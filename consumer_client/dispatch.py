@@ -9,7 +9,6 @@ for the common case and hands it every record it does not handle.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from types import ModuleType
 
@@ -44,37 +43,31 @@ class Dispatcher:
         self.load = bucket_counts()
         self._session = session  # the current registration: older work is stale
         self._acked = acked  # room for a fetcher held back by `max_pending`
-        # Wall time spent dispatching chunks since the last Ping: the handlers that
-        # completed inline (without a permit) ran in it. Two clock reads per chunk.
-        self.inline_s = 0.0
 
     def take_load(self) -> dict[int, int]:
         """Completions per load bucket since the last call (what a Ping reply reports)."""
         load, self.load = self.load, bucket_counts()
         return {bucket: n for bucket, n in enumerate(load) if n}
 
-    def take_busy_ms(self) -> int:
-        """Handler time since the last call, in milliseconds of the whole concurrency
-        (what a Ping reply reports beside the completions: together, the speed)."""
-        busy, self.inline_s = self.inline_s, 0.0
-        if self.lanes is not None:
-            busy += self.lanes.take_busy_s()
-        return round(busy * 1000)
+    def take_busy(self) -> tuple[int, int]:
+        """Records completed in lanes since the last call and their handler time in
+        milliseconds of the whole concurrency (`KeyLanes.take_busy`): a Ping reply's
+        `busy_records` and `busy_ms`, the member's speed."""
+        if self.lanes is None:
+            return 0, 0
+        done, busy_s = self.lanes.take_busy()
+        return done, round(busy_s * 1000)
 
     def dispatch_chunk(self, chunk: Chunk, progress: PartitionProgress) -> Suspended | None:
         """Dispatch the rest of `chunk`; stops at the first handler that suspends inline
         (the calling task must adopt it). Synchronous: nothing else runs meanwhile."""
         assert self.lanes is not None
-        began = time.perf_counter()
-        try:
-            if self.native is not None and chunk.replay is None:
-                return fastpath.dispatch_chunk(
-                    self.native, chunk, progress, self.lanes, self.ordering_header, self.load,
-                    self.stats, self.dispatch_records,
-                )  # fmt: skip
-            return self.dispatch_records(chunk, progress, len(chunk.records))
-        finally:
-            self.inline_s += time.perf_counter() - began
+        if self.native is not None and chunk.replay is None:
+            return fastpath.dispatch_chunk(
+                self.native, chunk, progress, self.lanes, self.ordering_header, self.load,
+                self.stats, self.dispatch_records,
+            )  # fmt: skip
+        return self.dispatch_records(chunk, progress, len(chunk.records))
 
     def dispatch_records(
         self, chunk: Chunk, progress: PartitionProgress, end: int

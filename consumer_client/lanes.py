@@ -206,6 +206,7 @@ class KeyLanes:
         self._changed = asyncio.Condition()
         self._idle_waiters = 0  # notify only when someone waits: the lock is per record
         self._unkeyed = itertools.count()
+        self._completed = 0  # records completed in lanes since the last take_busy()
 
     def lane_key(self, ordering_key: bytes | None) -> object:
         """Records without an ordering key have no order constraint: a lane each."""
@@ -245,13 +246,19 @@ class KeyLanes:
     def handler(self) -> Handler:
         return self._handler
 
-    def take_busy_s(self) -> float:
-        """Handler time since the last call, in seconds of the whole concurrency: two
-        lanes busy for one second of `max_concurrency` 4 are half a second."""
+    def take_busy(self) -> tuple[int, float]:
+        """Records completed in lanes since the last call, and the time they took in
+        seconds of the whole concurrency (two lanes busy for one second of
+        `max_concurrency` 4 are half a second): the member's speed, from handlers that
+        held a permit. Handlers that complete inline, in the fetcher's turn, are not in
+        it: their time cannot be told from the fetch filter's, and a member owning fewer
+        slots filters more records per completion, so counting it would make that member
+        look slower and give it fewer still."""
         limit = self._limit
         limit.account()
         busy, limit.held_s = limit.held_s, 0.0
-        return busy / limit.count
+        done, self._completed = self._completed, 0
+        return done, busy / limit.count
 
     @property
     def busy_keys(self) -> Mapping[object, object]:
@@ -422,6 +429,7 @@ class KeyLanes:
         finally:
             lane.running = None
         if completed:
+            self._completed += 1
             self._on_done(item)
         if lane.queue:
             self._ready.append((key, lane))

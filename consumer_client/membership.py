@@ -99,7 +99,10 @@ class PingReport:
     load: dict[int, int] = field(default_factory=dict)  # completions per load bucket
     high_watermarks: list[HighWatermark] = field(default_factory=list)
     fetched: list[Fetched] = field(default_factory=list)  # demand seen by the fetches
-    busy_ms: int | None = None  # handler time (whole concurrency) since the last reply
+    # Records completed in lanes since the last reply, and their handler time (whole
+    # concurrency, ms): the member's speed (docs/protocol.md §8.7).
+    busy_records: int = 0
+    busy_ms: int | None = None
 
 
 class MemberHooks(Protocol):
@@ -494,6 +497,7 @@ class Membership:
                             )
                             for f in report.fetched
                         ],
+                        busy_records=report.busy_records,
                         busy_ms=report.busy_ms,
                     ),
                 )  # fmt: skip

@@ -126,7 +126,7 @@ def ping_answered(
     now: float,
     high_watermarks: Iterable[tuple[TopicPartition, int, bool]] = (),
     fetched: Iterable[FetchedCounts] = (),
-    busy_ms: int | None = None,
+    busy: tuple[int, int] | None = None,
 ) -> Result:
     """A Ping reply: proof of life, progress, load, demand and the partition ends it sees.
 
@@ -148,7 +148,7 @@ def ping_answered(
                 tuple(high_watermarks),
                 tuple(fetched),
                 ping=True,
-                busy_ms=busy_ms,
+                busy=busy,
             )
         ],
         effects=[SetTimer(SessionTimer(member_id), now + member.session_timeout_ms / 1000)],

@@ -39,7 +39,8 @@ class MemberHeard:
     high_watermarks: tuple[tuple[TopicPartition, int, bool], ...] = ()
     fetched: tuple[FetchedCounts, ...] = ()
     ping: bool = False  # a Ping reply: `load` is everything completed since the last one
-    busy_ms: int | None = None  # a Ping reply's handler time since the last one
+    # A Ping reply's (records completed in lanes, their handler time in ms), if reported.
+    busy: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,9 +79,10 @@ def replay(state: GroupState, record: Record) -> None:
                     if member.pinged_at is not None and record.at > member.pinged_at:
                         completed = sum(c for _, c in record.load)
                         member.processed_per_s = completed / (record.at - member.pinged_at)
-                        if record.busy_ms is not None:
-                            member.speed.add(completed, record.busy_ms / 1000)
                     member.pinged_at = record.at
+                if record.busy is not None:
+                    busy_records, busy_ms = record.busy
+                    member.speed.add(busy_records, busy_ms / 1000)
                 if record.load:
                     member.load = dict(record.load)
                     member.processed += sum(c for _, c in record.load)

@@ -8,10 +8,11 @@ balance weighs members by what they achieve (docs/protocol.md §8.7).
 
 Per second of *handler time*, not per second: a member with little to do completes
 little, and the same member is as fast when idle as when busy. Each Ping reply carries
-the records completed and the handler time spent since the last one, in seconds of the
-member's whole concurrency (`busy_ms`: eight lanes busy for a second of
+the records completed by handlers that held a lane and the time lanes were held, in
+seconds of the member's whole concurrency (`busy_ms`: eight lanes busy for a second of
 `max_concurrency` 8 are one second), so a member whose work is one hot key, using one
-lane of eight, is not mistaken for a slow one.
+lane of eight, is not mistaken for a slow one. Handlers that complete inline are left
+out (docs/protocol.md §8.7 says why).
 
 Speeds only ever count against the group's own median, and within `DEAD_BAND` of it
 they count as equal: identical members measure a few percent apart from sample to

@@ -254,9 +254,10 @@ class PingResponse(_WireMessage):
         default_factory=dict
     )
     fetched: list[FetchedWindow] = Field(default_factory=list)
-    # Handler time spent since the last reply, in milliseconds of the member's whole
-    # concurrency (lane-time / max_concurrency, plus inline handler time): with `load`'s
-    # completions, the member's measured speed (docs/protocol.md §8.7). None: not reported.
+    # Records completed by handlers that held a lane since the last reply, and the time
+    # they held lanes, in milliseconds of the member's whole concurrency (lane-time /
+    # max_concurrency): its measured speed (docs/protocol.md §8.7). None: not reported.
+    busy_records: int = Field(default=0, ge=0)
     busy_ms: int | None = Field(default=None, ge=0)
 
 

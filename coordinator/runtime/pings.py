@@ -132,7 +132,7 @@ class Pinger:
                 ((f.topic, f.partition), f.start, f.end, tuple(sorted(f.buckets.items())))
                 for f in reply.fetched
             ],
-            busy_ms=reply.busy_ms,
+            busy=None if reply.busy_ms is None else (reply.busy_records, reply.busy_ms),
         )
         if result.error is not None and result.error[0] != ErrorCode.STALE_EPOCH:
             log.info("ping reply of %s rejected: %s", member_id, result.error[1])

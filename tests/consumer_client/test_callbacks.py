@@ -68,8 +68,8 @@ class _Dispatcher:
     def take_load(self) -> list[Any]:
         return []
 
-    def take_busy_ms(self) -> int:
-        return 250
+    def take_busy(self) -> tuple[int, int]:
+        return 40, 250
 
 
 class _Recording(MemberCallbacks):
@@ -134,5 +134,5 @@ def test_a_plain_consumer_reports_its_own_positions() -> None:
     callbacks.start_fetcher(SLOTS, {})
     assert steps == ["granted"]
     reply = callbacks.ping_reply()
-    assert reply.positions == {} and reply.busy_ms == 250
+    assert reply.positions == {} and (reply.busy_records, reply.busy_ms) == (40, 250)
     assert callbacks.held() == (RangeSet([]), {})

@@ -281,5 +281,5 @@ async def test_busy_time_is_lane_time_over_the_concurrency(monkeypatch: pytest.M
     h.open("a", "b")
     await eventually(lambda: len(h.done) == 2)
     clock.now += 5.0  # idle: adds nothing
-    assert h.lanes.take_busy_s() == 2 * 2.0 / 4
-    assert h.lanes.take_busy_s() == 0.0  # taken
+    assert h.lanes.take_busy() == (2, 2 * 2.0 / 4)
+    assert h.lanes.take_busy() == (0, 0.0)  # taken

@@ -39,11 +39,11 @@ async def test_a_slow_member_gets_less_of_the_backlog(
     produced = await produce(coordinator.bootstrap, RECORDS, 0, key_of=key_of.__getitem__)
     await wait_for(lambda: workers.unique() >= RECORDS, 120, "every record processed")
 
-    members: Any = await wait_for(
-        lambda: _speeds(coordinator),
-        30,
-        "every member's speed measured",
-    )
+    report = check(produced, workers.processed())
+    assert report.lost == [] and report.order_violations == [] and report.duplicates == 0
+    counts = per_member(workers.processed())
+    print(f"records per member: {counts}")
+    members: Any = await wait_for(lambda: _speeds(coordinator), 30, "every speed measured")
     speeds = {name: m["measured_speed"] for name, m in members.items()}
     print(f"measured speeds (records per second of handler time): {speeds}")
     fast = [speeds[n] for n in NAMES[1:]]
@@ -52,13 +52,10 @@ async def test_a_slow_member_gets_less_of_the_backlog(
     assert members["c0"]["speed_factor"] < 0.5, members["c0"]
     assert all(members[n]["speed_factor"] == 1.0 for n in NAMES[1:]), members
 
-    report = check(produced, workers.processed())
-    assert report.lost == [] and report.order_violations == [] and report.duplicates == 0
-    counts = per_member(workers.processed())
-    print(f"records per member: {counts}")
     # An even split would give c0 a quarter (1,000 records, 20 s of its time while the
-    # others finish theirs in 4 s); weighed at its speed it gets a small part of that.
-    assert counts["c0"] < 0.5 * RECORDS / len(NAMES), counts
+    # others finish theirs in 4 s); weighed at its speed it gets a small part of that
+    # (259 to 312 in runs here; without the weighing, on the backlog alone, 446).
+    assert counts["c0"] < 0.37 * RECORDS / len(NAMES), counts
 
 
 async def _speeds(coordinator: CoordinatorProcess) -> dict[str, Any] | None:

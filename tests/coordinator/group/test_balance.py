@@ -221,7 +221,7 @@ def measure_speeds(state: GroupState, per_second: dict[str, int], now: float) ->
     for mid, m in state.members.items():
         done = tuple((b, per_second[mid] // 10) for b in buckets_of(state.target[mid], 10))
         run(state, h.ping_answered(state, member_id=mid, epoch=m.epoch, positions={}, now=now,
-                                   load=done, busy_ms=1000), now)  # fmt: skip
+                                   load=done, busy=(per_second[mid], 1000)), now)  # fmt: skip
 
 
 def even_backlog(state: GroupState, now: float, per_member: int) -> None:

@@ -146,6 +146,7 @@ MESSAGE_STRATEGIES: dict[type[BaseModel], st.SearchStrategy[Any]] = {
         positions=position_lists,
         load=st.dictionaries(st.integers(0, 4095), st.integers(0, 2**40), max_size=8),
         fetched=st.lists(fetched_windows(), max_size=3),
+        busy_records=st.integers(0, 2**40),
         busy_ms=st.none() | st.integers(0, 2**40),
     ),
     StopFetcherRequest: st.builds(
@@ -603,9 +604,11 @@ def test_busy_time_is_optional_and_never_negative() -> None:
     reply = {"type": "ping_response", "correlation_id": 8, "member_epoch": 1}
     (decoded,) = FrameDecoder(DEFAULT_MAX_FRAME_BYTES).feed(json_frame(reply))
     assert isinstance(decoded, PingResponse) and decoded.busy_ms is None
-    exc = decode_error(json_frame({**reply, "busy_ms": -1}))
-    assert exc.code is ErrorCode.INVALID_MESSAGE
-    assert "busy_ms: Input should be greater than or equal to 0" in exc.message
+    assert decoded.busy_records == 0
+    for field in ("busy_ms", "busy_records"):
+        exc = decode_error(json_frame({**reply, field: -1}))
+        assert exc.code is ErrorCode.INVALID_MESSAGE
+        assert f"{field}: Input should be greater than or equal to 0" in exc.message
 
 
 def test_adjacent_acked_intervals_are_disjoint() -> None:
