@@ -286,6 +286,7 @@ class RunSpec:
     order_log: bool = False
     note: str = ""  # shown after the system's name, e.g. the topic's producer batching
     max_poll_records: int = 0  # share group's max.poll.records; 0: the client's default
+    slow_first: float = 1.0  # the first process's io handler takes this many times longer
     # > 0: no throughput window; the run lasts until each of the `records` records (of a
     # one-partition topic) was handled at least once, or this many seconds after the go
     # (then it timed out). Needs order_log (the times and members come from it).
@@ -340,6 +341,7 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
                 "--replay-window", str(spec.replay_window),
                 "--go", str(gos[i]), "--status", str(status),
                 "--max-poll-records", str(spec.max_poll_records),
+                "--io-scale", str(spec.slow_first if i == 0 else 1.0),
                 *(["--order-log"] if spec.order_log else []),
                 *(["--track-distinct"] if spec.until_all_s else []),
             ]  # fmt: skip

@@ -90,13 +90,17 @@ def where(record: Any) -> tuple[int, int, int]:
     return partition, offset, int(key[4:])  # b"key-123"
 
 
-def make_handler(kind: str, cpu_loops: int, meter: Meter) -> Callable[[Any], Awaitable[None]]:
-    """The user's work per record: 5 ms of awaited I/O, a fixed CPU burn, or nothing."""
+def make_handler(
+    kind: str, cpu_loops: int, meter: Meter, io_scale: float = 1.0
+) -> Callable[[Any], Awaitable[None]]:
+    """The user's work per record: 5 ms (x `io_scale`: a slower process) of awaited I/O, a
+    fixed CPU burn, or nothing."""
     if kind == "io":
+        io_s = 0.005 * io_scale
 
         async def io(record: Any) -> None:
             start = time.monotonic()
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(io_s)
             meter.done(record, start)
 
         return io
@@ -393,7 +397,7 @@ async def main(args: argparse.Namespace) -> None:
         meter.order = []
     if args.track_distinct:
         meter.seen = bytearray()
-    handler = make_handler(args.handler, args.cpu_loops, meter)
+    handler = make_handler(args.handler, args.cpu_loops, meter, args.io_scale)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -434,6 +438,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--system", required=True, choices=systems)
     p.add_argument("--handler", required=True, choices=["io", "cpu", "noop"])
     p.add_argument("--cpu-loops", type=int, default=0)
+    p.add_argument("--io-scale", type=float, default=1.0, help="io handler: 5 ms x this")
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--topic", required=True)
     p.add_argument("--group", required=True)

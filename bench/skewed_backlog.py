@@ -68,7 +68,11 @@ def topic(batching: str, zipf: float) -> str:
 
 
 def make_specs(
-    batchings: list[str], distributions: list[str], concurrencies: list[int], systems: list[str]
+    batchings: list[str],
+    distributions: list[str],
+    concurrencies: list[int],
+    systems: list[str],
+    slow_first: float = 1.0,
 ) -> list[RunSpec]:
     specs = []
     for batching in batchings:
@@ -89,6 +93,7 @@ def make_specs(
                             note=batching,
                             max_poll_records=MAX_POLL_RECORDS if system == "share" else 0,
                             until_all_s=TIMEOUT_S,
+                            slow_first=slow_first,
                         )
                     )
     return specs
@@ -228,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--runs", type=int, help="runs per configuration (default 1)")
     parser.add_argument("--broker", choices=BROKERS, default="kafka")
+    parser.add_argument(
+        "--slow-first", type=float, default=1.0, metavar="FACTOR",
+        help="the first process's handler takes FACTOR x 5 ms (a slower pod); default 1",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.quick:
         batchings, dists, concurrencies = ["small20"], ["uniform", "Zipf 0.8"], [1]
@@ -245,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"Machine: {machine()}.\nBroker: {args.broker}.\nCommand: `{command}`; {runs} run(s) "
         f"each, round-robin; {RECORDS:,} records over {KEYS:,} keys, one partition, "
-        f"{PROCESSES} processes, 5 ms I/O handler, timeout {TIMEOUT_S:.0f} s.\n"
+        f"{PROCESSES} processes, 5 ms I/O handler"
+        + (f" ({args.slow_first:g}x that in the first)" if args.slow_first != 1 else "")
+        + f", timeout {TIMEOUT_S:.0f} s.\n"
         "Measures the keyshard of this checkout.\n"
     )
     print(header)
@@ -261,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                         random_keys=True, zipf=DISTRIBUTIONS[dist],
                     )  # fmt: skip
                     print(f"loaded {name}: {RECORDS:,} records in {took:.1f} s")
-            specs = make_specs(batchings, dists, concurrencies, systems)
+            specs = make_specs(batchings, dists, concurrencies, systems, args.slow_first)
             results = rounds(specs, runs, cluster)
             load = Path("/proc/loadavg").read_text().split()[:3]
             md = (
@@ -269,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"Load average at the end: {' '.join(load)}.\n"
             )
             stem = "skewed_backlog" + ("-quick" if args.quick else "")
+            if args.slow_first != 1:
+                stem += f"-slow{args.slow_first:g}"
             publish(stem, md, results)
             print(f"total {time.monotonic() - t0:.0f} s")
     finally:
