@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from coordinator.group.demand import backlog_excess
 from coordinator.group.effects import BalanceTimer, Result, SetTimer
-from coordinator.group.handlers import assignment_spec, backlog_now, speed_factors_of
+from coordinator.group.handlers import assignment_spec, backlog_now
 from coordinator.group.records import ImbalanceObserved, RebalanceRequested
 from coordinator.group.state import GroupState, MemberPhase
-from coordinator.strategies.base import ImbalanceMeter
+from coordinator.strategies._common import weight
+from coordinator.strategies.base import AssignmentSpec, ImbalanceMeter
 
 _RENEWED_BY = 1.05
 _IN_FLIGHT = (MemberPhase.DRAINING, MemberPhase.STARTING)
@@ -58,7 +59,7 @@ def balance_check(
     elif state.imbalanced_since is None:
         result.records.append(ImbalanceObserved(now))
     else:
-        waiting = _waiting_beyond_share(state, now)
+        waiting = _waiting_beyond_share(state, spec, now)
         backlogged = waiting >= config.backlog_records
         hold_ms = config.backlog_hold_ms if backlogged else config.rebalance_hold_ms
         if now - state.imbalanced_since >= hold_ms / 1000:
@@ -68,10 +69,10 @@ def balance_check(
     return result
 
 
-def _waiting_beyond_share(state: GroupState, now: float) -> float:
+def _waiting_beyond_share(state: GroupState, spec: AssignmentSpec, now: float) -> float:
+    """Shares by the weights `spec` already carries (capacity at measured speed)."""
     backlog = backlog_now(state, now)
     if backlog is None:
         return 0.0
-    factors = speed_factors_of(state)
-    weights = {mid: max(1, m.capacity) * factors[mid] for mid, m in state.members.items()}
+    weights = {m.member_id: weight(m) for m in spec.members}
     return backlog_excess(backlog, state.target, weights)
