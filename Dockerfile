@@ -24,12 +24,13 @@ RUN python -m venv "$VIRTUAL_ENV" \
 
 # Then the source, installed without touching the dependencies.
 COPY README.md ./
+COPY keyshard ./keyshard
 COPY coordinator ./coordinator
 COPY consumer_client ./consumer_client
 COPY api ./api
 COPY spark_jobs ./spark_jobs
 RUN python -m pip install --no-deps . \
-    && python -c "import coordinator.cli, api.app, consumer_client"
+    && python -c "import keyshard.cli, keyshard.api.app, keyshard.consumer_client"
 
 # A fixed numeric uid, so Kubernetes' runAsNonRoot can check it (the chart uses 10001).
 RUN useradd --system --uid 10001 --user-group --no-create-home \

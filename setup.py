@@ -1,7 +1,8 @@
 """Only the optional C extension lives here; the metadata is in pyproject.toml.
 
-`consumer_client._fastpath` is the C fast path of the consumer's per-record loop. It is
-optional: without a compiler the install goes on and the consumer uses its Python loop.
+`keyshard.consumer_client._datapath._fastpath` is the C fast path of the consumer's
+per-record loop. It is optional: without a compiler the install goes on and the consumer
+uses its Python loop.
 """
 
 from setuptools import Extension, setup
@@ -9,8 +10,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "consumer_client._fastpath",
-            ["consumer_client/_fastpath.c"],
+            "keyshard.consumer_client._datapath._fastpath",
+            ["consumer_client/_datapath/_fastpath.c"],
             optional=True,
             extra_compile_args=["-O2"],
         )

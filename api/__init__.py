@@ -2,5 +2,5 @@
 
 Layer: beside `coordinator.server`, over `coordinator.runtime`, whose public doors it uses
 (`group_states()` to read, `coordinator.runtime.operations` to act). Only
-`coordinator.daemon` imports it (import contracts in pyproject.toml).
+`keyshard.daemon` imports it (import contracts in pyproject.toml).
 """

@@ -17,10 +17,10 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.auth import AdminAuth, AdminAuthError
-from api.forward import FORWARDED_BY, Forwarder
-from api.metrics import metrics_registry, render
-from api.models import (
+from keyshard.api.auth import AdminAuth, AdminAuthError
+from keyshard.api.forward import FORWARDED_BY, Forwarder
+from keyshard.api.metrics import metrics_registry, render
+from keyshard.api.models import (
     ErrorView,
     FenceView,
     GroupConfigUpdate,
@@ -39,10 +39,10 @@ from api.models import (
     handoffs_view,
     summary_view,
 )
-from api.rates import ProcessedRates
-from coordinator.runtime import operations
-from coordinator.runtime.location import Replicas, Standalone
-from coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.api.rates import ProcessedRates
+from keyshard.coordinator.runtime import operations
+from keyshard.coordinator.runtime.location import Replicas, Standalone
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 
 ERROR_NAMES = {
     400: "bad_request",

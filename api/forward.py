@@ -20,9 +20,9 @@ import httpx
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from api.models import ErrorView
-from coordinator.runtime.location import Location, Replicas
-from coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.api.models import ErrorView
+from keyshard.coordinator.runtime.location import Location, Replicas
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 
 FORWARDED_BY = "x-keyshard-forwarded-by"
 SERVED_BY = "x-keyshard-served-by"

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 
 
 class RuntimeCollector(Collector):

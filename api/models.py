@@ -12,11 +12,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
-from coordinator.group.handlers import speed_factors_of
-from coordinator.group.state import GroupConfig, GroupState, Handoff, MemberPhase
-from coordinator.model.positions import RangePositionMap
-from coordinator.model.ranges import RangeSet
-from coordinator.strategies.registry import known_assignors
+from keyshard.coordinator.group.handlers import speed_factors_of
+from keyshard.coordinator.group.state import GroupConfig, GroupState, Handoff, MemberPhase
+from keyshard.coordinator.strategies.registry import known_assignors
+from keyshard.core.model.positions import RangePositionMap
+from keyshard.core.model.ranges import RangeSet
 
 
 class PositionSegment(BaseModel):

@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench._coord_common import settled  # noqa: E402
 from bench._order import OrderStats, order_stats  # noqa: E402
-from coordinator.local.broker import EmbeddedBroker  # noqa: E402
-from coordinator.local.processes import free_port, stop_process  # noqa: E402
+from keyshard.local.broker import EmbeddedBroker  # noqa: E402
+from keyshard.local.processes import free_port, stop_process  # noqa: E402
 from tests.brokers.kafka import KafkaBroker, cache_root  # noqa: E402
 
 KEYS = 10_000  # distinct record keys in every benchmark topic
@@ -134,7 +134,7 @@ class Cluster:
         log = open(self.work / "coordinator.log", "wb")
         self.coordinator_proc = subprocess.Popen(
             [
-                sys.executable, "-m", "coordinator.cli", "--log-level", "INFO",
+                sys.executable, "-m", "keyshard", "--log-level", "INFO",
                 "coordinator", "--bootstrap-servers", self.bootstrap, "--listen",
                 self.coordinator, "--admin-listen", f"127.0.0.1:{admin}",
             ],

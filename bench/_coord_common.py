@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from coordinator.local.processes import free_port, stop_process
+from keyshard.local.processes import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -87,7 +87,7 @@ class Coordinator:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [
-                    sys.executable, "-m", "coordinator.cli", "--log-level", log_level,
+                    sys.executable, "-m", "keyshard", "--log-level", log_level,
                     "coordinator", "--bootstrap-servers", self.bootstrap,
                     "--listen", self.address, "--admin-listen", f"127.0.0.1:{self.admin_port}",
                     *self.extra,

@@ -174,7 +174,7 @@ async def run_bare(args: argparse.Namespace, handler: Any, stop: asyncio.Event) 
     """The floor for filter overhead: manual assignment, getmany, records in order."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from coordinator.kafka.metadata import partitions_of
+    from keyshard.core.kafka.metadata import partitions_of
 
     consumer = AIOKafkaConsumer(
         bootstrap_servers=args.bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
@@ -205,7 +205,7 @@ async def run_bare(args: argparse.Namespace, handler: Any, stop: asyncio.Event) 
 async def run_keyshard(
     args: argparse.Namespace, handler: Any, stop: asyncio.Event, meter: Meter
 ) -> None:
-    from consumer_client import CoordinatedConsumer
+    from keyshard.consumer_client import CoordinatedConsumer
 
     consumer = CoordinatedConsumer(
         group=args.group,

@@ -27,12 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from coordinator.model.hashing import SLOT_COUNT, slot_for_key
-from coordinator.model.ranges import EMPTY, RangeSet
-from coordinator.strategies.base import AssignmentSpec, Assignor, MemberSpec, slots_moved
-from coordinator.strategies.load_aware import LoadAwareAssignor
-from coordinator.strategies.measures import achievable_imbalance, imbalance
-from coordinator.strategies.registry import strategy_named
+from keyshard.coordinator.strategies.base import AssignmentSpec, Assignor, MemberSpec, slots_moved
+from keyshard.coordinator.strategies.load_aware import LoadAwareAssignor
+from keyshard.coordinator.strategies.measures import achievable_imbalance, imbalance
+from keyshard.coordinator.strategies.registry import strategy_named
+from keyshard.core.model.hashing import SLOT_COUNT, slot_for_key
+from keyshard.core.model.ranges import EMPTY, RangeSet
 
 SKEWS = (0.0, 0.8, 1.1, 1.5)
 MEMBER_COUNTS = (4, 16, 64)

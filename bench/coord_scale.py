@@ -54,13 +54,12 @@ from bench._coord_common import (
     rss_mib,
 )
 from bench._coord_replicas import groups_settled, placed_groups, start_replicas, worker_plans
-from coordinator.local.broker import EmbeddedBroker
-from coordinator.model.addresses import parse_host_port
-from coordinator.model.hashing import SLOT_COUNT
-from coordinator.model.positions import Position, RangePositionMap
-from coordinator.model.ranges import EMPTY, RangeSet
-from coordinator.protocol.channel import Channel
-from coordinator.protocol.messages import (
+from keyshard.core.model.addresses import parse_host_port
+from keyshard.core.model.hashing import SLOT_COUNT
+from keyshard.core.model.positions import Position, RangePositionMap
+from keyshard.core.model.ranges import EMPTY, RangeSet
+from keyshard.core.protocol.channel import Channel
+from keyshard.core.protocol.messages import (
     ErrorCode,
     Message,
     PingRequest,
@@ -72,7 +71,8 @@ from coordinator.protocol.messages import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from coordinator.protocol.wire import positions_from_wire, positions_to_wire, ranges_from_wire
+from keyshard.core.protocol.wire import positions_from_wire, positions_to_wire, ranges_from_wire
+from keyshard.local.broker import EmbeddedBroker
 
 TOPIC = "scale.events"
 SCRIPT = str(Path(__file__).resolve())

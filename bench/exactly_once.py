@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
-from coordinator.local.processes import stop_process  # noqa: E402
+from keyshard.local.processes import stop_process  # noqa: E402
 from tests.brokers.kafka import KafkaBroker  # noqa: E402
 from tests.integration.harness import CoordinatorProcess, create_topic  # noqa: E402
 

@@ -56,8 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import machine
 from bench._coord_common import markdown_table, percentile
-from coordinator.local.verify import Processed, Produced, check
-from coordinator.model.ranges import EMPTY
+from keyshard.core.model.ranges import EMPTY
+from keyshard.local.verify import Processed, Produced, check
 from tests.brokers import Broker
 from tests.integration.harness import (
     CoordinatorProcess,
@@ -124,7 +124,7 @@ def started_broker(kind: str) -> Iterator[Broker]:
         finally:
             kafka.stop()
         return
-    from coordinator.local.broker import EmbeddedBroker
+    from keyshard.local.broker import EmbeddedBroker
 
     tansu = EmbeddedBroker()
     tansu.start()

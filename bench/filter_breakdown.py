@@ -20,13 +20,13 @@ from typing import Any
 
 from aiokafka.structs import ConsumerRecord
 
-from consumer_client import CoordinatedConsumer
-from consumer_client.chunk import Chunk
-from consumer_client.lanes import KeyLanes
-from consumer_client.progress import ConsumerProgress
-from coordinator.model.hashing import slot_for_key
-from coordinator.model.positions import Position
-from coordinator.model.ranges import RangeSet, SlotRange
+from keyshard.consumer_client import CoordinatedConsumer
+from keyshard.consumer_client._datapath.chunk import Chunk
+from keyshard.consumer_client._datapath.lanes import KeyLanes
+from keyshard.consumer_client._datapath.progress import ConsumerProgress
+from keyshard.core.model.hashing import slot_for_key
+from keyshard.core.model.positions import Position
+from keyshard.core.model.ranges import RangeSet, SlotRange
 
 TP = ("t", 0)
 

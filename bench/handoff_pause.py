@@ -59,11 +59,11 @@ from bench._coord_common import (
 )
 from bench._handoff_groups import PEER_GROUPS, analyse_group, started_at
 from bench._handoff_groups import worker_command as peer_command
-from coordinator.local.broker import EmbeddedBroker
-from coordinator.local.demo import GROUP, TOPIC, worker_command
-from coordinator.local.processes import stop_process
-from coordinator.local.verify import read_processed
-from coordinator.model.ranges import RangeSet
+from keyshard.core.model.ranges import RangeSet
+from keyshard.local.broker import EmbeddedBroker
+from keyshard.local.demo import GROUP, TOPIC, worker_command
+from keyshard.local.processes import stop_process
+from keyshard.local.verify import read_processed
 
 # ---- driver ----------------------------------------------------------------------
 

@@ -36,10 +36,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench._common import machine
 from bench._coord_common import ROOT, Coordinator, markdown_table, settled
-from coordinator.local.broker import EmbeddedBroker
-from coordinator.local.demo import worker_command
-from coordinator.local.processes import stop_process
-from coordinator.local.verify import read_processed
+from keyshard.local.broker import EmbeddedBroker
+from keyshard.local.demo import worker_command
+from keyshard.local.processes import stop_process
+from keyshard.local.verify import read_processed
 
 SESSION_MS = 6000  # the demo worker's default session timeout
 

@@ -54,13 +54,13 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
 
 from bench._common import cleanup, machine, markdown_table, workdir  # noqa: E402
 from bench._spark_kafka import connector_version, spark_kafka_jars  # noqa: E402
-from coordinator.local.broker import EmbeddedBroker  # noqa: E402
-from coordinator.model.positions import Position  # noqa: E402
-from coordinator.model.ranges import SlotRange  # noqa: E402
-from spark_jobs.kafka_io import SparkKafka, read_slice, read_watermarks  # noqa: E402
-from spark_jobs.planning import ReadSlice  # noqa: E402
-from spark_jobs.session import local_session  # noqa: E402
-from spark_jobs.source import register  # noqa: E402
+from keyshard.core.model.positions import Position  # noqa: E402
+from keyshard.core.model.ranges import SlotRange  # noqa: E402
+from keyshard.local.broker import EmbeddedBroker  # noqa: E402
+from keyshard.spark_jobs.kafka_io import SparkKafka, read_slice, read_watermarks  # noqa: E402
+from keyshard.spark_jobs.planning import ReadSlice  # noqa: E402
+from keyshard.spark_jobs.session import local_session  # noqa: E402
+from keyshard.spark_jobs.source import register  # noqa: E402
 from tests.brokers.kafka import KafkaBroker  # noqa: E402
 
 TASKS = (1, 4, 16)

@@ -1,19 +1,25 @@
-"""The keyshard consumer library: `CoordinatedConsumer`.
+"""The keyshard consumer library: the whole public API is this module.
 
-Layer: may import only `coordinator.model`, `coordinator.protocol` and `coordinator.kafka`
-(import contracts in pyproject.toml), so a consumer-only install needs no server part.
+`CoordinatedConsumer` is the consumer. `Membership`, `MemberHooks` and `PingReport` are
+for members that fetch on their own terms (the Spark streaming source is one): the
+member's side of the protocol without the consumer's data path.
+
+Everything else is private, grouped by concern: `_membership` (the coordinator channel),
+`_datapath` (fetch, filter, per-key lanes, positions), `_exactly_once` (transactions),
+`_operations` (signals, probes, metrics).
 """
 
-from consumer_client.consumer import (
+from keyshard.consumer_client._consumer import (
     ConsumerAborted,
     ConsumerError,
     ConsumerStats,
     CoordinatedConsumer,
 )
-from consumer_client.endpoints import ConsumerEndpoints
-from consumer_client.lanes import RetryPolicy
-from consumer_client.transactions import Outputs
-from coordinator.security.tls import ClientTls
+from keyshard.consumer_client._datapath.lanes import RetryPolicy
+from keyshard.consumer_client._exactly_once.transactions import Outputs
+from keyshard.consumer_client._membership.connector import MemberHooks, Membership, PingReport
+from keyshard.consumer_client._operations.endpoints import ConsumerEndpoints
+from keyshard.core.security.tls import ClientTls
 
 __all__ = [
     "ClientTls",
@@ -22,6 +28,9 @@ __all__ = [
     "ConsumerError",
     "ConsumerStats",
     "CoordinatedConsumer",
+    "MemberHooks",
+    "Membership",
     "Outputs",
+    "PingReport",
     "RetryPolicy",
 ]

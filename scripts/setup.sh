@@ -13,10 +13,10 @@ if [ ! -x .venv/bin/python ]; then
   "$python_bin" -m venv .venv
 fi
 stamp=".venv/.keyshard-installed-$extras"
-# setup.py and the C source: the editable install compiles consumer_client/_fastpath.c
+# setup.py and the C source: the editable install compiles consumer_client/_datapath/_fastpath.c
 # into the checkout, so a changed .c needs the install to run again.
 newer=0
-for f in pyproject.toml setup.py consumer_client/_fastpath.c; do
+for f in pyproject.toml setup.py consumer_client/_datapath/_fastpath.c; do
   if [ "$f" -nt "$stamp" ]; then newer=1; fi
 done
 if [ ! -f "$stamp" ] || [ "$newer" = 1 ]; then
@@ -27,6 +27,6 @@ if [ ! -f "$stamp" ] || [ "$newer" = 1 ]; then
     echo "setup failed: see .venv/setup.log" >&2
     exit 1
   fi
-  .venv/bin/python -c 'import coordinator, consumer_client, api'
+  .venv/bin/python -c 'import keyshard.coordinator, keyshard.consumer_client, keyshard.api'
   touch "$stamp"
 fi

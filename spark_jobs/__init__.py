@@ -1,7 +1,7 @@
 """PySpark jobs that run as coordinated consumers.
 
-Layer: beside `consumer_client`, which it may import, with `coordinator.model`,
-`coordinator.protocol` and `coordinator.kafka` (import contracts in pyproject.toml).
+Layer: beside `consumer_client`, which it may import, with `keyshard.core.model`,
+`keyshard.core.protocol` and `keyshard.core.kafka` (import contracts in pyproject.toml).
 
 - `spark_jobs.session`: the environment Spark needs on a plain machine (Java, Python, loopback)
   and a local session builder shared by the jobs, the tests and the benchmarks.

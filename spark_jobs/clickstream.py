@@ -24,7 +24,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from coordinator.kafka.settings import KafkaSettings, load_properties
+from keyshard.core.kafka.settings import KafkaSettings, load_properties
 
 START_MS = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 PAGES = ["/", "/search", "/cart", "/checkout", "/account", *(f"/product/{n}" for n in range(40))]
@@ -131,7 +131,7 @@ async def ensure_topic(
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="spark_jobs.clickstream", description="Produce a deterministic clickstream."
+        prog="keyshard.spark_jobs.clickstream", description="Produce a deterministic clickstream."
     )
     p.add_argument("--bootstrap-servers", required=True)
     p.add_argument("--topic", required=True)

@@ -37,16 +37,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from coordinator.kafka.settings import KafkaSettings, load_properties
-from coordinator.model.addresses import parse_host_port
-from coordinator.model.ranges import RangeSet
-from coordinator.security.tls import ClientTls, TlsNames
-from spark_jobs.launch import job_session
+from keyshard.core.kafka.settings import KafkaSettings, load_properties
+from keyshard.core.model.addresses import parse_host_port
+from keyshard.core.model.ranges import RangeSet
+from keyshard.core.security.tls import ClientTls, TlsNames
+from keyshard.spark_jobs.launch import job_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from consumer_client import CoordinatedConsumer
+    from keyshard.consumer_client import CoordinatedConsumer
 
 Handler = Callable[[Any], None] | Callable[[Any], Awaitable[None]]
 
@@ -179,7 +179,7 @@ async def consume_until(
     settings: ConsumerSettings, handler: Handler, task: int, attempt: int = 0
 ) -> TaskReport:
     """One consumer task: register, consume until the stop condition, leave gracefully."""
-    from consumer_client import CoordinatedConsumer
+    from keyshard.consumer_client import CoordinatedConsumer
 
     global _current
     consumer = CoordinatedConsumer(
@@ -362,7 +362,7 @@ def load_handler(spec: str) -> Handler:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="spark_jobs.executors",
+        prog="keyshard.spark_jobs.executors",
         description="Run Spark tasks as keyshard coordinated consumers of a group.",
     )
     p.add_argument("--group", required=True)
@@ -467,6 +467,6 @@ if __name__ == "__main__":
     # Run the imported module's main, not this `__main__` copy: functions shipped to the
     # executors must refer to `spark_jobs.executors` (whose state handlers can see), not be
     # pickled by value from `__main__`.
-    from spark_jobs.executors import main as _main
+    from keyshard.spark_jobs.executors import main as _main
 
     sys.exit(_main())

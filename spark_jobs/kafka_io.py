@@ -23,17 +23,17 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaError
 
-from coordinator.kafka.connect import (
+from keyshard.core.kafka.connect import (
     KafkaUnreachable,
     quiet_bootstrap,
     start_client,
     unreachable,
 )
-from coordinator.kafka.metadata import TopicMetadataError, partitions_of
-from coordinator.kafka.settings import KafkaConfigError, KafkaSettings
-from coordinator.model.hashing import ORDERING_KEY_HEADER, slot_for_record
-from coordinator.model.positions import TopicPartition
-from spark_jobs.planning import ReadSlice, SourceError
+from keyshard.core.kafka.metadata import TopicMetadataError, partitions_of
+from keyshard.core.kafka.settings import KafkaConfigError, KafkaSettings
+from keyshard.core.model.hashing import ORDERING_KEY_HEADER, slot_for_record
+from keyshard.core.model.positions import TopicPartition
+from keyshard.spark_jobs.planning import ReadSlice, SourceError
 
 Watermarks = dict[TopicPartition, tuple[int, int]]
 
@@ -106,7 +106,7 @@ async def start_consumer(consumer: AIOKafkaConsumer, kafka: SparkKafka, timeout:
 async def topic_partitions(
     kafka: SparkKafka, topics: Sequence[str], timeout: float
 ) -> list[TopicPartition]:
-    """Every partition of `topics`, from a fresh metadata answer (coordinator.kafka.metadata);
+    """Every partition of `topics`, from a fresh metadata answer (keyshard.core.kafka.metadata);
     an unknown topic is an error (never auto-created), and so is one showing no partitions."""
     bootstrap, settings = kafka.bootstrap_servers, kafka.settings()
     try:

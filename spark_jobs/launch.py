@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from spark_jobs.session import configure_spark_environment, local_session
+from keyshard.spark_jobs.session import configure_spark_environment, local_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

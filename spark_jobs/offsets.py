@@ -24,10 +24,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.model.hashing import MAX_SLOT
-from coordinator.model.positions import Position, PositionUpdate, RangePositionMap, TopicPartition
-from coordinator.model.ranges import RangeSet, SlotRange
-from spark_jobs.planning import ReadSlice, SourceError
+from keyshard.core.model.hashing import MAX_SLOT
+from keyshard.core.model.positions import Position, PositionUpdate, RangePositionMap, TopicPartition
+from keyshard.core.model.ranges import RangeSet, SlotRange
+from keyshard.spark_jobs.planning import ReadSlice, SourceError
 
 OFFSET_VERSION = 1
 

@@ -24,13 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from spark_jobs.launch import job_session
-from spark_jobs.sessionize import DEFAULT_GAP_MS, classify_clicks, sessionize
+from keyshard.spark_jobs.launch import job_session
+from keyshard.spark_jobs.sessionize import DEFAULT_GAP_MS, classify_clicks, sessionize
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from spark_jobs.kafka_io import SparkKafka
+    from keyshard.spark_jobs.kafka_io import SparkKafka
 
 WRITE_MODES = ("errorifexists", "overwrite")
 
@@ -52,7 +52,7 @@ class PipelineResult:
 def read_records(
     spark: SparkSession, kafka: SparkKafka, topics: list[str], ranges: int
 ) -> DataFrame:
-    from spark_jobs.source import register
+    from keyshard.spark_jobs.source import register
 
     register(spark)
     return (
@@ -83,7 +83,7 @@ def run_pipeline(
     if gap_ms <= 0:
         raise ValueError(f"the session gap must be > 0, got {gap_ms} ms")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    from spark_jobs.kafka_io import SparkKafka
+    from keyshard.spark_jobs.kafka_io import SparkKafka
 
     kafka = SparkKafka(bootstrap_servers, dict(kafka_config or {}))
     promised = count_offsets(kafka, topics)
@@ -120,7 +120,7 @@ def run_pipeline(
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="spark_jobs.pipeline",
+        prog="keyshard.spark_jobs.pipeline",
         description="Sessionize a clickstream topic (key = user id) into Parquet.",
     )
     p.add_argument("--bootstrap-servers", required=True)
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 def count_offsets(kafka: SparkKafka, topics: list[str]) -> int:
     """Offsets between the low and high watermarks of every partition of `topics`; fails
     (SourceError) when Kafka or a topic is not there, before any JVM starts."""
-    from spark_jobs.kafka_io import read_watermarks
+    from keyshard.spark_jobs.kafka_io import read_watermarks
 
     # In a thread of its own: the caller may be inside an event loop (a notebook, a test).
     with ThreadPoolExecutor(1) as pool:
@@ -160,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--ranges {args.ranges} is outside 1..65536")
     if not args.gap_minutes > 0:
         parser.error(f"--gap-minutes must be > 0, got {args.gap_minutes}")
-    from coordinator.kafka.settings import KafkaConfigError, load_properties
-    from spark_jobs.kafka_io import SparkKafka
-    from spark_jobs.planning import SourceError
+    from keyshard.core.kafka.settings import KafkaConfigError, load_properties
+    from keyshard.spark_jobs.kafka_io import SparkKafka
+    from keyshard.spark_jobs.planning import SourceError
 
     try:
         kafka_config = load_properties(args.kafka_config) if args.kafka_config else {}
@@ -206,6 +206,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # Run the imported module's main, not this `__main__` copy, so nothing is pickled from
     # `__main__` (spark-submit runs this file as `__main__`).
-    from spark_jobs.pipeline import main as _main
+    from keyshard.spark_jobs.pipeline import main as _main
 
     sys.exit(_main())

@@ -20,10 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.model.hashing import SLOT_COUNT
-from coordinator.model.positions import Position, TopicPartition
-from coordinator.model.ranges import SlotRange
-from coordinator.security.tls import ClientTls, TlsConfigError, TlsNames
+from keyshard.core.model.hashing import SLOT_COUNT
+from keyshard.core.model.positions import Position, TopicPartition
+from keyshard.core.model.ranges import SlotRange
+from keyshard.core.security.tls import ClientTls, TlsConfigError, TlsNames
 
 EARLIEST = -2  # starting_positions sentinels, as in Spark's Kafka source
 LATEST = -1

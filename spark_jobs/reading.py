@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 
-from coordinator.model.hashing import ORDERING_KEY_HEADER
-from spark_jobs.kafka_io import SparkKafka, read_slice
-from spark_jobs.planning import ReadSlice, parse_int
+from keyshard.core.model.hashing import ORDERING_KEY_HEADER
+from keyshard.spark_jobs.kafka_io import SparkKafka, read_slice
+from keyshard.spark_jobs.planning import ReadSlice, parse_int
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -7,7 +7,7 @@
 Rows have Spark's Kafka source columns plus `slot`:
 `key binary, value binary, topic string, partition int, offset long, timestamp timestamp,
 slot int`. The slot is the one the coordinator and the consumer client use
-(`coordinator.model.hashing.slot_for_record`): the `ordering-key` header (option
+(`keyshard.core.model.hashing.slot_for_record`): the `ordering-key` header (option
 `ordering_header`) wins over the record key; a record with neither is spread by offset
 (`offset % 65536`) — it has no order to keep, exactly as the consumer client treats it.
 
@@ -32,8 +32,8 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 
-from spark_jobs.kafka_io import read_watermarks
-from spark_jobs.planning import (
+from keyshard.spark_jobs.kafka_io import read_watermarks
+from keyshard.spark_jobs.planning import (
     equal_ranges,
     parse_int,
     parse_starting_positions,
@@ -41,8 +41,8 @@ from spark_jobs.planning import (
     plan_batch,
     resolve_start,
 )
-from spark_jobs.reading import ReadSettings, SlicePartition, arrow_batches, spark_schema
-from spark_jobs.stream import KeyshardStreamReader
+from keyshard.spark_jobs.reading import ReadSettings, SlicePartition, arrow_batches, spark_schema
+from keyshard.spark_jobs.stream import KeyshardStreamReader
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -63,28 +63,28 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from consumer_client.membership import Membership, PingReport
-from coordinator.model.addresses import parse_host_ports
-from coordinator.model.positions import PositionUpdate, TopicPartition
-from coordinator.model.ranges import RangeSet
-from coordinator.protocol.messages import HighWatermark
-from spark_jobs.kafka_io import (
+from keyshard.consumer_client import Membership, PingReport
+from keyshard.core.model.addresses import parse_host_ports
+from keyshard.core.model.positions import PositionUpdate, TopicPartition
+from keyshard.core.model.ranges import RangeSet
+from keyshard.core.protocol.messages import HighWatermark
+from keyshard.spark_jobs.kafka_io import (
     SparkKafka,
     make_consumer,
     probe_high_watermarks,
     start_consumer,
     topic_partitions,
 )
-from spark_jobs.offsets import StreamOffset, next_offset, plan_stream
-from spark_jobs.planning import (
+from keyshard.spark_jobs.offsets import StreamOffset, next_offset, plan_stream
+from keyshard.spark_jobs.planning import (
     SourceError,
     parse_coordinator_tls,
     parse_int,
     parse_topics,
     require,
 )
-from spark_jobs.reading import ReadSettings, SlicePartition, arrow_batches
-from spark_jobs.stream_state import SourceState
+from keyshard.spark_jobs.reading import ReadSettings, SlicePartition, arrow_batches
+from keyshard.spark_jobs.stream_state import SourceState
 
 if TYPE_CHECKING:
     import pyarrow as pa

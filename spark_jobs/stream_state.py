@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coordinator.model.positions import PositionUpdate, RangePositionMap, TopicPartition
-from coordinator.model.ranges import RangeSet
-from spark_jobs.offsets import GrantView, StreamOffset, grant_positions, positions_within
+from keyshard.core.model.positions import PositionUpdate, RangePositionMap, TopicPartition
+from keyshard.core.model.ranges import RangeSet
+from keyshard.spark_jobs.offsets import GrantView, StreamOffset, grant_positions, positions_within
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from coordinator.local.broker import EmbeddedBroker
+from keyshard.local.broker import EmbeddedBroker
 from tests.brokers import Broker
 from tests.brokers.kafka import (
     SASL_SSL,

@@ -3,13 +3,13 @@ rebalanced, with hysteresis against rate noise and a short hold for a real backl
 
 from __future__ import annotations
 
-from coordinator.group.demand import backlog_excess
-from coordinator.group.effects import BalanceTimer, Result, SetTimer
-from coordinator.group.handlers import assignment_spec, backlog_now
-from coordinator.group.records import ImbalanceObserved, RebalanceRequested
-from coordinator.group.state import GroupState, MemberPhase
-from coordinator.strategies._common import weight
-from coordinator.strategies.base import AssignmentSpec, ImbalanceMeter
+from keyshard.coordinator.group.demand import backlog_excess
+from keyshard.coordinator.group.effects import BalanceTimer, Result, SetTimer
+from keyshard.coordinator.group.handlers import assignment_spec, backlog_now
+from keyshard.coordinator.group.records import ImbalanceObserved, RebalanceRequested
+from keyshard.coordinator.group.state import GroupState, MemberPhase
+from keyshard.coordinator.strategies._common import weight
+from keyshard.coordinator.strategies.base import AssignmentSpec, ImbalanceMeter
 
 _RENEWED_BY = 1.05
 _IN_FLIGHT = (MemberPhase.DRAINING, MemberPhase.STARTING)

@@ -30,9 +30,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from coordinator.model.hashing import LOAD_BUCKET_COUNT, LOAD_BUCKET_SHIFT, SLOT_COUNT
-from coordinator.model.positions import TopicPartition
-from coordinator.model.ranges import RangeSet
+from keyshard.core.model.hashing import LOAD_BUCKET_COUNT, LOAD_BUCKET_SHIFT, SLOT_COUNT
+from keyshard.core.model.positions import TopicPartition
+from keyshard.core.model.ranges import RangeSet
 
 _BUCKET_WIDTH = 1 << LOAD_BUCKET_SHIFT
 _REBASE_AFTER = 50.0  # rebase the scaling origin before exp() could overflow

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coordinator.group.records import Record
-from coordinator.model.positions import PositionUpdate
-from coordinator.model.ranges import RangeSet
-from coordinator.protocol.messages import ErrorCode
+from keyshard.coordinator.group.records import Record
+from keyshard.core.model.positions import PositionUpdate
+from keyshard.core.model.ranges import RangeSet
+from keyshard.core.protocol.messages import ErrorCode
 
 
 @dataclass(frozen=True, slots=True)

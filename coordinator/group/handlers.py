@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from coordinator.group.demand import demand_profile, discounted
-from coordinator.group.effects import (
+from keyshard.coordinator.group.demand import demand_profile, discounted
+from keyshard.coordinator.group.effects import (
     BalanceTimer,
     CancelTimer,
     CloseMember,
@@ -24,7 +24,7 @@ from coordinator.group.effects import (
     SetTimer,
     TimerKey,
 )
-from coordinator.group.records import (
+from keyshard.coordinator.group.records import (
     DrainStarted,
     FetchedCounts,
     GrantAcknowledged,
@@ -42,18 +42,18 @@ from coordinator.group.records import (
     Record,
     TargetComputed,
 )
-from coordinator.group.speed import speed_factors
-from coordinator.group.state import GroupState, HandoffKind
-from coordinator.model.positions import Position, PositionUpdate, TopicPartition
-from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
-from coordinator.protocol.messages import ErrorCode
-from coordinator.strategies.base import (
+from keyshard.coordinator.group.speed import speed_factors
+from keyshard.coordinator.group.state import GroupState, HandoffKind
+from keyshard.coordinator.strategies.base import (
     Assignment,
     AssignmentSpec,
     Assignor,
     MemberSpec,
     RangeValidator,
 )
+from keyshard.core.model.positions import Position, PositionUpdate, TopicPartition
+from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
+from keyshard.core.protocol.messages import ErrorCode
 
 # How long grants wait at most for the recompute that places members who joined after the
 # current target's inputs. That recompute starts within the recomputer's max defer (2 s)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from coordinator.model.hashing import LOAD_BUCKET_COUNT, LOAD_BUCKET_SHIFT, SLOT_COUNT
+from keyshard.core.model.hashing import LOAD_BUCKET_COUNT, LOAD_BUCKET_SHIFT, SLOT_COUNT
 
 _REBASE_AFTER = 50.0  # rebase the scaling origin before exp() could overflow
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coordinator.group.state import GroupConfig, HandoffKind, PendingClaim
-from coordinator.model.positions import Position, RangePositionMap, TopicPartition
-from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
+from keyshard.coordinator.group.state import GroupConfig, HandoffKind, PendingClaim
+from keyshard.core.model.positions import Position, RangePositionMap, TopicPartition
+from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
 # (partition, start, end, ((bucket, records), ...)): what a member's fetches examined in
 # offsets [start, end) of the partition (coordinator.group.demand).

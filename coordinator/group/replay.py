@@ -9,8 +9,8 @@ of ownership a value that can be logged, persisted and asserted on.
 
 from __future__ import annotations
 
-from coordinator.group.demand import buckets_of
-from coordinator.group.records import (
+from keyshard.coordinator.group.demand import buckets_of
+from keyshard.coordinator.group.records import (
     ClaimAwaited,
     DrainStarted,
     GrantAcknowledged,
@@ -32,7 +32,7 @@ from coordinator.group.records import (
     Record,
     TargetComputed,
 )
-from coordinator.group.state import (
+from keyshard.coordinator.group.state import (
     GroupState,
     Handoff,
     HandoffKind,
@@ -40,8 +40,8 @@ from coordinator.group.state import (
     PendingClaim,
     Quarantine,
 )
-from coordinator.model.positions import RangePositionMap
-from coordinator.model.ranges import EMPTY, RangeSet
+from keyshard.core.model.positions import RangePositionMap
+from keyshard.core.model.ranges import EMPTY, RangeSet
 
 
 def _caught_up(state: GroupState) -> bool:

@@ -12,13 +12,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from coordinator.group.demand import BucketDemand
-from coordinator.group.load import BucketLoad
-from coordinator.group.speed import SpeedMeter
-from coordinator.model.hashing import MAX_SLOT
-from coordinator.model.positions import RangePositionMap, TopicPartition
-from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
-from coordinator.strategies.registry import DEFAULT_STRATEGY
+from keyshard.coordinator.group.demand import BucketDemand
+from keyshard.coordinator.group.load import BucketLoad
+from keyshard.coordinator.group.speed import SpeedMeter
+from keyshard.coordinator.strategies.registry import DEFAULT_STRATEGY
+from keyshard.core.model.hashing import MAX_SLOT
+from keyshard.core.model.positions import RangePositionMap, TopicPartition
+from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
 MAX_HANDOFF_HISTORY = 200
 

@@ -31,20 +31,20 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-from coordinator.kafka.connect import start_client
-from coordinator.kafka.settings import KafkaSettings
-from coordinator.replication.placement import (
+from keyshard.coordinator.replication.placement import (
     Assignment,
     ReplicaClaim,
     assign,
     next_version,
     take_orphans,
 )
-from coordinator.runtime.location import Location
-from coordinator.runtime.runtime import CoordinatorRuntime
-from coordinator.storage.base import partition_of
-from coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
-from coordinator.storage.records import ReplicaBeat
+from keyshard.coordinator.runtime.location import Location
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.storage.base import partition_of
+from keyshard.coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
+from keyshard.coordinator.storage.log_format import ReplicaBeat
+from keyshard.core.kafka.connect import start_client
+from keyshard.core.kafka.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 ASSIGNOR_NAME = "keyshard-replicas"

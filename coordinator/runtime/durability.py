@@ -19,11 +19,10 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
-from coordinator.group.state import GroupState, Member
-from coordinator.model.positions import TopicPartition
-from coordinator.runtime.activity import Activity
-from coordinator.storage.base import Positions
-from coordinator.storage.records import (
+from keyshard.coordinator.group.state import GroupState, Member
+from keyshard.coordinator.runtime.activity import Activity
+from keyshard.coordinator.storage.base import Positions
+from keyshard.coordinator.storage.log_format import (
     MAX_RECORD_BYTES,
     MemberRecord,
     chunk_key,
@@ -31,6 +30,7 @@ from coordinator.storage.records import (
     encode_positions,
     member_key,
 )
+from keyshard.core.model.positions import TopicPartition
 
 log = logging.getLogger(__name__)
 Spawn = Callable[[Coroutine[Any, Any, Any], str], None]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 
 
 @dataclass(frozen=True, slots=True)

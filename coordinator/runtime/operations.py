@@ -15,12 +15,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.group.records import GroupConfigChanged, RebalanceRequested
-from coordinator.group.state import GroupConfig, GroupState
-from coordinator.model.hashing import slot_for_key
-from coordinator.model.ranges import EMPTY, RangeSet
-from coordinator.runtime.runtime import CoordinatorRuntime
-from coordinator.strategies.registry import known_assignors
+from keyshard.coordinator.group.records import GroupConfigChanged, RebalanceRequested
+from keyshard.coordinator.group.state import GroupConfig, GroupState
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.strategies.registry import known_assignors
+from keyshard.core.model.hashing import slot_for_key
+from keyshard.core.model.ranges import EMPTY, RangeSet
 
 BROKER_PROBE_TIMEOUT_S = 1.0
 

@@ -15,16 +15,16 @@ import random
 import time
 from collections.abc import Callable, Mapping
 
-from coordinator.group import handlers
-from coordinator.group.effects import Result
-from coordinator.group.state import GroupState
-from coordinator.protocol.channel import Channel, ChannelClosed, RemoteError
-from coordinator.protocol.messages import ErrorCode, Message, PingRequest, PingResponse
-from coordinator.protocol.wire import positions_from_wire
-from coordinator.runtime.activity import Activity
-from coordinator.runtime.sender import reply_timeout
-from coordinator.runtime.timers import Clock
-from coordinator.runtime.verdicts import PendingReplies
+from keyshard.coordinator.group import handlers
+from keyshard.coordinator.group.effects import Result
+from keyshard.coordinator.group.state import GroupState
+from keyshard.coordinator.runtime.activity import Activity
+from keyshard.coordinator.runtime.sender import reply_timeout
+from keyshard.coordinator.runtime.timers import Clock
+from keyshard.coordinator.runtime.verdicts import PendingReplies
+from keyshard.core.protocol.channel import Channel, ChannelClosed, RemoteError
+from keyshard.core.protocol.messages import ErrorCode, Message, PingRequest, PingResponse
+from keyshard.core.protocol.wire import positions_from_wire
 
 log = logging.getLogger(__name__)
 PING_TICK_S = 0.1

@@ -33,12 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from coordinator.group import handlers
-from coordinator.group.records import TargetComputed
-from coordinator.group.state import GroupState
-from coordinator.model.ranges import RangeSet
-from coordinator.runtime.activity import Activity
-from coordinator.strategies.registry import strategy_named
+from keyshard.coordinator.group import handlers
+from keyshard.coordinator.group.records import TargetComputed
+from keyshard.coordinator.group.state import GroupState
+from keyshard.coordinator.runtime.activity import Activity
+from keyshard.coordinator.strategies.registry import strategy_named
+from keyshard.core.model.ranges import RangeSet
 
 log = logging.getLogger(__name__)
 Adopt = Callable[[str, GroupState, TargetComputed], None]

@@ -31,8 +31,8 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from coordinator.group import balance, handlers
-from coordinator.group.effects import (
+from keyshard.coordinator.group import balance, handlers
+from keyshard.coordinator.group.effects import (
     BalanceTimer,
     CancelTimer,
     CloseMember,
@@ -44,8 +44,8 @@ from coordinator.group.effects import (
     SetTimer,
     TimerKey,
 )
-from coordinator.group.load import BucketLoad
-from coordinator.group.records import (
+from keyshard.coordinator.group.load import BucketLoad
+from keyshard.coordinator.group.records import (
     DrainStarted,
     MemberContacted,
     MemberHeard,
@@ -55,29 +55,29 @@ from coordinator.group.records import (
     Record,
     TargetComputed,
 )
-from coordinator.group.replay import replay
-from coordinator.group.state import GroupState, MemberPhase
-from coordinator.protocol.channel import Channel
-from coordinator.protocol.messages import (
+from keyshard.coordinator.group.replay import replay
+from keyshard.coordinator.group.state import GroupState, MemberPhase
+from keyshard.coordinator.runtime.activity import Activity, report_loop, watch_loop
+from keyshard.coordinator.runtime.config import RuntimeConfig
+from keyshard.coordinator.runtime.durability import NotOwned, StateWriter
+from keyshard.coordinator.runtime.partition_counts import CoalescedPartitionCounts
+from keyshard.coordinator.runtime.pings import Pinger, ping_interval_ms
+from keyshard.coordinator.runtime.recompute import TargetRecomputer
+from keyshard.coordinator.runtime.sender import OrderedSender
+from keyshard.coordinator.runtime.takeover import takeover_result
+from keyshard.coordinator.runtime.timers import AsyncioTimers, Clock, Timers
+from keyshard.coordinator.runtime.verdicts import PendingReplies, settled
+from keyshard.coordinator.storage.base import ClusterMetadata, Fenced, StateLog, partition_of
+from keyshard.coordinator.storage.image import PartitionImage
+from keyshard.coordinator.strategies.registry import strategy_named
+from keyshard.core.protocol.channel import Channel
+from keyshard.core.protocol.messages import (
     ErrorCode,
     PartitionPositions,
     RegisterRequest,
     RegisterResponse,
 )
-from coordinator.protocol.wire import positions_from_wire, ranges_from_wire, ranges_to_wire
-from coordinator.runtime.activity import Activity, report_loop, watch_loop
-from coordinator.runtime.durability import NotOwned, StateWriter
-from coordinator.runtime.metadata import CoalescedPartitionCounts
-from coordinator.runtime.pings import Pinger, ping_interval_ms
-from coordinator.runtime.recompute import TargetRecomputer
-from coordinator.runtime.sender import OrderedSender
-from coordinator.runtime.settings import RuntimeSettings
-from coordinator.runtime.takeover import takeover_result
-from coordinator.runtime.timers import AsyncioTimers, Clock, Timers
-from coordinator.runtime.verdicts import PendingReplies, settled
-from coordinator.storage.base import ClusterMetadata, Fenced, StateLog, partition_of
-from coordinator.storage.image import PartitionImage
-from coordinator.strategies.registry import strategy_named
+from keyshard.core.protocol.wire import positions_from_wire, ranges_from_wire, ranges_to_wire
 
 log = logging.getLogger(__name__)
 PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced, DrainStarted)
@@ -96,7 +96,7 @@ class CoordinatorError(Exception):
 class CoordinatorRuntime:
     def __init__(
         self,
-        settings: RuntimeSettings,
+        settings: RuntimeConfig,
         log: StateLog,
         *,
         metadata: ClusterMetadata,

@@ -17,12 +17,16 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from coordinator.group import handlers
-from coordinator.group.effects import Result, SendStart, SendStop
-from coordinator.group.state import GroupState
-from coordinator.model.ranges import RangeSet
-from coordinator.protocol.channel import Channel, ChannelClosed, RemoteError
-from coordinator.protocol.messages import (
+from keyshard.coordinator.group import handlers
+from keyshard.coordinator.group.effects import Result, SendStart, SendStop
+from keyshard.coordinator.group.state import GroupState
+from keyshard.coordinator.runtime.activity import Activity
+from keyshard.coordinator.runtime.durability import StateWriter
+from keyshard.coordinator.runtime.timers import Clock
+from keyshard.coordinator.runtime.verdicts import PendingReplies
+from keyshard.core.model.ranges import RangeSet
+from keyshard.core.protocol.channel import Channel, ChannelClosed, RemoteError
+from keyshard.core.protocol.messages import (
     ErrorCode,
     Message,
     StartFetcherRequest,
@@ -30,11 +34,7 @@ from coordinator.protocol.messages import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from coordinator.protocol.wire import positions_from_wire, positions_to_wire, ranges_to_wire
-from coordinator.runtime.activity import Activity
-from coordinator.runtime.durability import StateWriter
-from coordinator.runtime.timers import Clock
-from coordinator.runtime.verdicts import PendingReplies
+from keyshard.core.protocol.wire import positions_from_wire, positions_to_wire, ranges_to_wire
 
 log = logging.getLogger(__name__)
 MemberKey = tuple[str, str]  # (group, member id)

@@ -14,10 +14,10 @@ new member) makes the strategy compute a new one, as always.
 
 from __future__ import annotations
 
-from coordinator.group.effects import QuarantineTimer, Result, SetTimer
-from coordinator.group.records import ClaimAwaited, PositionsLoaded, Record, TargetComputed
-from coordinator.group.state import PendingClaim
-from coordinator.storage.image import GroupImage
+from keyshard.coordinator.group.effects import QuarantineTimer, Result, SetTimer
+from keyshard.coordinator.group.records import ClaimAwaited, PositionsLoaded, Record, TargetComputed
+from keyshard.coordinator.group.state import PendingClaim
+from keyshard.coordinator.storage.image import GroupImage
 
 
 def takeover_result(image: GroupImage, now: float, margin_s: float) -> Result:

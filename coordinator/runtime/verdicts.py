@@ -12,8 +12,8 @@ import contextlib
 import time
 from collections.abc import Iterator
 
-from coordinator.protocol.channel import Channel
-from coordinator.protocol.messages import Message
+from keyshard.core.protocol.channel import Channel
+from keyshard.core.protocol.messages import Message
 
 MemberKey = tuple[str, str]
 

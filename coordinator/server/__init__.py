@@ -1,4 +1,4 @@
 """The coordinator's listening socket and one session per consumer connection.
 
-Layer: above `coordinator.runtime`, which it feeds; below `coordinator.daemon`.
+Layer: above `coordinator.runtime`, which it feeds; below `keyshard.daemon`.
 """

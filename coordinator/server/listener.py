@@ -29,13 +29,13 @@ import ssl
 from collections.abc import Coroutine
 from typing import Any
 
-from coordinator.protocol.channel import TLS_SHUTDOWN_TIMEOUT_S, Channel
-from coordinator.protocol.codec import DEFAULT_MAX_FRAME_BYTES, encode
-from coordinator.protocol.messages import ErrorCode, ErrorResponse
-from coordinator.runtime.location import Replicas, Standalone
-from coordinator.runtime.runtime import CoordinatorRuntime
-from coordinator.server.admission import ConnectionCounts, ConnectionLimits, ThrottledLog
-from coordinator.server.session import ConnectionState, MemberSession
+from keyshard.coordinator.runtime.location import Replicas, Standalone
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.server.admission import ConnectionCounts, ConnectionLimits, ThrottledLog
+from keyshard.coordinator.server.session import ConnectionState, MemberSession
+from keyshard.core.protocol.channel import TLS_SHUTDOWN_TIMEOUT_S, Channel
+from keyshard.core.protocol.codec import DEFAULT_MAX_FRAME_BYTES, encode
+from keyshard.core.protocol.messages import ErrorCode, ErrorResponse
 
 log = logging.getLogger(__name__)
 

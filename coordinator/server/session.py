@@ -12,8 +12,10 @@ import logging
 from enum import StrEnum
 from typing import Any
 
-from coordinator.protocol.channel import Channel
-from coordinator.protocol.messages import (
+from keyshard.coordinator.runtime.location import Replicas
+from keyshard.coordinator.runtime.runtime import CoordinatorError, CoordinatorRuntime
+from keyshard.core.protocol.channel import Channel
+from keyshard.core.protocol.messages import (
     ErrorCode,
     LeaveRequest,
     LeaveResponse,
@@ -22,8 +24,6 @@ from coordinator.protocol.messages import (
     MetadataResponse,
     RegisterRequest,
 )
-from coordinator.runtime.location import Replicas
-from coordinator.runtime.runtime import CoordinatorError, CoordinatorRuntime
 
 log = logging.getLogger(__name__)
 

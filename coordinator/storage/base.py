@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from coordinator.model.hashing import positive_hash
-from coordinator.model.positions import RangePositionMap, TopicPartition
+from keyshard.core.model.hashing import positive_hash
+from keyshard.core.model.positions import RangePositionMap, TopicPartition
 
 DEFAULT_STATE_TOPIC = "__keyshard_state"
 #: Partitions of a state topic the coordinator creates: the most replicas that can share

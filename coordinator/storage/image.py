@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from coordinator.model.positions import RangePositionMap, TopicPartition
-from coordinator.storage.records import (
+from keyshard.coordinator.storage.log_format import (
     EpochMarker,
     MemberRecord,
     PositionsChunk,
@@ -21,6 +20,7 @@ from coordinator.storage.records import (
     Tombstone,
     merge_into,
 )
+from keyshard.core.model.positions import RangePositionMap, TopicPartition
 
 
 @dataclass(slots=True)

@@ -28,10 +28,10 @@ from aiokafka.errors import (
     for_code,
 )
 
-from coordinator.kafka.connect import quiet_bootstrap, start_client, unreachable
-from coordinator.kafka.metadata import fetch_partitions
-from coordinator.kafka.settings import KafkaSettings
-from coordinator.storage.base import Positions, StoreError
+from keyshard.coordinator.storage.base import Positions, StoreError
+from keyshard.core.kafka.connect import quiet_bootstrap, start_client, unreachable
+from keyshard.core.kafka.metadata import fetch_partitions
+from keyshard.core.kafka.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 #: What the state topic must be, and what a new one is created with.

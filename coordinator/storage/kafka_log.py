@@ -33,19 +33,19 @@ from aiokafka.errors import (
     TransactionalIdAuthorizationFailed,
 )
 
-from coordinator.kafka.connect import KafkaUnreachable, quiet_aiokafka, start_client
-from coordinator.kafka.metadata import partitions_of
-from coordinator.kafka.settings import KafkaSettings
-from coordinator.storage.base import DEFAULT_STATE_PARTITIONS, Fenced, StoreError
-from coordinator.storage.image import PartitionImage
-from coordinator.storage.kafka_cluster import denied, ensure_state_topic
-from coordinator.storage.records import (
+from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, Fenced, StoreError
+from keyshard.coordinator.storage.image import PartitionImage
+from keyshard.coordinator.storage.kafka_cluster import denied, ensure_state_topic
+from keyshard.coordinator.storage.log_format import (
     EpochMarker,
     RecordError,
     ReplicaBeat,
     decode,
     encode,
 )
+from keyshard.core.kafka.connect import KafkaUnreachable, quiet_aiokafka, start_client
+from keyshard.core.kafka.metadata import partitions_of
+from keyshard.core.kafka.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 BEAT_KIND = b"H\x00"

@@ -1,6 +1,6 @@
 """Assignment strategies: pure functions from members and measured load to slot ranges.
 
-Layer: above `coordinator.model` (and `coordinator.protocol`/`coordinator.kafka`, which
+Layer: above `keyshard.core.model` (and `keyshard.core.protocol`/`keyshard.core.kafka`, which
 it does not need); imported by `coordinator.group` and everything above it.
 
 - `base`: the interface (`AssignmentSpec` -> `Assignment`, `Strategy`).

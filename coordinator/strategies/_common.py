@@ -16,9 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-from coordinator.model.hashing import MAX_SLOT, SLOT_COUNT
-from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
-from coordinator.strategies.base import MemberSpec
+from keyshard.coordinator.strategies.base import MemberSpec
+from keyshard.core.model.hashing import MAX_SLOT, SLOT_COUNT
+from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,10 +24,10 @@ time in a fixed order so the result does not depend on how the caller ordered an
 
 from __future__ import annotations
 
-from coordinator.model.hashing import MAX_SLOT
-from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
-from coordinator.strategies._common import LoadPrefix, Tile, tiles_from_current
-from coordinator.strategies.base import Assignment, AssignmentSpec
+from keyshard.coordinator.strategies._common import LoadPrefix, Tile, tiles_from_current
+from keyshard.coordinator.strategies.base import Assignment, AssignmentSpec
+from keyshard.core.model.hashing import MAX_SLOT
+from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
 
 class AutoSplitAssignor:

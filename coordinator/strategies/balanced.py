@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
-from coordinator.strategies.base import Assignment, AssignmentSpec, quotas
+from keyshard.coordinator.strategies.base import Assignment, AssignmentSpec, quotas
+from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
 
 class BalancedAssignor:

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from coordinator.model.hashing import SLOT_COUNT
-from coordinator.model.ranges import EMPTY, RangeSet
+from keyshard.core.model.hashing import SLOT_COUNT
+from keyshard.core.model.ranges import EMPTY, RangeSet
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,10 +16,10 @@ the ring is reproducible anywhere the slot numbers are.
 
 from __future__ import annotations
 
-from coordinator.model.hashing import MAX_SLOT, slot_for_key
-from coordinator.model.ranges import RangeSet, SlotRange
-from coordinator.strategies._common import capacity
-from coordinator.strategies.base import Assignment, AssignmentSpec, MemberSpec
+from keyshard.coordinator.strategies._common import capacity
+from keyshard.coordinator.strategies.base import Assignment, AssignmentSpec, MemberSpec
+from keyshard.core.model.hashing import MAX_SLOT, slot_for_key
+from keyshard.core.model.ranges import RangeSet, SlotRange
 
 
 def point_key(member_id: str, index: int) -> bytes:

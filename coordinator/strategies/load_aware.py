@@ -45,11 +45,11 @@ import heapq
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping
 
-from coordinator.model.hashing import MAX_SLOT, SLOT_COUNT
-from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
-from coordinator.strategies._common import LoadPrefix, weight
-from coordinator.strategies.base import Assignment, AssignmentSpec, MemberSpec
-from coordinator.strategies.measures import achievable_imbalance, capped
+from keyshard.coordinator.strategies._common import LoadPrefix, weight
+from keyshard.coordinator.strategies.base import Assignment, AssignmentSpec, MemberSpec
+from keyshard.coordinator.strategies.measures import achievable_imbalance, capped
+from keyshard.core.model.hashing import MAX_SLOT, SLOT_COUNT
+from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
 _MAX_PASSES = 4
 _SLICE_CANDIDATES = 16

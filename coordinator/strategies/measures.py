@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from coordinator.model.ranges import EMPTY
-from coordinator.strategies._common import LoadPrefix, weight
-from coordinator.strategies.base import Assignment, MemberSpec
+from keyshard.coordinator.strategies._common import LoadPrefix, weight
+from keyshard.coordinator.strategies.base import Assignment, MemberSpec
+from keyshard.core.model.ranges import EMPTY
 
 
 def capped(load: LoadPrefix, min_share: float) -> LoadPrefix:

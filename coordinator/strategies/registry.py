@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from coordinator.model.ranges import RangeSet
-from coordinator.strategies.auto_split import AutoSplitAssignor
-from coordinator.strategies.balanced import BalancedAssignor
-from coordinator.strategies.base import Assignment, AssignmentSpec, Strategy
-from coordinator.strategies.consistent_hash import ConsistentHashAssignor
-from coordinator.strategies.load_aware import LoadAwareAssignor
-from coordinator.strategies.measures import balancing_imbalance
-from coordinator.strategies.sticky import StickyAssignor, validate_fixed_ranges
+from keyshard.coordinator.strategies.auto_split import AutoSplitAssignor
+from keyshard.coordinator.strategies.balanced import BalancedAssignor
+from keyshard.coordinator.strategies.base import Assignment, AssignmentSpec, Strategy
+from keyshard.coordinator.strategies.consistent_hash import ConsistentHashAssignor
+from keyshard.coordinator.strategies.load_aware import LoadAwareAssignor
+from keyshard.coordinator.strategies.measures import balancing_imbalance
+from keyshard.coordinator.strategies.sticky import StickyAssignor, validate_fixed_ranges
+from keyshard.core.model.ranges import RangeSet
 
 
 def _load_aware_imbalance(spec: AssignmentSpec, target: Mapping[str, RangeSet]) -> float:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from coordinator.model.ranges import EMPTY, RangeSet
-from coordinator.strategies._common import describe_ranges
-from coordinator.strategies.base import Assignment, AssignmentSpec
+from keyshard.coordinator.strategies._common import describe_ranges
+from keyshard.coordinator.strategies.base import Assignment, AssignmentSpec
+from keyshard.core.model.ranges import EMPTY, RangeSet
 
 
 def validate_fixed_ranges(

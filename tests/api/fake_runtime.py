@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.group.records import (
+from keyshard.coordinator.group.records import (
     GrantAcknowledged,
     MemberHeard,
     MemberJoined,
@@ -17,11 +17,11 @@ from coordinator.group.records import (
     RangesRevoked,
     TargetComputed,
 )
-from coordinator.group.replay import replay
-from coordinator.model.positions import Position
-from coordinator.model.ranges import RangeSet, SlotRange
-from coordinator.runtime.runtime import CoordinatorRuntime
-from coordinator.runtime.settings import RuntimeSettings
+from keyshard.coordinator.group.replay import replay
+from keyshard.coordinator.runtime.config import RuntimeConfig
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.core.model.positions import Position
+from keyshard.core.model.ranges import RangeSet, SlotRange
 from tests.coordinator.runtime.memory import MemoryLog, serving_runtime
 
 GROUP = "orders"
@@ -50,7 +50,7 @@ class HeldTimers:
 def fake_runtime() -> CoordinatorRuntime:
     log = MemoryLog(topic_partitions=2)
     runtime = serving_runtime(
-        RuntimeSettings(bootstrap_servers="127.0.0.1:9"), log, clock=lambda: NOW,
+        RuntimeConfig(bootstrap_servers="127.0.0.1:9"), log, clock=lambda: NOW,
         timers=HeldTimers(),
     )  # fmt: skip
     state = runtime._group(GROUP)

@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from coordinator.local.broker import EmbeddedBroker
-from coordinator.model.hashing import slot_for_key
+from keyshard.core.model.hashing import slot_for_key
+from keyshard.local.broker import EmbeddedBroker
 from tests.api.conftest import ADMIN_ARGS, ADMIN_TOKEN
 from tests.integration.harness import (
     GROUP,

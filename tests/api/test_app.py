@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from coordinator.model.hashing import slot_for_key
+from keyshard.api.app import create_app
+from keyshard.core.model.hashing import slot_for_key
 from tests.api.fake_runtime import GROUP, TOPIC, fake_runtime
 
 TOKEN = "s3cret"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.local.processes import free_port
+from keyshard.local.processes import free_port
 from tests.api.conftest import ADMIN_ARGS, ADMIN_TOKEN
 from tests.integration.harness import GROUP, CoordinatorProcess, Workers, create_topic, wait_for
 
@@ -22,7 +22,7 @@ def keyshard(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("KEYSHARD_")}
     clean.update(env, COLUMNS="200")
     return subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", *args],
+        [sys.executable, "-m", "keyshard", *args],
         cwd=REPO_ROOT,
         env=clean,
         capture_output=True,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from api.app import create_app
+from keyshard.api.app import create_app
 from tests.api.fake_runtime import fake_runtime
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""The brokers tests and benchmarks run against: Tansu (`coordinator.local.broker`, embedded)
+"""The brokers tests and benchmarks run against: Tansu (`keyshard.local.broker`, embedded)
 and Apache Kafka 4.x assembled from Maven Central (`tests.brokers.kafka`)."""
 
 from __future__ import annotations

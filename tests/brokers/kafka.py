@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from coordinator.local.processes import free_port
+from keyshard.local.processes import free_port
 
 POM = Path(__file__).with_name("pom.xml")
 KAFKA_INTERNAL_TOPICS = frozenset(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from consumer_client import CoordinatedConsumer
+from keyshard.consumer_client import CoordinatedConsumer
 
 
 def _consumer(**overrides: Any) -> CoordinatedConsumer:

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import trustme
 
-from consumer_client import ClientTls, CoordinatedConsumer
-from consumer_client.membership import ConsumerError, Membership, PingReport
-from coordinator.model.positions import PositionUpdate
-from coordinator.model.ranges import EMPTY, RangeSet
-from coordinator.security.tls import ServerTls, TlsConfigError
-from coordinator.server.admission import ConnectionLimits
+from keyshard.consumer_client import ClientTls, CoordinatedConsumer
+from keyshard.consumer_client._membership.connector import ConsumerError, Membership, PingReport
+from keyshard.coordinator.server.admission import ConnectionLimits
+from keyshard.core.model.positions import PositionUpdate
+from keyshard.core.model.ranges import EMPTY, RangeSet
+from keyshard.core.security.tls import ServerTls, TlsConfigError
 from tests.coordinator.server.inprocess import running_coordinator
 from tests.tls_files import TlsFiles, make_tls_files
 
@@ -100,7 +100,7 @@ async def test_a_consumer_registers_over_tls(tls: TlsFiles) -> None:
 async def test_mutual_tls_admits_a_certificate_and_refuses_its_absence(
     tls: TlsFiles, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="coordinator.server.listener")
+    caplog.set_level(logging.WARNING, logger="keyshard.coordinator.server.listener")
     async with running_coordinator(tls=server_tls(tls, mutual=True).context()) as server:
         assert await outcome(server.port, client(tls, cert=True)) == "registered"
         refused = await outcome(server.port, client(tls))
@@ -122,7 +122,7 @@ async def test_a_client_certificate_from_another_ca_is_refused(
     cert, key = tmp_path / "stranger.pem", tmp_path / "stranger.key"
     cert.write_bytes(b"".join(blob.bytes() for blob in stranger.cert_chain_pems))
     stranger.private_key_pem.write_to_path(str(key))
-    caplog.set_level(logging.WARNING, logger="coordinator.server.listener")
+    caplog.set_level(logging.WARNING, logger="keyshard.coordinator.server.listener")
     async with running_coordinator(tls=server_tls(tls, mutual=True).context()) as server:
         message = await outcome(server.port, ClientTls(str(tls.ca), str(cert), str(key)))
     assert message == (
@@ -163,7 +163,7 @@ async def test_a_consumer_without_tls_is_told_the_coordinator_requires_it(
 async def test_a_tls_consumer_is_told_the_coordinator_does_not_speak_tls(
     tls: TlsFiles, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="coordinator.protocol.channel")
+    caplog.set_level(logging.WARNING, logger="keyshard.core.protocol.channel")
     async with running_coordinator() as server:
         message = await outcome(server.port, client(tls))
     assert message.startswith(

@@ -25,14 +25,14 @@ from aiokafka.structs import ConsumerRecord
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer_client import fastpath
-from consumer_client.chunk import Chunk
-from consumer_client.consumer import CoordinatedConsumer
-from consumer_client.lanes import KeyLanes, Suspended, WorkItem, _Lane
-from consumer_client.progress import Grant, PartitionProgress, bucket_counts
-from coordinator.model.hashing import ORDERING_KEY_HEADER, slot_for_key
-from coordinator.model.positions import Position, RangePositionMap
-from coordinator.model.ranges import RangeSet, SlotRange
+from keyshard.consumer_client._consumer import CoordinatedConsumer
+from keyshard.consumer_client._datapath import fastpath
+from keyshard.consumer_client._datapath.chunk import Chunk
+from keyshard.consumer_client._datapath.lanes import KeyLanes, Suspended, WorkItem, _Lane
+from keyshard.consumer_client._datapath.progress import Grant, PartitionProgress, bucket_counts
+from keyshard.core.model.hashing import ORDERING_KEY_HEADER, slot_for_key
+from keyshard.core.model.positions import Position, RangePositionMap
+from keyshard.core.model.ranges import RangeSet, SlotRange
 
 TP = ("t", 0)
 NATIVE = fastpath.NATIVE
@@ -258,7 +258,7 @@ def test_extension_is_built() -> None:
     """CI must exercise the C path: a missing compiler would silently fall back."""
     if os.environ.get("KEYSHARD_ALLOW_NO_FASTPATH"):
         pytest.skip("KEYSHARD_ALLOW_NO_FASTPATH is set")
-    import consumer_client._fastpath as native
+    import keyshard.consumer_client._datapath._fastpath as native
 
     assert native.hash(b"") == 0
     if not os.environ.get(fastpath.PURE_PYTHON_ENV):

@@ -18,11 +18,11 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from consumer_client import CoordinatedConsumer
-from consumer_client.lanes import KeyLanes
-from coordinator.model.hashing import slot_for_key
-from coordinator.model.positions import Position
-from coordinator.model.ranges import RangeSet, SlotRange
+from keyshard.consumer_client import CoordinatedConsumer
+from keyshard.consumer_client._datapath.lanes import KeyLanes
+from keyshard.core.model.hashing import slot_for_key
+from keyshard.core.model.positions import Position
+from keyshard.core.model.ranges import RangeSet, SlotRange
 from tests.integration.harness import wait_for
 
 TP = ("t", 0)
@@ -84,7 +84,7 @@ async def test_the_fetch_loop_lets_other_tasks_run() -> None:
 def test_batches_shrink_while_a_batch_outlasts_a_turn_and_grow_back() -> None:
     """Handlers that finish inline run a whole batch in one turn: 2,000 records of 1 ms
     CPU blocked Pings and StopFetchers for 2 s. Batches start small and adapt."""
-    from consumer_client.fetcher import _MAX_BATCH, _MAX_TURN_S, _MIN_BATCH
+    from keyshard.consumer_client._datapath.fetcher import _MAX_BATCH, _MAX_TURN_S, _MIN_BATCH
 
     consumer = CoordinatedConsumer(
         group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"

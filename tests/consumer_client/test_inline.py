@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from consumer_client.lanes import KeyLanes, RetryPolicy, WorkItem
-from coordinator.model.ranges import RangeSet
+from keyshard.consumer_client._datapath.lanes import KeyLanes, RetryPolicy, WorkItem
+from keyshard.core.model.ranges import RangeSet
 from tests.consumer_client.test_lanes import TIMEOUT, eventually, settle
 
 TP = ("t", 0)

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from consumer_client.lanes import KeyLanes, RetryPolicy, WorkItem
-from coordinator.model.ranges import RangeSet
+from keyshard.consumer_client._datapath.lanes import KeyLanes, RetryPolicy, WorkItem
+from keyshard.core.model.ranges import RangeSet
 
 TP = ("t", 0)
 FAST = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.002, max_attempts=3)
@@ -272,7 +272,7 @@ async def test_busy_time_is_lane_time_over_the_concurrency(monkeypatch: pytest.M
     """Two of four lanes busy for two seconds are one second of the member's concurrency:
     a member using part of its lanes (a hot key) is not measured as a slow one."""
     clock = _Clock()
-    monkeypatch.setattr("consumer_client.lanes.monotonic", clock)
+    monkeypatch.setattr("keyshard.consumer_client._datapath.lanes.monotonic", clock)
     h = Harness(max_concurrency=4)
     h.submit("a", 0)
     h.submit("b", 1)

@@ -14,11 +14,15 @@ from typing import Any
 
 import pytest
 
-from consumer_client.endpoints import STALL_AFTER_S, ConsumerEndpoints
-from consumer_client.errors import ConsumerError
-from consumer_client.metrics import ConsumerMetrics, ConsumerSnapshot
-from consumer_client.signals import GracefulSignals, ShutdownState, signals_to_handle
-from consumer_client.unreachable import Unreachable
+from keyshard.consumer_client._errors import ConsumerError
+from keyshard.consumer_client._membership.unreachable import Unreachable
+from keyshard.consumer_client._operations.endpoints import STALL_AFTER_S, ConsumerEndpoints
+from keyshard.consumer_client._operations.metrics import ConsumerMetrics, ConsumerSnapshot
+from keyshard.consumer_client._operations.signals import (
+    GracefulSignals,
+    ShutdownState,
+    signals_to_handle,
+)
 
 
 class FakeClock:
@@ -205,9 +209,9 @@ async def test_an_unreachable_kafka_is_warned_about_then_connect_timeout_raises(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Real sockets, nothing listening: no mock needed to be refused."""
-    from consumer_client import ConsumerError as Error
-    from consumer_client import CoordinatedConsumer
-    from coordinator.local.processes import free_port
+    from keyshard.consumer_client import ConsumerError as Error
+    from keyshard.consumer_client import CoordinatedConsumer
+    from keyshard.local.processes import free_port
 
     kafka = f"127.0.0.1:{free_port()}"
     consumer = CoordinatedConsumer(
@@ -216,7 +220,7 @@ async def test_an_unreachable_kafka_is_warned_about_then_connect_timeout_raises(
     )  # fmt: skip
     expected = f"Kafka at {kafka} within connect_timeout_s=2.5"
     with (
-        caplog.at_level(logging.WARNING, logger="consumer_client.consumer"),
+        caplog.at_level(logging.WARNING, logger="keyshard.consumer_client._consumer"),
         pytest.raises(Error, match=expected),
     ):
         await asyncio.wait_for(consumer.run(lambda record: asyncio.sleep(0)), 60)

@@ -12,9 +12,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumer_client.progress import ConsumerProgress
-from coordinator.model.positions import Position, PositionUpdate, TopicPartition
-from coordinator.model.ranges import RangeSet, SlotRange
+from keyshard.consumer_client._datapath.progress import ConsumerProgress
+from keyshard.core.model.positions import Position, PositionUpdate, TopicPartition
+from keyshard.core.model.ranges import RangeSet, SlotRange
 
 TP = ("t", 0)
 N_SLOTS = 8

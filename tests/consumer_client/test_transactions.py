@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from consumer_client import CoordinatedConsumer, Outputs
-from consumer_client.txn_log import WriterRecord, merge_positions, start_positions
-from coordinator.model.positions import Position, RangePositionMap
-from coordinator.model.ranges import RangeSet, SlotRange
+from keyshard.consumer_client import CoordinatedConsumer, Outputs
+from keyshard.consumer_client._exactly_once.txn_log import (
+    WriterRecord,
+    merge_positions,
+    start_positions,
+)
+from keyshard.core.model.positions import Position, RangePositionMap
+from keyshard.core.model.ranges import RangeSet, SlotRange
 
 TP = ("orders", 0)
 

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from coordinator.local.processes import free_port
+from keyshard.local.processes import free_port
 from tests.deploy.chart import ROOT
 from tests.deploy.dockerfile import (
     Replay,
@@ -72,7 +72,11 @@ def test_dockerfile_install_steps_work_in_a_fresh_virtualenv(tmp_path: Path) -> 
     # The package came from the image's venv, not from this checkout.
     python = Path(replay.env["VIRTUAL_ENV"]) / "bin" / "python"
     where = subprocess.run(
-        [str(python), "-c", "import coordinator, api; print(coordinator.__file__, api.__file__)"],
+        [
+            str(python),
+            "-c",
+            "import keyshard.coordinator as c, keyshard.api as a; print(c.__file__, a.__file__)",
+        ],
         cwd=replay.workdir,
         env=replay.env,
         capture_output=True,

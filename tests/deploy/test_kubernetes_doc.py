@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from coordinator.cli.parser import build_parser
+from keyshard.cli.parser import build_parser
 from tests.deploy.chart import (
     DASHBOARD,
     FULL,

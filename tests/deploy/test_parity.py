@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from coordinator.cli.parser import build_parser
-from coordinator.kafka.settings import from_environment, parse_properties
-from coordinator.strategies.registry import known_assignors
+from keyshard.api.app import create_app
+from keyshard.cli.parser import build_parser
+from keyshard.coordinator.strategies.registry import known_assignors
+from keyshard.core.kafka.settings import from_environment, parse_properties
 from tests.api.fake_runtime import fake_runtime
 from tests.deploy.chart import (
     CHART,
@@ -241,7 +241,7 @@ def test_the_pods_kafka_settings_are_the_values_with_secrets_from_their_secret(
     clean_env: pytest.MonkeyPatch,
 ) -> None:
     """kafka.config becomes the file --kafka-config reads, kafka.secretRefs the variables
-    that win over it: together, what the daemon parses (coordinator.cli.main)."""
+    that win over it: together, what the daemon parses (keyshard.cli.main)."""
     objects = manifests(FULL)
     (kafka_map,) = [o for o in objects if o["kind"] == "ConfigMap" and "kafka.properties"
                     in o.get("data", {})]  # fmt: skip

@@ -21,7 +21,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from consumer_client import CoordinatedConsumer, Outputs
+from keyshard.consumer_client import CoordinatedConsumer, Outputs
 
 
 def output_of(record: Any) -> tuple[bytes, bytes]:

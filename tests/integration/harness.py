@@ -23,11 +23,11 @@ import httpx
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from coordinator.kafka.settings import KafkaSettings
-from coordinator.local.demo import worker_command
-from coordinator.local.processes import free_port, stop_process
-from coordinator.local.verify import Processed, Produced, read_processed
-from coordinator.model.ranges import RangeSet
+from keyshard.core.kafka.settings import KafkaSettings
+from keyshard.core.model.ranges import RangeSet
+from keyshard.local.demo import worker_command
+from keyshard.local.processes import free_port, stop_process
+from keyshard.local.verify import Processed, Produced, read_processed
 
 T = TypeVar("T")
 GROUP = "demo"  # the worker command's group
@@ -97,7 +97,7 @@ class CoordinatorProcess:
             [
                 sys.executable,
                 "-m",
-                "coordinator.cli",
+                "keyshard",
                 "coordinator",
                 "--bootstrap-servers",
                 self.bootstrap,
@@ -212,7 +212,7 @@ class Workers:
         self, name: str, *extra: str, target: str = "tests.integration.worker_app:handle",
         env: Mapping[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:  # fmt: skip
-        """`keyshard worker TARGET` (coordinator.cli.worker) as a user runs it, configured
+        """`keyshard worker TARGET` (keyshard.cli.worker) as a user runs it, configured
         through KEYSHARD_* variables and flags; stdout (its log) in NAME.log, stderr in
         NAME.err, its records in NAME.jsonl."""
         variables = {
@@ -228,7 +228,7 @@ class Workers:
         with open(self.out_dir / f"{name}.log", "wb") as out, \
                 open(self.out_dir / f"{name}.err", "wb") as err:  # fmt: skip
             proc = subprocess.Popen(
-                [sys.executable, "-m", "coordinator.cli", "worker", target, *extra],
+                [sys.executable, "-m", "keyshard", "worker", target, *extra],
                 stdout=out, stderr=err, env=variables,
             )  # fmt: skip
         self.procs[name] = proc

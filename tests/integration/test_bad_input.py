@@ -25,12 +25,9 @@ from typing import Any
 import httpx
 import pytest
 
-from consumer_client import ConsumerError, CoordinatedConsumer
-from coordinator.local.broker import EmbeddedBroker
-from coordinator.local.processes import free_port
-from coordinator.local.verify import check
-from coordinator.protocol.codec import PROTOCOL_VERSION, FrameDecoder, encode
-from coordinator.protocol.messages import (
+from keyshard.consumer_client import ConsumerError, CoordinatedConsumer
+from keyshard.core.protocol.codec import PROTOCOL_VERSION, FrameDecoder, encode
+from keyshard.core.protocol.messages import (
     ErrorCode,
     ErrorResponse,
     LeaveRequest,
@@ -38,6 +35,9 @@ from coordinator.protocol.messages import (
     RegisterRequest,
     StopFetcherRequest,
 )
+from keyshard.local.broker import EmbeddedBroker
+from keyshard.local.processes import free_port
+from keyshard.local.verify import check
 from tests.integration.harness import (
     GROUP,
     CoordinatorProcess,
@@ -370,7 +370,7 @@ def _run_coordinator(bootstrap: str, *, listen: int = 0, admin: int = 0) -> tupl
     """Run `keyshard coordinator` to its exit; returns (stdout, stderr). It must exit
     non-zero within 60 s, without a traceback."""
     command = [
-        sys.executable, "-m", "coordinator.cli", "coordinator",
+        sys.executable, "-m", "keyshard", "coordinator",
         "--bootstrap-servers", bootstrap,
         "--listen", f"127.0.0.1:{listen or free_port()}",
         "--admin-listen", f"127.0.0.1:{admin or free_port()}",

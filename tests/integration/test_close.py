@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from consumer_client import CoordinatedConsumer
+from keyshard.consumer_client import CoordinatedConsumer
 from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.local.verify import check
+from keyshard.local.verify import check
 from tests.integration.harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 
 pytestmark = pytest.mark.integration

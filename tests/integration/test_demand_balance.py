@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.local.verify import Processed, check
-from coordinator.model.hashing import slot_for_key
+from keyshard.core.model.hashing import slot_for_key
+from keyshard.local.verify import Processed, check
 from tests.integration.harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 
 pytestmark = pytest.mark.integration

@@ -25,9 +25,9 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from consumer_client import ClientTls, ConsumerError, CoordinatedConsumer
-from coordinator.local.broker import EmbeddedBroker
-from coordinator.local.processes import free_port
+from keyshard.consumer_client import ClientTls, ConsumerError, CoordinatedConsumer
+from keyshard.local.broker import EmbeddedBroker
+from keyshard.local.processes import free_port
 from tests.deploy.dockerfile import parse_dockerfile
 from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for
 from tests.tls_files import TlsFiles, make_tls_files
@@ -152,7 +152,7 @@ async def test_mutual_tls_admits_a_certificate_and_refuses_the_rest_clearly(
     assert "listening on" in log and "(TLS)" in log
     # One line per refused handshake (two tries without a certificate, the client that
     # does not trust us, the plain-text one), at most 3 per 10 s and then a count.
-    lines = [line for line in log.splitlines() if "coordinator.server.listener" in line]
+    lines = [line for line in log.splitlines() if "keyshard.coordinator.server.listener" in line]
     shown = [line for line in lines if " more " not in line]
     counted = sum(int(n) for n in re.findall(r"\.\.\. and (\d+) more TLS handshakes", log))
     assert len(shown) + counted == 4, lines
@@ -183,7 +183,7 @@ async def test_admin_api_over_https(broker: EmbeddedBroker, tls: TlsFiles, tmp_p
                 await client.get(f"http://127.0.0.1:{coordinator.admin_port}/healthz")
         # The CLI trusts the CA through SSL_CERT_FILE; the image's HEALTHCHECK asks HTTPS.
         cli = subprocess.run(
-            [sys.executable, "-m", "coordinator.cli", "groups", "--admin", coordinator.admin_url],
+            [sys.executable, "-m", "keyshard", "groups", "--admin", coordinator.admin_url],
             env={**os.environ, "SSL_CERT_FILE": str(tls.ca)},
             cwd=REPO, capture_output=True, text=True, timeout=30,
         )  # fmt: skip
@@ -210,7 +210,7 @@ def _start_with(*flags: str, env: dict[str, str] | None = None) -> subprocess.Co
     """`keyshard coordinator` with these flags and no broker: the TLS check comes first."""
     return subprocess.run(
         [
-            sys.executable, "-m", "coordinator.cli", "coordinator",
+            sys.executable, "-m", "keyshard", "coordinator",
             "--listen", f"127.0.0.1:{free_port()}", "--admin-listen", f"127.0.0.1:{free_port()}",
             *flags,
         ],

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from consumer_client import ConsumerError, CoordinatedConsumer, Outputs
-from coordinator.local.processes import stop_process
+from keyshard.consumer_client import ConsumerError, CoordinatedConsumer, Outputs
+from keyshard.local.processes import stop_process
 from tests.integration.harness import CoordinatorProcess, ReplicaSet, create_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.brokers("kafka")]

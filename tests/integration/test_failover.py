@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from coordinator.local.verify import Processed, Produced, check
-from coordinator.model.ranges import RangeSet
+from keyshard.core.model.ranges import RangeSet
+from keyshard.local.verify import Processed, Produced, check
 from tests.integration.harness import (
     CoordinatorProcess,
     ReplicaSet,

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from coordinator.kafka.settings import KafkaSettings
-from coordinator.local.broker import EmbeddedBroker
-from coordinator.local.verify import check
-from coordinator.model.hashing import slot_for_key
-from coordinator.model.ranges import RangeSet
-from coordinator.storage.base import partition_of
-from coordinator.storage.kafka_log import read_state
+from keyshard.coordinator.storage.base import partition_of
+from keyshard.coordinator.storage.kafka_log import read_state
+from keyshard.core.kafka.settings import KafkaSettings
+from keyshard.core.model.hashing import slot_for_key
+from keyshard.core.model.ranges import RangeSet
+from keyshard.local.broker import EmbeddedBroker
+from keyshard.local.verify import check
 from tests.integration.harness import (
     GROUP,
     CoordinatorProcess,

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.local.broker import EmbeddedBroker
-from coordinator.local.verify import Produced, check
-from coordinator.protocol.codec import FrameDecoder, ProtocolError, encode
-from coordinator.protocol.messages import ErrorCode, ErrorResponse, MetadataRequest
-from coordinator.server.admission import DEFAULT_REGISTER_TIMEOUT_MS
+from keyshard.coordinator.server.admission import DEFAULT_REGISTER_TIMEOUT_MS
+from keyshard.core.protocol.codec import FrameDecoder, ProtocolError, encode
+from keyshard.core.protocol.messages import ErrorCode, ErrorResponse, MetadataRequest
+from keyshard.local.broker import EmbeddedBroker
+from keyshard.local.verify import Produced, check
 from tests.integration.harness import (
     CoordinatorProcess,
     Workers,

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from coordinator.local.verify import check
-from coordinator.model.hashing import MAX_SLOT
-from coordinator.model.ranges import RangeSet
+from keyshard.core.model.hashing import MAX_SLOT
+from keyshard.core.model.ranges import RangeSet
+from keyshard.local.verify import check
 from tests.integration.harness import (
     CoordinatorProcess,
     Workers,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.local.broker import EmbeddedBroker
-from coordinator.local.verify import Processed, check
-from coordinator.model.hashing import slot_for_key
+from keyshard.core.model.hashing import slot_for_key
+from keyshard.local.broker import EmbeddedBroker
+from keyshard.local.verify import Processed, check
 from tests.integration.harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 
 pytestmark = pytest.mark.integration

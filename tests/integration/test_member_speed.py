@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.local.verify import check
+from keyshard.local.verify import check
 from tests.integration.harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 from tests.integration.test_demand_balance import per_member
 

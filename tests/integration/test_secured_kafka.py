@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from consumer_client import ConsumerError, CoordinatedConsumer
-from coordinator.local.processes import free_port
-from coordinator.local.verify import check
+from keyshard.consumer_client import ConsumerError, CoordinatedConsumer
+from keyshard.local.processes import free_port
+from keyshard.local.verify import check
 from tests.conftest import SECURED_PREFIX, SecuredKafka
 from tests.integration.harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 
@@ -87,7 +87,7 @@ def run_coordinator(secured: SecuredKafka, tmp_path: Path, config: dict[str, str
     props = properties(tmp_path / "coordinator.properties", config)
     result = subprocess.run(
         [
-            sys.executable, "-m", "coordinator.cli", "coordinator",
+            sys.executable, "-m", "keyshard", "coordinator",
             "--bootstrap-servers", secured.address, "--kafka-config", props,
             "--state-topic", f"__keyshard_state.{tmp_path.name}",
             "--listen", f"127.0.0.1:{free_port()}", "--admin-listen", f"127.0.0.1:{free_port()}",

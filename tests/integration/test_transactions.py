@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from coordinator.local.verify import Produced, check
+from keyshard.local.verify import Produced, check
 from tests.integration.harness import (
     GROUP,
     TOPIC,

@@ -20,10 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
-from consumer_client import ConsumerError, CoordinatedConsumer
-from coordinator.local.processes import free_port, stop_process
-from coordinator.local.verify import check
-from coordinator.model.ranges import RangeSet
+from keyshard.consumer_client import ConsumerError, CoordinatedConsumer
+from keyshard.core.model.ranges import RangeSet
+from keyshard.local.processes import free_port, stop_process
+from keyshard.local.verify import check
 from tests.deploy.chart import DASHBOARD
 from tests.deploy.test_kubernetes_doc import dashboard_metric_names
 from tests.integration.harness import (
@@ -318,7 +318,7 @@ def test_a_bad_module_path_is_one_line_and_exit_2(
     target: str, message: str, tmp_path: Path
 ) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "worker", target, "--group", "g",
+        [sys.executable, "-m", "keyshard", "worker", target, "--group", "g",
          "--topics", "t", "--bootstrap-servers", "127.0.0.1:9"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
@@ -336,7 +336,7 @@ async def test_a_sigterm_while_kafka_is_unreachable_still_stops_the_worker(
     kafka = f"127.0.0.1:{free_port()}"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "coordinator.cli", "worker",
+            [sys.executable, "-m", "keyshard", "worker",
              "tests.integration.worker_app:handle", "--group", "g", "--topics", "t",
              "--bootstrap-servers", kafka, "--coordinator", f"127.0.0.1:{free_port()}"],
             stdout=out, stderr=subprocess.STDOUT,

@@ -1,5 +1,5 @@
 """Handlers for `keyshard worker` in the integration tests: each run is one JSON line in
-$KEYSHARD_TEST_OUT, in the form `coordinator.local.verify` reads (like the demo worker's)."""
+$KEYSHARD_TEST_OUT, in the form `keyshard.local.verify` reads (like the demo worker's)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import socket
 import time
 from typing import Any
 
-from coordinator.model.hashing import slot_for_record
+from keyshard.core.model.hashing import slot_for_record
 
 _out = None
 

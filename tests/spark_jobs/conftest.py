@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from spark_jobs.session import local_session
+from keyshard.spark_jobs.session import local_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,5 +1,5 @@
 """Handlers the Spark executor-consumer tests ship to Python workers (must be importable
-there, hence a module). Each run is logged in `coordinator.local.verify`'s JSON-lines format,
+there, hence a module). Each run is logged in `keyshard.local.verify`'s JSON-lines format,
 one file per worker process, so the tests check order and duplicates with `check()`."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from coordinator.model.hashing import slot_for_record
-from spark_jobs.executors import current_member
+from keyshard.core.model.hashing import slot_for_record
+from keyshard.spark_jobs.executors import current_member
 
 OUT_ENV = "KEYSHARD_TEST_OUT"
 _lock = threading.Lock()

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from coordinator.model.hashing import SLOT_COUNT, slot_for_key
-from spark_jobs.source import register
+from keyshard.core.model.hashing import SLOT_COUNT, slot_for_key
+from keyshard.spark_jobs.source import register
 from tests.brokers import Broker
 from tests.conftest import SECURED_PREFIX, SecuredKafka
 from tests.integration.harness import create_topic, produce

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from coordinator.local.processes import stop_process
-from coordinator.local.verify import Processed, check, read_processed
-from coordinator.model.ranges import RangeSet
+from keyshard.core.model.ranges import RangeSet
+from keyshard.local.processes import stop_process
+from keyshard.local.verify import Processed, check, read_processed
 from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for
 from tests.spark_jobs.handlers import OUT_ENV
 
@@ -35,7 +35,7 @@ def _job(coordinator: CoordinatorProcess, tmp: Path, *extra: str) -> subprocess.
     log = open(tmp / "job.log", "wb")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "spark_jobs.executors",
+            sys.executable, "-m", "keyshard.spark_jobs.executors",
             "--group", GROUP, "--topics", TOPIC,
             "--coordinator", coordinator.address,
             "--bootstrap-servers", coordinator.bootstrap,

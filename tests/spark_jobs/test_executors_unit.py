@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from consumer_client import ConsumerError
-from coordinator.local.processes import free_port
-from spark_jobs.executors import (
+from keyshard.consumer_client import ConsumerError
+from keyshard.local.processes import free_port
+from keyshard.spark_jobs.executors import (
     ConsumerSettings,
     StopWhen,
     _Counter,
@@ -107,7 +107,7 @@ def test_bad_handler_specs(spec: str, message: str) -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "spark_jobs.executors", *args],
+        [sys.executable, "-m", "keyshard.spark_jobs.executors", *args],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 

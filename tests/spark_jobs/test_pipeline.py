@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from coordinator.local.processes import free_port
-from spark_jobs import clickstream
-from spark_jobs.pipeline import run_pipeline
-from spark_jobs.sessionize import parse_click, reference_sessions
+from keyshard.local.processes import free_port
+from keyshard.spark_jobs import clickstream
+from keyshard.spark_jobs.pipeline import run_pipeline
+from keyshard.spark_jobs.sessionize import parse_click, reference_sessions
 from tests.brokers import Broker
 from tests.spark_jobs.test_sessionize import _as_rows, session_rows
 
@@ -60,7 +60,7 @@ async def test_pipeline_output_equals_the_reference(
 
 def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "spark_jobs.pipeline", *args],
+        [sys.executable, "-m", "keyshard.spark_jobs.pipeline", *args],
         cwd=REPO, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
@@ -109,7 +109,8 @@ def test_the_readme_steps_give_the_documented_figures(broker: Broker, tmp_path: 
     bootstrap = broker.bootstrap_servers
     generate = subprocess.run(
         [
-            sys.executable, "-m", "spark_jobs.clickstream", "--bootstrap-servers", bootstrap,
+            sys.executable, "-m", "keyshard.spark_jobs.clickstream",
+            "--bootstrap-servers", bootstrap,
             "--topic", "clicks", "--users", "200", "--events", "20000", "--seed", "7",
             "--bad", "10", "--partitions", "2",
         ],
@@ -135,8 +136,8 @@ async def test_a_read_that_returns_nothing_from_a_full_topic_is_an_error(
 ) -> None:
     """The guard behind the Apache Kafka bug: whatever makes the read come back empty
     (here a read replaced by an empty one), records on the broker mean it must fail."""
-    from spark_jobs import pipeline
-    from spark_jobs.reading import spark_schema
+    from keyshard.spark_jobs import pipeline
+    from keyshard.spark_jobs.reading import spark_schema
 
     bootstrap = broker.bootstrap_servers
     await clickstream.ensure_topic(bootstrap, TOPIC, partitions=2)

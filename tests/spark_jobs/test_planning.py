@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.model.hashing import SLOT_COUNT
-from coordinator.model.positions import Position, RangePositionMap, TopicPartition
-from coordinator.model.ranges import RangeSet, SlotRange
-from coordinator.security.tls import ClientTls
-from spark_jobs.offsets import (
+from keyshard.core.model.hashing import SLOT_COUNT
+from keyshard.core.model.positions import Position, RangePositionMap, TopicPartition
+from keyshard.core.model.ranges import RangeSet, SlotRange
+from keyshard.core.security.tls import ClientTls
+from keyshard.spark_jobs.offsets import (
     GrantView,
     StreamOffset,
     grant_positions,
@@ -23,7 +23,7 @@ from spark_jobs.offsets import (
     plan_stream,
     split_slots,
 )
-from spark_jobs.planning import (
+from keyshard.spark_jobs.planning import (
     EARLIEST,
     LATEST,
     ReadSlice,

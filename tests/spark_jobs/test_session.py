@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from spark_jobs.session import (
+from keyshard.spark_jobs.session import (
     SparkEnvironmentError,
     configure_spark_environment,
     java_home_from_path,

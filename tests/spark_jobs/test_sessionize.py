@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from spark_jobs.clickstream import BAD_VALUES, events
-from spark_jobs.sessionize import (
+from keyshard.spark_jobs.clickstream import BAD_VALUES, events
+from keyshard.spark_jobs.sessionize import (
     Click,
     Session,
     classify_clicks,

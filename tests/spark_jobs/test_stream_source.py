@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.dataset as ds
 import pytest
 
-from consumer_client import CoordinatedConsumer
-from coordinator.local.verify import Produced
-from spark_jobs.source import register
+from keyshard.consumer_client import CoordinatedConsumer
+from keyshard.local.verify import Produced
+from keyshard.spark_jobs.source import register
 from tests.brokers import Broker
 from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from coordinator.model.positions import Position, RangePositionMap
-from coordinator.model.ranges import RangeSet, SlotRange
-from spark_jobs.offsets import StreamOffset, next_offset
-from spark_jobs.stream_state import SourceState
+from keyshard.core.model.positions import Position, RangePositionMap
+from keyshard.core.model.ranges import RangeSet, SlotRange
+from keyshard.spark_jobs.offsets import StreamOffset, next_offset
+from keyshard.spark_jobs.stream_state import SourceState
 
 TP = ("t", 0)
 LOW = RangeSet.from_pairs([(0, 32767)])

@@ -3,16 +3,16 @@ a short hold for a backlog."""
 
 from __future__ import annotations
 
-from coordinator.group import handlers as h
-from coordinator.group.balance import balance_check
-from coordinator.group.handlers import backlog_now
-from coordinator.group.records import ImbalanceObserved, RebalanceRequested
-from coordinator.group.state import GroupState
-from coordinator.model.hashing import LOAD_BUCKET_SHIFT
-from coordinator.model.ranges import RangeSet
-from coordinator.strategies.base import ImbalanceMeter
-from coordinator.strategies.load_aware import LoadAwareAssignor
-from coordinator.strategies.registry import strategy_named
+from keyshard.coordinator.group import handlers as h
+from keyshard.coordinator.group.balance import balance_check
+from keyshard.coordinator.group.handlers import backlog_now
+from keyshard.coordinator.group.records import ImbalanceObserved, RebalanceRequested
+from keyshard.coordinator.group.state import GroupState
+from keyshard.coordinator.strategies.base import ImbalanceMeter
+from keyshard.coordinator.strategies.load_aware import LoadAwareAssignor
+from keyshard.coordinator.strategies.registry import strategy_named
+from keyshard.core.model.hashing import LOAD_BUCKET_SHIFT
+from keyshard.core.model.ranges import RangeSet
 from tests.coordinator.group.test_handlers import TPS, apply, group3, run
 
 __all__ = ["group3"]  # the fixture, imported to be found here

@@ -4,12 +4,12 @@ hand-moved clock (helpers from test_handlers)."""
 
 from __future__ import annotations
 
-from coordinator.group import handlers as h
-from coordinator.group.effects import QuarantineTimer, Result, SendStart, SendStop
-from coordinator.group.records import ClaimAwaited, Record, TargetComputed
-from coordinator.group.state import GroupState, PendingClaim
-from coordinator.model.positions import Position
-from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
+from keyshard.coordinator.group import handlers as h
+from keyshard.coordinator.group.effects import QuarantineTimer, Result, SendStart, SendStop
+from keyshard.coordinator.group.records import ClaimAwaited, Record, TargetComputed
+from keyshard.coordinator.group.state import GroupState, PendingClaim
+from keyshard.core.model.positions import Position
+from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 from tests.coordinator.group.test_handlers import (
     ASSIGNOR,
     SESSION,

@@ -8,9 +8,14 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.group.demand import BucketDemand, backlog_excess, demand_profile, discounted
-from coordinator.model.hashing import LOAD_BUCKET_COUNT, SLOT_COUNT
-from coordinator.model.ranges import RangeSet, SlotRange
+from keyshard.coordinator.group.demand import (
+    BucketDemand,
+    backlog_excess,
+    demand_profile,
+    discounted,
+)
+from keyshard.core.model.hashing import LOAD_BUCKET_COUNT, SLOT_COUNT
+from keyshard.core.model.ranges import RangeSet, SlotRange
 
 TP = ("t", 0)
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.group import handlers as h
-from coordinator.group.effects import (
+from keyshard.coordinator.group import handlers as h
+from keyshard.coordinator.group.effects import (
     CancelTimer,
     CloseMember,
     DrainTimer,
@@ -25,16 +25,16 @@ from coordinator.group.effects import (
     SetTimer,
     TimerKey,
 )
-from coordinator.group.records import (
+from keyshard.coordinator.group.records import (
     MemberRemoved,
 )
-from coordinator.group.replay import replay
-from coordinator.group.state import GroupState, HandoffKind
-from coordinator.model.positions import Position, PositionUpdate
-from coordinator.model.ranges import EMPTY, RangeSet
-from coordinator.protocol.messages import ErrorCode
-from coordinator.strategies.balanced import BalancedAssignor
-from coordinator.strategies.base import Assignment
+from keyshard.coordinator.group.replay import replay
+from keyshard.coordinator.group.state import GroupState, HandoffKind
+from keyshard.coordinator.strategies.balanced import BalancedAssignor
+from keyshard.coordinator.strategies.base import Assignment
+from keyshard.core.model.positions import Position, PositionUpdate
+from keyshard.core.model.ranges import EMPTY, RangeSet
+from keyshard.core.protocol.messages import ErrorCode
 
 ASSIGNOR = BalancedAssignor()
 Upd = PositionUpdate

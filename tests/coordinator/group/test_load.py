@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from coordinator.group.load import BucketLoad
-from coordinator.model.hashing import SLOT_COUNT
+from keyshard.coordinator.group.load import BucketLoad
+from keyshard.core.model.hashing import SLOT_COUNT
 
 
 def test_a_steady_rate_is_estimated() -> None:

@@ -13,10 +13,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.group import handlers as h
-from coordinator.group.effects import Result, SendStart, SendStop
-from coordinator.group.state import GroupState
-from coordinator.model.positions import Position
+from keyshard.coordinator.group import handlers as h
+from keyshard.coordinator.group.effects import Result, SendStart, SendStop
+from keyshard.coordinator.group.state import GroupState
+from keyshard.core.model.positions import Position
 from tests.coordinator.group.test_handlers import (
     ASSIGNOR,
     TPS,

@@ -6,7 +6,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.group.speed import DEAD_BAND, MIN_BUSY_S, SMOOTHING, SpeedMeter, speed_factors
+from keyshard.coordinator.group.speed import (
+    DEAD_BAND,
+    MIN_BUSY_S,
+    SMOOTHING,
+    SpeedMeter,
+    speed_factors,
+)
 
 
 def test_no_speed_until_enough_was_measured() -> None:

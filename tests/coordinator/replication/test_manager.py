@@ -7,11 +7,11 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any, cast
 
-from coordinator.kafka.settings import KafkaSettings
-from coordinator.replication.manager import ReplicaManager, ReplicationSettings
-from coordinator.storage.image import PartitionImage
-from coordinator.storage.kafka_log import ReplicaIdentity
-from coordinator.storage.records import EpochMarker
+from keyshard.coordinator.replication.manager import ReplicaManager, ReplicationSettings
+from keyshard.coordinator.storage.image import PartitionImage
+from keyshard.coordinator.storage.kafka_log import ReplicaIdentity
+from keyshard.coordinator.storage.log_format import EpochMarker
+from keyshard.core.kafka.settings import KafkaSettings
 
 
 class QuietLog:

@@ -12,10 +12,10 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from coordinator.runtime.runtime import CoordinatorRuntime
-from coordinator.runtime.settings import RuntimeSettings
-from coordinator.storage.image import PartitionImage
-from coordinator.storage.records import decode
+from keyshard.coordinator.runtime.config import RuntimeConfig
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.storage.image import PartitionImage
+from keyshard.coordinator.storage.log_format import decode
 
 
 class MemoryLog:
@@ -50,7 +50,7 @@ class MemoryLog:
 
 
 def serving_runtime(
-    settings: RuntimeSettings, log: MemoryLog | None = None, **kwargs: Any
+    settings: RuntimeConfig, log: MemoryLog | None = None, **kwargs: Any
 ) -> CoordinatorRuntime:
     """A runtime that serves every group: it owns every partition of `log`, at epoch 1."""
     log = log or MemoryLog()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.runtime.activity import Activity
+from keyshard.coordinator.runtime.activity import Activity
 
 
 def test_the_report_names_what_happened_and_then_starts_over() -> None:

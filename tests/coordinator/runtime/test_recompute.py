@@ -8,14 +8,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from api.models import ServedByView, group_view
-from coordinator.group.records import TargetComputed
-from coordinator.group.state import GroupConfig, GroupState
-from coordinator.runtime.runtime import CoordinatorRuntime
-from coordinator.runtime.settings import RuntimeSettings
-from coordinator.strategies import registry
-from coordinator.strategies.balanced import BalancedAssignor
-from coordinator.strategies.base import Assignment, AssignmentSpec, Strategy
+from keyshard.api.models import ServedByView, group_view
+from keyshard.coordinator.group.records import TargetComputed
+from keyshard.coordinator.group.state import GroupConfig, GroupState
+from keyshard.coordinator.runtime.config import RuntimeConfig
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.strategies import registry
+from keyshard.coordinator.strategies.balanced import BalancedAssignor
+from keyshard.coordinator.strategies.base import Assignment, AssignmentSpec, Strategy
 from tests.coordinator.runtime.test_runtime import (
     HeldStore,
     RecordingChannel,
@@ -52,7 +52,7 @@ def slow_assignor() -> Iterator[None]:
 def runtime_with(
     assignor: str = "balanced", quiet_ms: int = 100, idle_quiet_ms: int = 1_500
 ) -> CoordinatorRuntime:
-    settings = RuntimeSettings(
+    settings = RuntimeConfig(
         "unused:1",
         group_defaults=GroupConfig(assignor=assignor),
         recompute_quiet_ms=quiet_ms,

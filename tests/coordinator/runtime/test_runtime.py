@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from coordinator.group.records import PositionsAdvanced
-from coordinator.group.state import GroupConfig
-from coordinator.model.positions import Position, RangePositionMap
-from coordinator.model.ranges import SlotRange
-from coordinator.protocol.messages import (
+from keyshard.coordinator.group.records import PositionsAdvanced
+from keyshard.coordinator.group.state import GroupConfig
+from keyshard.coordinator.runtime.config import RuntimeConfig
+from keyshard.coordinator.runtime.partition_counts import CoalescedPartitionCounts
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.storage.log_format import decode, encode_positions
+from keyshard.core.model.positions import Position, RangePositionMap
+from keyshard.core.model.ranges import SlotRange
+from keyshard.core.protocol.messages import (
     Message,
     PartitionPositions,
     PositionModel,
@@ -21,10 +25,6 @@ from coordinator.protocol.messages import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from coordinator.runtime.metadata import CoalescedPartitionCounts
-from coordinator.runtime.runtime import CoordinatorRuntime
-from coordinator.runtime.settings import RuntimeSettings
-from coordinator.storage.records import decode, encode_positions
 from tests.coordinator.runtime.memory import MemoryLog, serving_runtime
 
 TIMEOUT = 5.0
@@ -46,7 +46,7 @@ def advance(runtime: CoordinatorRuntime, group: str = "g") -> None:
     runtime.apply_records(group, [PositionsAdvanced(update)], reconcile=False)
 
 
-def runtime_on(settings: RuntimeSettings, store: HeldStore) -> CoordinatorRuntime:
+def runtime_on(settings: RuntimeConfig, store: HeldStore) -> CoordinatorRuntime:
     """A runtime serving every group, its log also answering the metadata calls."""
     return serving_runtime(settings, store)
 
@@ -121,7 +121,7 @@ def answer(channel: RecordingChannel) -> None:
 
 async def test_stop_never_overtakes_an_earlier_start_held_by_a_slow_store() -> None:
     store = HeldStore()
-    runtime = runtime_on(RuntimeSettings("unused:1"), store)
+    runtime = runtime_on(RuntimeConfig("unused:1"), store)
     await runtime.start()
     try:
         a, b, c = RecordingChannel(), RecordingChannel(), RecordingChannel()
@@ -195,7 +195,7 @@ class StoreWithOldGroup(HeldStore):
 async def test_a_group_replayed_without_members_schedules_no_recompute() -> None:
     """A group known only from the state topic has no members: nothing to recompute,
     so nothing may be scheduled for it (rescheduling it spun the event loop)."""
-    runtime = runtime_on(RuntimeSettings("unused:1"), StoreWithOldGroup())
+    runtime = runtime_on(RuntimeConfig("unused:1"), StoreWithOldGroup())
     await runtime.start()
     try:
         a = RecordingChannel()
@@ -230,7 +230,7 @@ async def test_flushes_waiting_behind_a_write_share_the_next_one() -> None:
     ten, even though positions change during every write (a burst of grants under load
     otherwise queued one write each and stalled every StartFetcher behind them)."""
     store = BusyStore()
-    runtime = runtime_on(RuntimeSettings("unused:1"), store)
+    runtime = runtime_on(RuntimeConfig("unused:1"), store)
     await runtime.start()
     try:
         a = RecordingChannel()
@@ -263,7 +263,7 @@ async def test_writers_waiting_for_a_flush_all_resume_in_the_same_loop_turn() ->
     each turn was long, and StartFetchers waited seconds after their positions were
     durable."""
     store = HeldStore()
-    runtime = runtime_on(RuntimeSettings("unused:1"), store)
+    runtime = runtime_on(RuntimeConfig("unused:1"), store)
     await runtime.start()
     try:
         a = RecordingChannel()
@@ -304,7 +304,7 @@ class PingClock(RecordingChannel):
 async def test_members_registering_together_are_not_pinged_together() -> None:
     """First pings are spread over the interval: 5,000 members pinged in one burst every
     interval stalled the loop for ~1 s each time, delaying every reply and timer."""
-    settings = RuntimeSettings("unused:1", group_defaults=GroupConfig(ping_interval_ms=200))
+    settings = RuntimeConfig("unused:1", group_defaults=GroupConfig(ping_interval_ms=200))
     runtime = runtime_on(settings, HeldStore())
     await runtime.start()
     try:
@@ -331,7 +331,7 @@ async def test_a_grant_leaves_only_once_the_log_has_it() -> None:
     log: a replica taking the group over right after must know who runs what."""
     store = HeldStore()
     store.released.clear()
-    runtime = runtime_on(RuntimeSettings("unused:1"), store)
+    runtime = runtime_on(RuntimeConfig("unused:1"), store)
     await runtime.start()
     try:
         a = RecordingChannel()
@@ -360,7 +360,7 @@ async def test_a_reply_after_the_partition_was_let_go_of_is_dropped_quietly(
     fenced, cut off): the group is gone here, and the reply changes nothing (it raised
     KeyError in the sender, once per member, at 15,000 members thousands of tracebacks)."""
     store = HeldStore()
-    runtime = runtime_on(RuntimeSettings("unused:1"), store)
+    runtime = runtime_on(RuntimeConfig("unused:1"), store)
     await runtime.start()
     try:
         a, b = RecordingChannel(), RecordingChannel()

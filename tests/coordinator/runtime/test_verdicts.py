@@ -14,9 +14,12 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from coordinator.group.state import GroupConfig
-from coordinator.protocol.channel import Channel
-from coordinator.protocol.messages import (
+from keyshard.coordinator.group.state import GroupConfig
+from keyshard.coordinator.runtime.config import RuntimeConfig
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.server.listener import CoordinatorServer
+from keyshard.core.protocol.channel import Channel
+from keyshard.core.protocol.messages import (
     Message,
     PingRequest,
     PingResponse,
@@ -27,9 +30,6 @@ from coordinator.protocol.messages import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from coordinator.runtime.runtime import CoordinatorRuntime
-from coordinator.runtime.settings import RuntimeSettings
-from coordinator.server.listener import CoordinatorServer
 from tests.coordinator.runtime.memory import serving_runtime
 
 TIMEOUT = 10.0
@@ -98,7 +98,7 @@ async def eventually(predicate: Callable[[], bool], what: str) -> None:
 
 @pytest.fixture
 async def coordinator() -> AsyncIterator[tuple[CoordinatorRuntime, int]]:
-    settings = RuntimeSettings(
+    settings = RuntimeConfig(
         "unused:1",
         group_defaults=GroupConfig(drain_timeout_ms=300, ping_interval_ms=100),
     )

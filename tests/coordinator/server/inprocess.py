@@ -6,11 +6,11 @@ import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from coordinator.group.state import GroupConfig
-from coordinator.local.processes import free_port
-from coordinator.runtime.settings import RuntimeSettings
-from coordinator.server.admission import ConnectionLimits
-from coordinator.server.listener import CoordinatorServer
+from keyshard.coordinator.group.state import GroupConfig
+from keyshard.coordinator.runtime.config import RuntimeConfig
+from keyshard.coordinator.server.admission import ConnectionLimits
+from keyshard.coordinator.server.listener import CoordinatorServer
+from keyshard.local.processes import free_port
 from tests.coordinator.runtime.memory import serving_runtime
 
 
@@ -21,7 +21,7 @@ async def running_coordinator(
     """A listening coordinator on a free loopback port; groups may use any topic (the
     memory store says every topic exists, with one partition)."""
     port = free_port()
-    settings = RuntimeSettings(
+    settings = RuntimeConfig(
         "unused:1",
         advertised_address=f"127.0.0.1:{port}",
         group_defaults=GroupConfig(ping_interval_ms=100),

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from coordinator.server.admission import (
+from keyshard.coordinator.server.admission import (
     ACCEPT_OUT_OF_RESOURCES,
     ConnectionCounts,
     ConnectionLimits,
@@ -71,7 +71,7 @@ async def test_asyncio_accept_failures_are_counted_not_logged_each(
     others: list[str] = []
     loop.set_exception_handler(lambda _, context: others.append(context["message"]))
     restore = count_accept_errors(loop)
-    with caplog.at_level(logging.WARNING, logger="coordinator.server.admission"):
+    with caplog.at_level(logging.WARNING, logger="keyshard.coordinator.server.admission"):
         for _ in range(500):  # what one wake-up of asyncio's accept loop reports
             loop.call_exception_handler(
                 {"message": ACCEPT_OUT_OF_RESOURCES, "exception": OSError(errno.EMFILE, "x")}

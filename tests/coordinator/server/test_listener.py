@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 
-from coordinator.protocol.channel import Channel
-from coordinator.protocol.codec import FrameDecoder, encode
-from coordinator.protocol.messages import (
+from keyshard.coordinator.server import listener
+from keyshard.coordinator.server.admission import ConnectionLimits, ThrottledLog
+from keyshard.core.protocol.channel import Channel
+from keyshard.core.protocol.codec import FrameDecoder, encode
+from keyshard.core.protocol.messages import (
     ErrorCode,
     ErrorResponse,
     Message,
@@ -31,8 +33,6 @@ from coordinator.protocol.messages import (
     StartFetcherRequest,
     StartFetcherResponse,
 )
-from coordinator.server import listener
-from coordinator.server.admission import ConnectionLimits, ThrottledLog
 from tests.coordinator.server.inprocess import running_coordinator
 
 TIMEOUT = 5.0
@@ -199,7 +199,7 @@ async def test_accept_errors_pause_accepting_and_are_logged_once_per_interval(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(listener, "ACCEPT_PAUSE_S", 0.01)
-    caplog.set_level(logging.WARNING, logger="coordinator.server.listener")
+    caplog.set_level(logging.WARNING, logger="keyshard.coordinator.server.listener")
     async with running_coordinator(ConnectionLimits(register_timeout_ms=5000)) as server:
         (real,) = server._sockets
         failing = _OutOfFiles(real, failures=30)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from coordinator.model.positions import Position, RangePositionMap
-from coordinator.model.ranges import RangeSet, SlotRange
-from coordinator.storage.image import PartitionImage
-from coordinator.storage.records import (
+from keyshard.coordinator.storage.image import PartitionImage
+from keyshard.coordinator.storage.log_format import (
     EpochMarker,
     MemberRecord,
     PositionsChunk,
@@ -15,6 +13,8 @@ from coordinator.storage.records import (
     encode_positions,
     member_key,
 )
+from keyshard.core.model.positions import Position, RangePositionMap
+from keyshard.core.model.ranges import RangeSet, SlotRange
 
 TP = ("orders", 0)
 

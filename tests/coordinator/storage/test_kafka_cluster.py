@@ -17,19 +17,19 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from coordinator.kafka.settings import KafkaSettings
-from coordinator.model.hashing import SLOT_COUNT
-from coordinator.model.positions import Position, RangePositionMap
-from coordinator.model.ranges import SlotRange
-from coordinator.storage import kafka_cluster
-from coordinator.storage.base import DEFAULT_STATE_TOPIC, StoreError
-from coordinator.storage.kafka_cluster import KafkaCluster, ensure_state_topic
-from coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
-from coordinator.storage.records import (
+from keyshard.coordinator.storage import kafka_cluster
+from keyshard.coordinator.storage.base import DEFAULT_STATE_TOPIC, StoreError
+from keyshard.coordinator.storage.kafka_cluster import KafkaCluster, ensure_state_topic
+from keyshard.coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
+from keyshard.coordinator.storage.log_format import (
     MAX_RECORD_BYTES,
     encode_positions,
     merge_into,
 )
+from keyshard.core.kafka.settings import KafkaSettings
+from keyshard.core.model.hashing import SLOT_COUNT
+from keyshard.core.model.positions import Position, RangePositionMap
+from keyshard.core.model.ranges import SlotRange
 from tests.brokers import Broker
 from tests.integration.harness import create_topic, wait_for
 

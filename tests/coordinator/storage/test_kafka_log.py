@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from coordinator.kafka.settings import KafkaSettings
-from coordinator.model.ranges import RangeSet
-from coordinator.storage.base import Fenced
-from coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
-from coordinator.storage.records import MemberRecord, encode
+from keyshard.coordinator.storage.base import Fenced
+from keyshard.coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
+from keyshard.coordinator.storage.log_format import MemberRecord, encode
+from keyshard.core.kafka.settings import KafkaSettings
+from keyshard.core.model.ranges import RangeSet
 from tests.brokers import Broker
 from tests.integration.harness import wait_for
 

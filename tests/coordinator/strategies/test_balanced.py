@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.model.hashing import MAX_SLOT, SLOT_COUNT
-from coordinator.model.ranges import EMPTY, RangeSet
-from coordinator.strategies.balanced import BalancedAssignor
-from coordinator.strategies.base import AssignmentSpec, MemberSpec, quotas, slots_moved
-from coordinator.strategies.registry import strategy_named
+from keyshard.coordinator.strategies.balanced import BalancedAssignor
+from keyshard.coordinator.strategies.base import AssignmentSpec, MemberSpec, quotas, slots_moved
+from keyshard.coordinator.strategies.registry import strategy_named
+from keyshard.core.model.hashing import MAX_SLOT, SLOT_COUNT
+from keyshard.core.model.ranges import EMPTY, RangeSet
 
 ASSIGNOR = BalancedAssignor()
 

@@ -25,17 +25,27 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from coordinator.group.state import GroupConfig
-from coordinator.model.hashing import LOAD_BUCKET_COUNT, LOAD_BUCKET_SHIFT, MAX_SLOT, SLOT_COUNT
-from coordinator.model.ranges import EMPTY, RangeSet, SlotRange
-from coordinator.strategies._common import LoadPrefix
-from coordinator.strategies.auto_split import AutoSplitAssignor
-from coordinator.strategies.base import Assignment, AssignmentSpec, MemberSpec, quotas, slots_moved
-from coordinator.strategies.consistent_hash import ConsistentHashAssignor, point_key
-from coordinator.strategies.load_aware import LoadAwareAssignor
-from coordinator.strategies.measures import achievable_imbalance, balancing_imbalance, imbalance
-from coordinator.strategies.registry import BUILT_IN, strategy_named
-from coordinator.strategies.sticky import StickyAssignor, validate_fixed_ranges
+from keyshard.coordinator.group.state import GroupConfig
+from keyshard.coordinator.strategies._common import LoadPrefix
+from keyshard.coordinator.strategies.auto_split import AutoSplitAssignor
+from keyshard.coordinator.strategies.base import (
+    Assignment,
+    AssignmentSpec,
+    MemberSpec,
+    quotas,
+    slots_moved,
+)
+from keyshard.coordinator.strategies.consistent_hash import ConsistentHashAssignor, point_key
+from keyshard.coordinator.strategies.load_aware import LoadAwareAssignor
+from keyshard.coordinator.strategies.measures import (
+    achievable_imbalance,
+    balancing_imbalance,
+    imbalance,
+)
+from keyshard.coordinator.strategies.registry import BUILT_IN, strategy_named
+from keyshard.coordinator.strategies.sticky import StickyAssignor, validate_fixed_ranges
+from keyshard.core.model.hashing import LOAD_BUCKET_COUNT, LOAD_BUCKET_SHIFT, MAX_SLOT, SLOT_COUNT
+from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
 CONTIGUOUS = {"auto-split"}
 # Ranges of one member after a load-aware rebalance: at most `max_ranges` (16) are

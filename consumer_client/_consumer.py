@@ -1,0 +1,500 @@
+"""`CoordinatedConsumer`: the lightweight consumer of docs/protocol.md, over aiokafka.
+
+This class is the public API and the supervisor. Three activities run under it (`run`):
+the *connector* (`consumer_client.membership`: find the coordinator, register, answer
+Ping/StopFetcher/StartFetcher, notice a silent or lost coordinator), the *fetcher*
+(`consumer_client.fetcher`: one aiokafka consumer with manual assignment, its records
+filtered by owned slots in `consumer_client.dispatch`), and the *lanes*
+(`consumer_client.lanes`: the user's handler, per key). What the connector's requests do
+to the fetcher and the lanes is `consumer_client.callbacks`, kept off the user's class. The
+lost-connection procedure is docs/protocol.md's (§6.1 'Consumer', state LOST): stop every
+fetcher, drop every queue, find the coordinator again, register again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.abc import AbstractTokenProvider
+
+from keyshard.consumer_client._datapath.dead_letters import DeadLetters
+from keyshard.consumer_client._datapath.dispatch import Dispatcher
+from keyshard.consumer_client._datapath.fetcher import Fetcher
+from keyshard.consumer_client._datapath.hooks import ConsumerHooks
+from keyshard.consumer_client._datapath.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy
+from keyshard.consumer_client._datapath.progress import ConsumerProgress
+from keyshard.consumer_client._datapath.stats import ConsumerStats
+from keyshard.consumer_client._errors import ConsumerError
+from keyshard.consumer_client._exactly_once.transactions import (
+    ExactlyOnceHandler,
+    TransactionalHooks,
+    TransactionalWriter,
+)
+from keyshard.consumer_client._exactly_once.txn_log import DEFAULT_TOPIC as TXN_LOG_TOPIC
+from keyshard.consumer_client._exactly_once.txn_log import TxnLog
+from keyshard.consumer_client._membership.connector import Membership
+from keyshard.consumer_client._membership.unreachable import Unreachable
+from keyshard.consumer_client._operations.endpoints import ConsumerEndpoints
+from keyshard.consumer_client._operations.metrics import (
+    ConsumerMetrics,
+    ConsumerSnapshot,
+    DeadLetter,
+)
+from keyshard.consumer_client._operations.signals import (
+    ConsumerAborted,
+    GracefulSignals,
+    signals_to_handle,
+)
+from keyshard.core.kafka.connect import KafkaUnreachable, start_client
+from keyshard.core.kafka.settings import KafkaSettings
+from keyshard.core.model.addresses import parse_host_ports
+from keyshard.core.model.hashing import ORDERING_KEY_HEADER
+from keyshard.core.security.tls import ClientTls
+
+log = logging.getLogger(__name__)
+
+AsyncHandler = Callable[[Any], Awaitable[None]]
+CLIENT_STOP_TIMEOUT_S = 10.0
+KAFKA_START_TIMEOUT_S = 30.0
+#: Exactly-once: how often a member commits its transaction. Lower: outputs visible
+#: sooner; higher: fewer commits per record (bench/README.md, exactly-once).
+DEFAULT_TRANSACTION_INTERVAL_MS = 100
+_TXID_PREFIX = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+#: Between attempts to start the Kafka client while Kafka cannot be reached.
+KAFKA_RETRY_S = 1.0
+
+__all__ = ["ConsumerAborted", "ConsumerError", "ConsumerStats", "CoordinatedConsumer"]
+
+
+class CoordinatedConsumer:
+    def __init__(
+        self,
+        *,
+        group: str,
+        topics: list[str],
+        coordinator: str,
+        bootstrap_servers: str | None = None,
+        kafka_config: Mapping[str, str] | KafkaSettings | None = None,
+        kafka_token_provider: AbstractTokenProvider | None = None,
+        name: str = "consumer",
+        max_concurrency: int = 64,
+        session_timeout_ms: int = 10_000,
+        capacity: int = 1,
+        auth_token: str | None = None,
+        coordinator_tls: ClientTls | None = None,  # the coordinator's channel runs TLS
+        dead_letter_topic: str | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        ordering_header: str = ORDERING_KEY_HEADER,
+        max_pending: int | None = None,
+        drain_timeout_s: float = 30.0,
+        fetch_max_wait_ms: int = 100,
+        replay_window: int = 10_000,
+        handle_signals: bool = True,
+        connect_timeout_s: float | None = None,
+        metrics_listen: str | None = None,
+        transactional_id_prefix: str | None = None,  # exactly-once: see run_exactly_once
+        transaction_interval_ms: int = DEFAULT_TRANSACTION_INTERVAL_MS,
+        transaction_log_topic: str = TXN_LOG_TOPIC,
+    ) -> None:
+        """`handle_signals`: SIGTERM/SIGINT close gracefully, a second one aborts
+        (`consumer_client.signals`; only in the main thread, and only when the app has no
+        handlers of its own). `connect_timeout_s`: how long the coordinator or Kafka may
+        stay unreachable before `run()` raises `ConsumerError` (None: retry forever,
+        warning at once and then every 30 s). `metrics_listen`: HOST:PORT to serve
+        /healthz, /readyz and /metrics on while `run()` runs (`consumer_client.endpoints`).
+        """
+        if not topics:
+            raise ValueError("topics must name at least one topic")
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        if not 1000 <= session_timeout_ms <= 300_000:
+            raise ValueError(f"session_timeout_ms={session_timeout_ms} is outside 1000..300000")
+        if not 1 <= capacity <= 100_000:
+            raise ValueError(f"capacity={capacity} is outside 1..100000")
+        if replay_window < 0:
+            raise ValueError(f"replay_window={replay_window} must be >= 0 (0 turns it off)")
+        if transactional_id_prefix is not None and not _TXID_PREFIX.fullmatch(
+            transactional_id_prefix
+        ):
+            raise ValueError(
+                f"transactional_id_prefix={transactional_id_prefix!r} must be 1..100 of "
+                "A-Z a-z 0-9 . _ -"
+            )
+        if not 1 <= transaction_interval_ms <= 30_000:
+            raise ValueError(
+                f"transaction_interval_ms={transaction_interval_ms} is outside 1..30000"
+            )
+        try:
+            coordinators = parse_host_ports(coordinator)
+        except ValueError as err:
+            raise ValueError(f"coordinator address {err}") from None
+        # Kafka's own setting names (security.protocol, sasl.*, ssl.*, ...), checked now:
+        # a bad file or a contradiction is a KafkaConfigError (a ValueError) here, not a
+        # failed fetch later.
+        self.kafka = (
+            kafka_config
+            if isinstance(kafka_config, KafkaSettings)
+            else KafkaSettings.parse(kafka_config, token_provider=kafka_token_provider)
+        )
+        self.group = group
+        self.topics = list(topics)
+        self.coordinators = coordinators
+        self.bootstrap_servers = self.kafka.with_bootstrap(bootstrap_servers)
+        self.name = name
+        self.max_concurrency = max_concurrency
+        self.session_timeout_ms = session_timeout_ms
+        self.capacity = capacity
+        self.auth_token = auth_token
+        self.dead_letter_topic = dead_letter_topic
+        self.retry = retry
+        self.ordering_header = ordering_header
+        self.max_pending = max_pending or max(1000, 16 * max_concurrency)
+        self.drain_timeout_s = drain_timeout_s
+        # Some brokers (Tansu) hold a fetch for about half of this even when records are
+        # waiting, so it bounds delivery latency; on Kafka it only matters when idle.
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.replay_window = replay_window
+        self.handle_signals = handle_signals
+        self.connect_timeout_s = connect_timeout_s
+        self.transactional_id_prefix = transactional_id_prefix
+        self.transaction_interval_ms = transaction_interval_ms
+        self.transaction_log_topic = transaction_log_topic
+        # The exactly-once writer, made by `run_exactly_once` (it needs the running loop).
+        self.writer: TransactionalWriter | None = None
+        self.progress = ConsumerProgress()
+        self.stats = ConsumerStats()
+        self._dispatcher = Dispatcher(
+            self.progress,
+            self.stats,
+            ordering_header=ordering_header,
+            session=self._session,
+            acked=self._acked,
+        )
+        self._fetcher = Fetcher(
+            self.progress,
+            self.stats,
+            self._dispatcher,
+            name=name,
+            max_pending=self.max_pending,
+            replay_window=replay_window,
+            session=self._session,
+        )
+        self._callbacks = ConsumerHooks(self.progress, self._fetcher, self._dispatcher)
+        self._membership = Membership(
+            self._callbacks,
+            group=group,
+            topics=self.topics,
+            coordinators=self.coordinators,
+            name=name,
+            session_timeout_ms=session_timeout_ms,
+            capacity=capacity,
+            auth_token=auth_token,
+            tls=coordinator_tls,
+            connect_timeout_s=connect_timeout_s,
+        )
+        self._kafka_unreachable = Unreachable(log, "Kafka", connect_timeout_s=connect_timeout_s)
+        self.metrics: ConsumerMetrics | None = None
+        self.endpoints: ConsumerEndpoints | None = None
+        if metrics_listen is not None:
+            self.metrics = ConsumerMetrics()
+            self.metrics.prime(self.topics)
+            self.endpoints = ConsumerEndpoints(
+                self.metrics, self.snapshot, session_timeout_ms / 1000, metrics_listen
+            )
+        self._dead_letters: DeadLetters | None = None
+        self._closing = False
+        self._close_task: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- public API -----------------------------------------------------------------
+
+    async def __aenter__(self) -> CoordinatedConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def run(self, handler: AsyncHandler) -> None:
+        """Consume until `close()` (or `request_stop()`, or SIGTERM/SIGINT); a normal
+        return acknowledges. A second signal during the graceful close raises
+        `ConsumerAborted`."""
+        if self.transactional_id_prefix is not None:
+            raise ValueError(
+                "this consumer has a transactional_id_prefix: run it with run_exactly_once"
+            )
+        await self._serve(handler)
+
+    async def run_exactly_once(self, handler: ExactlyOnceHandler) -> None:
+        """Exactly-once read-process-write: `await handler(record, outputs)`, where every
+        `outputs.send(topic, value, key=...)` is committed in one Kafka transaction with
+        the position of `record`, or not at all (docs/protocol.md §13). Needs
+        `transactional_id_prefix` and a broker with transactions (Apache Kafka). Signals
+        as for `run`."""
+        if self.transactional_id_prefix is None:
+            raise ValueError("run_exactly_once needs transactional_id_prefix=...")
+        self.writer = TransactionalWriter(
+            progress=self.progress,
+            txn_log=TxnLog(
+                bootstrap=self.bootstrap_servers,
+                kafka=self.kafka,
+                topic=self.transaction_log_topic,
+                group=self.group,
+                prefix=self.transactional_id_prefix,
+            ),
+            bootstrap=self.bootstrap_servers,
+            kafka=self.kafka,
+            name=self.name,
+            interval_ms=self.transaction_interval_ms,
+        )
+        self._membership.hooks = TransactionalHooks(
+            self.writer, self.progress, self._fetcher, self._dispatcher
+        )
+        await self._serve(self.writer.wrap(handler))
+
+    async def _serve(self, handler: AsyncHandler) -> None:
+        """Signals and endpoints around `_run`."""
+        loop = self._loop = asyncio.get_running_loop()
+        aborted: asyncio.Future[None] = loop.create_future()
+        signals = None
+        if self.handle_signals and (wanted := signals_to_handle()):
+            signals = GracefulSignals(
+                loop, self.name, close=self.request_stop, abort=lambda: _abort(aborted)
+            )
+            signals.install(wanted)
+        try:
+            if self.endpoints is not None:
+                await self.endpoints.start()
+            await self._run(handler, aborted)
+        finally:
+            if signals is not None:
+                signals.remove()
+            aborted.cancel()
+            close_task = self._close_task
+            if close_task is not None and not close_task.done():
+                close_task.cancel()  # aborted mid-drain
+                with contextlib.suppress(asyncio.CancelledError):
+                    await close_task
+            if self.endpoints is not None:
+                await self.endpoints.stop()
+
+    async def _run(self, handler: AsyncHandler, aborted: asyncio.Future[None]) -> None:
+        dead_letter: DeadLetter | None = None
+        if self.dead_letter_topic:
+            self._dead_letters = DeadLetters(
+                self.bootstrap_servers, self.dead_letter_topic, self.kafka.client_options()
+            )
+            dead_letter = self._dead_letters.send
+        if self.metrics is not None:
+            handler = self.metrics.wrap(handler)
+            if dead_letter is not None:
+                dead_letter = self.metrics.wrap_dead_letter(dead_letter)
+        self._dispatcher.lanes = KeyLanes(
+            handler,
+            max_concurrency=self.max_concurrency,
+            on_done=self._dispatcher.on_done,
+            retry=self.retry,
+            dead_letter=dead_letter,
+        )
+        try:
+            started = await self._until_stopped(self._start_kafka(), aborted)
+        except BaseException:  # refused (credentials, no transactions) or aborted
+            await self._shutdown_clients()
+            raise
+        if not started:
+            await self._shutdown_clients()  # stopped before Kafka was reached
+            return
+        connector = asyncio.create_task(self._membership.run(), name=f"{self.name}-connector")
+        self._fetcher.start()
+        assert self._fetcher.failed is not None
+        fetch_failed = self._fetcher.failed
+        stopped: asyncio.Future[Any] = asyncio.create_task(self._stopped.wait())
+        waits = {connector, fetch_failed, stopped}
+        if self.writer is not None:
+            waits.add(self.writer.failed)
+        try:
+            done, _ = await asyncio.wait(waits | {aborted}, return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:
+                if finished is not stopped and finished.exception() is not None:
+                    raise finished.exception()  # type: ignore[misc]
+        finally:
+            fetch_failed.cancel()
+            tasks = [connector, stopped, *self._fetcher.tasks()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._shutdown_clients()
+
+    async def _until_stopped(self, step: Awaitable[None], aborted: asyncio.Future[None]) -> bool:
+        """Run `step` unless a close or an abort comes first (a SIGTERM while Kafka is
+        still being retried must not wait for Kafka): True when it completed."""
+        running = asyncio.ensure_future(step)
+        stopped: asyncio.Future[Any] = asyncio.ensure_future(self._stopped.wait())
+        waiters: set[asyncio.Future[Any]] = {running, stopped, aborted}
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (running, stopped):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(running, stopped, return_exceptions=True)
+        if aborted.done():
+            aborted.result()  # raises ConsumerAborted
+        if running.cancelled():
+            return False
+        running.result()  # raises what the step raised
+        return True
+
+    async def _start_kafka(self) -> None:
+        """Start the Kafka clients, retrying while Kafka cannot be reached (warned about
+        at once, then every 30 s) until `connect_timeout_s`; a lasting problem (bad
+        credentials, TLS) is a `ConsumerError` at once."""
+        self._fetcher.read_committed = self.kafka.isolation_level == "read_committed"
+        while True:
+            kafka = self._fetcher.kafka = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap_servers,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                fetch_max_wait_ms=self.fetch_max_wait_ms,
+                **self.kafka.consumer_options(),
+            )
+            try:
+                await start_client(
+                    kafka, self.bootstrap_servers, self.kafka, "consumer", KAFKA_START_TIMEOUT_S
+                )
+                if self._dead_letters is not None:
+                    await self._dead_letters.start()
+                if self.writer is not None:
+                    await self.writer.start()
+            except KafkaUnreachable as err:
+                # The consumer may have started before a later client failed: stop it.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(kafka.stop(), CLIENT_STOP_TIMEOUT_S)
+                self._fetcher.kafka = None
+                if err.lasting:
+                    raise ConsumerError(str(err)) from None
+                # The diagnosis says "consumer: cannot reach Kafka at X: why": keep the why.
+                detail = str(err).removeprefix("consumer: ")
+                detail = detail.removeprefix(f"cannot reach Kafka at {self.bootstrap_servers}: ")
+                self._kafka_unreachable.failed(self.bootstrap_servers, detail)
+                await asyncio.sleep(KAFKA_RETRY_S)
+                continue
+            self._kafka_unreachable.succeeded()
+            return
+
+    def run_sync(self, fn: Callable[[Any], None]) -> None:
+        """Blocking variant for plain functions, run in a pool of `max_concurrency` threads."""
+        pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix=self.name)
+
+        async def call(record: Any) -> None:
+            await asyncio.get_running_loop().run_in_executor(pool, fn, record)
+
+        try:
+            asyncio.run(self.run(call))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def request_stop(self) -> None:
+        """Thread-safe: ask a running consumer to close gracefully."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._begin_close)
+
+    def _begin_close(self) -> None:
+        if self._close_task is None:
+            self._close_task = asyncio.ensure_future(self.close())
+
+    async def close(self) -> None:
+        """Graceful: stop dispatching, let in-flight records finish, report exact positions
+        in a Leave so the next owners start where this one stopped (no duplicates)."""
+        if self._closing:
+            await self._stopped.wait()
+            return
+        self._closing = True
+        self._fetcher.closing = True
+        self._membership.closing = True
+        try:
+            lanes = self._dispatcher.lanes
+            if lanes is not None:
+                self.progress.begin_stop(self.progress.owned)
+                lanes.drop()
+                await lanes.wait_idle(timeout=self.drain_timeout_s)
+            if self.writer is not None:
+                # Commit what is done and claim nothing more: the Leave reports committed
+                # positions only. A failed writer leaves no report (the coordinator keeps
+                # the committed positions it had).
+                try:
+                    await self.writer.commit(releasing=self.writer.owned(), force=True)
+                except ConsumerError:
+                    return
+            await self._membership.leave(self.progress.positions())
+        finally:
+            self._stopped.set()
+
+    def snapshot(self) -> ConsumerSnapshot:
+        """What this consumer holds now (the endpoints take one a second, on the loop)."""
+        lanes = self._dispatcher.lanes
+        return ConsumerSnapshot(
+            taken=time.monotonic(),
+            # A member riding through a coordinator failover keeps its member id (and
+            # its ranges) while its lease lasts: still a member, as readiness should say.
+            registered=self._membership.member_id is not None,
+            closing=self._closing,
+            heard_ago=self._membership.heard_ago(),
+            in_flight=len(lanes.in_flight()) if lanes is not None else 0,
+            busy_lanes=len(lanes.busy_keys) if lanes is not None else 0,
+            owned_slots=self.progress.owned.size,
+            lag=self._fetcher.fetch_lag(),
+            reads=self.stats.as_dict(),
+        )
+
+    @property
+    def owned_slots(self) -> list[tuple[int, int]]:
+        return self.progress.owned.to_pairs()
+
+    async def wait_registered(self, timeout: float) -> None:
+        await asyncio.wait_for(self._membership.registered.wait(), timeout)
+
+    @property
+    def member_id(self) -> str | None:
+        return self._membership.member_id
+
+    @property
+    def epoch(self) -> int:
+        return self._membership.epoch
+
+    # ---- supervision ----------------------------------------------------------------
+
+    def _session(self) -> int:
+        return self._membership.session
+
+    def _acked(self) -> None:
+        self._fetcher.room.set()
+
+    async def _shutdown_clients(self) -> None:
+        if self.writer is not None:  # first: commits cut short from here on are no failure
+            await self.writer.stop()
+        for task in list(self._membership.tasks):
+            task.cancel()
+        if self._dispatcher.lanes is not None:
+            await self._dispatcher.lanes.abort()
+        if self._fetcher.kafka is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._fetcher.kafka.stop(), CLIENT_STOP_TIMEOUT_S)
+        if self._dead_letters is not None:
+            await self._dead_letters.stop()
+        if self._membership.channel is not None:
+            await self._membership.channel.aclose()
+
+
+def _abort(aborted: asyncio.Future[None]) -> None:
+    if not aborted.done():
+        aborted.set_exception(ConsumerAborted("aborted by a second signal during the drain"))

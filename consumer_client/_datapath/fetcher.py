@@ -1,0 +1,338 @@
+"""The fetch loop: one aiokafka consumer with manual assignment, shared by every grant.
+
+The fetcher reads each partition from the lowest position any grant needs and hands the
+records to the dispatcher in fetch order, chunk by chunk. It keeps a replay window of
+recent records per partition (`consumer_client.replay`), so a grant a little behind the
+fetch position replays them from memory instead of seeking back; and it applies
+StartFetcher (`grant`) and StopFetcher (`pause_idle`) to the Kafka client's assignment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTP
+
+from keyshard.consumer_client._datapath.chunk import Chunk
+from keyshard.consumer_client._datapath.dispatch import Dispatcher
+from keyshard.consumer_client._datapath.lanes import Suspended
+from keyshard.consumer_client._datapath.progress import ConsumerProgress
+from keyshard.consumer_client._datapath.stats import ConsumerStats
+from keyshard.consumer_client._datapath.window import ReplayWindow
+from keyshard.core.model.positions import PositionUpdate, TopicPartition
+from keyshard.core.model.ranges import RangeSet
+from keyshard.core.protocol.messages import HighWatermark
+
+_MAX_TURN_S = 0.02  # the fetch loop gives other tasks a turn at least this often
+_MAX_BATCH = 2000  # records per getmany
+_MIN_BATCH = 8
+
+
+def _wake(waker: asyncio.Future[None], _: object) -> None:
+    if not waker.done():
+        waker.set_result(None)
+
+
+@dataclass(slots=True)
+class _Fetch:
+    """A getmany in flight, with what it was sent under: it outlives a fetcher task that
+    stays with a suspended handler, and a replay may be dispatched while it is out."""
+
+    task: asyncio.Task[dict[KafkaTP, list[Any]]]
+    generations: dict[TopicPartition, int]
+    session: int
+
+
+class Fetcher:
+    def __init__(
+        self,
+        progress: ConsumerProgress,
+        stats: ConsumerStats,
+        dispatcher: Dispatcher,
+        *,
+        name: str,
+        max_pending: int,
+        replay_window: int,
+        session: Callable[[], int],
+    ) -> None:
+        self.progress = progress
+        self.stats = stats
+        self.dispatcher = dispatcher
+        self.name = name
+        self.max_pending = max_pending
+        # Fetched records held per partition so a grant a little behind the fetch position
+        # replays them instead of rewinding the partition (consumer_client.replay).
+        self.replay_window = replay_window
+        self._session = session  # the current registration: older work is stale
+        self.kafka: AIOKafkaConsumer | None = None  # set by `CoordinatedConsumer.run`
+        # Reading committed data only (the default): the partition end that bounds what
+        # can be read is the last stable offset (see `high_watermarks`).
+        self.read_committed = True
+        self.closing = False
+        self.windows: dict[TopicPartition, ReplayWindow] = {}
+        # The offset after the last record fetched per partition: the fetch lag metric.
+        self.fetched_upto: dict[TopicPartition, int] = {}
+        # Set whenever a fetcher held back by `max_pending` should look again: an ack, a
+        # lost session, a replay queued (its records are owed, not new work).
+        self.room = asyncio.Event()
+        # Fetched (or replayed) records not dispatched yet, shared by successive fetcher
+        # tasks; a replay is put at its front (all of it lies below what is queued).
+        self.backlog: list[Chunk] = []
+        # Fails when the fetch loop fails, whichever task runs it (created by `start`).
+        self.failed: asyncio.Future[None] | None = None
+        # Resolved by the fetch in flight completing or by a replay being queued.
+        self._waker: asyncio.Future[None] | None = None
+        self._inflight: _Fetch | None = None
+        self._batch = _MIN_BATCH  # records per getmany: grows while batches are quick
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- the fetcher task -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start a fetcher task. When a handler started inline suspends, that task stays
+        with the handler (see `KeyLanes.dispatch`) and calls this for a new one."""
+        if self.failed is None:
+            self.failed = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._run(), name=f"{self.name}-fetcher")
+
+    def tasks(self) -> list[asyncio.Task[Any]]:
+        """The current fetcher task and the fetch in flight: earlier fetcher tasks became
+        lane workers (the lanes' `abort` ends them)."""
+        inflight = self._inflight.task if self._inflight is not None else None
+        return [t for t in (self._task, inflight) if t is not None]
+
+    async def _run(self) -> None:
+        assert self.failed is not None and self.dispatcher.lanes is not None
+        try:
+            suspended = await self.fetch()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:
+            if not self.failed.done():
+                self.failed.set_exception(err)
+            return
+        if suspended is None:
+            # Closing: `close()` drains the lanes and sends the Leave, then ends `run()`.
+            # Ending it here would cancel the connector and abort in-flight handlers
+            # under the drain.
+            return
+        await self.dispatcher.lanes.adopt(suspended)
+
+    async def fetch(self) -> Suspended | None:
+        """Fetch and dispatch until closing (None) or until a handler suspends inline (the
+        `Suspended`, after starting the next fetcher task on what is left)."""
+        assert self.kafka is not None
+        kafka, backlog = self.kafka, self.backlog
+        clock = asyncio.get_running_loop().time
+        turn = clock()  # when the other tasks last had a turn
+        while not self.closing:
+            if backlog:
+                began = clock()
+                suspended = self.dispatch(backlog)
+                self._fit_batch(clock() - began)  # the synchronous part of this turn
+                if suspended is not None:
+                    self.start()
+                    return suspended
+                # While records are buffered getmany does not suspend, and handlers that
+                # finish inline do not either: without this nothing else would ever run
+                # (the connector left Pings unanswered). At most a batch past 20 ms.
+                if clock() - turn >= _MAX_TURN_S:
+                    await asyncio.sleep(0)
+                    turn = clock()
+                continue
+            if not self.progress.partitions or not kafka.assignment():
+                await asyncio.sleep(0.05)
+                turn = clock()
+                continue
+            if self.progress.pending_count() >= self.max_pending:
+                self.room.clear()
+                await self.room.wait()
+                turn = clock()
+                continue
+            fetch = self._inflight
+            if fetch is None:
+                # What aiokafka already holds, without waiting (and without a task: when
+                # records stream in, they nearly always are there).
+                generations = {tp: p.generation for tp, p in self.progress.partitions.items()}
+                buffered = await kafka.getmany(timeout_ms=0, max_records=self._batch)
+                if buffered:
+                    self.queue_fetched(buffered, generations, self._session())
+                    continue
+                fetch = self._inflight = _Fetch(
+                    asyncio.create_task(kafka.getmany(timeout_ms=200, max_records=self._batch)),
+                    {tp: p.generation for tp, p in self.progress.partitions.items()},
+                    self._session(),
+                )
+            if not fetch.task.done():
+                # A replay queued meanwhile is dispatched at once; the fetch stays out.
+                # (One future and a callback per fetch: cheaper than asyncio.wait.)
+                waker = self._waker = asyncio.get_running_loop().create_future()
+                fetch.task.add_done_callback(partial(_wake, waker))
+                try:
+                    await waker
+                finally:
+                    self._waker = None
+                turn = clock()
+            if fetch.task.done():
+                self._inflight = None
+                fetched = fetch.task.result()
+                self.queue_fetched(fetched, fetch.generations, fetch.session)
+                if not any(fetched.values()):
+                    await self._step_over_gaps()
+        return None
+
+    async def _step_over_gaps(self) -> None:
+        """After a fetch that brought nothing: move each caught-up partition's cursor to
+        the client's fetch position. Offsets a fetch steps over without a record for us
+        (transaction markers; aborted records when reading committed data) are otherwise
+        only passed once a later record arrives, so a partition ending in a commit
+        marker would keep its positions one short of the end: lag that never clears,
+        and a position that is not the partition's end in the tools."""
+        assert self.kafka is not None
+        queued = {chunk.tp for chunk in self.backlog}
+        for tp, progress in list(self.progress.partitions.items()):
+            if not progress.grants or tp in queued:
+                continue
+            generation = progress.generation
+            position = await self.kafka.position(KafkaTP(*tp))
+            if progress.generation == generation and position > progress.cursor:
+                progress.cursor = position
+
+    def _fit_batch(self, took: float) -> None:
+        """Handlers that finish inline run synchronously, a whole batch in one turn of the
+        event loop: with 1 ms of CPU each, 2,000 records blocked it for 2 s (Pings and
+        StopFetchers waited). Halve the batch while one takes longer than a turn should,
+        grow it back while they are quick."""
+        if took > _MAX_TURN_S:
+            self._batch = max(_MIN_BATCH, self._batch // 2)
+        elif took < _MAX_TURN_S / 4:
+            self._batch = min(_MAX_BATCH, self._batch * 2)
+
+    def queue_fetched(
+        self,
+        batches: dict[KafkaTP, list[Any]],
+        generations: dict[TopicPartition, int],
+        session: int,
+    ) -> None:
+        """Append fetched records to the backlog, and to the replay windows of the
+        partitions they still join up with (fetched at their current generation)."""
+        for ktp, records in batches.items():
+            self.stats.fetched += len(records)
+            tp = (ktp.topic, ktp.partition)
+            if records:
+                self.fetched_upto[tp] = records[-1].offset + 1
+            generation = generations.get(tp)
+            progress = self.progress.partitions.get(tp)
+            window = self.windows.get(tp)
+            if window is not None and progress is not None and progress.generation == generation:
+                if not progress.owns_everything:
+                    window.append(records)
+                elif records:  # held records keep the GC busy: ~10% of a no-op consumer
+                    window.reset(records[-1].offset + 1)
+            self.backlog.append(Chunk(tp, generation, session, records))
+
+    def dispatch(self, backlog: list[Chunk]) -> Suspended | None:
+        """Dispatch the chunks of `backlog` in order, consuming it; stops at the first
+        handler that suspends inline. Chunks fetched for an older session are dropped,
+        and those fetched before a rewind are fetched again."""
+        session = self._session()
+        while backlog:
+            chunk = backlog[0]
+            progress = self.progress.partitions.get(chunk.tp)
+            if progress is None or chunk.session != session:
+                backlog.pop(0)
+                continue
+            replay = chunk.replay
+            if replay is None and progress.generation != chunk.generation:
+                self.seek(chunk.tp, progress.cursor)  # fetched before a rewind: refetch
+                backlog.pop(0)
+                continue
+            suspended = self.dispatcher.dispatch_chunk(chunk, progress)
+            if suspended is not None:
+                return suspended
+            if replay is not None:
+                replay.finish_replay()
+            backlog.pop(0)
+        return None
+
+    # ---- ownership, applied to the Kafka client -------------------------------------
+
+    def grant(self, slots: RangeSet, positions: PositionUpdate) -> None:
+        """StartFetcher: own `slots` from `positions`; replay held records where the grant
+        is behind the fetch position, else seek the partition back."""
+        held = {tp: window.start for tp, window in self.windows.items()}
+        running = {tp for tp, progress in self.progress.partitions.items() if progress.grants}
+        seeks = self.progress.add_grant(slots, positions, held)
+        self.stats.rewinds += len(running & seeks.keys())
+        for tp, grant in self.progress.take_replays():
+            records = self.windows[tp].between(grant.fetch_from, grant.replay_upto)
+            self.stats.replayed += len(records)
+            self.backlog.insert(0, Chunk(tp, None, self._session(), records, replay=grant))
+            self.room.set()
+            if self._waker is not None:
+                _wake(self._waker, None)
+        if self.kafka is None:
+            return
+        wanted = {KafkaTP(*tp) for tp in self.progress.partitions}
+        current = set(self.kafka.assignment())
+        if not wanted <= current:
+            self.kafka.assign(sorted(current | wanted))
+        for tp, offset in seeks.items():
+            self.seek(tp, offset)
+        self.kafka.resume(*[KafkaTP(*tp) for tp, p in self.progress.partitions.items() if p.grants])
+
+    def pause_idle(self) -> None:
+        """After a StopFetcher: partitions with no grant left are not fetched."""
+        if self.kafka is not None:
+            idle = [KafkaTP(*tp) for tp, p in self.progress.partitions.items() if not p.grants]
+            if idle:
+                self.kafka.pause(*idle)
+
+    def forget(self) -> None:
+        """The session is lost: fetch nothing, hold nothing."""
+        self.windows.clear()
+        if self.kafka is not None:
+            self.kafka.pause(*self.kafka.assignment())
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        assert self.kafka is not None
+        self.fetched_upto[tp] = offset
+        self.kafka.seek(KafkaTP(*tp), offset)
+        if self.replay_window:
+            window = self.windows.get(tp)
+            if window is None:
+                self.windows[tp] = ReplayWindow(offset, self.replay_window)
+            else:
+                window.reset(offset)
+
+    def fetch_lag(self) -> dict[TopicPartition, int]:
+        """Per assigned partition: records between what was fetched and its end."""
+        return {
+            (mark.topic, mark.partition): max(
+                0, mark.offset - self.fetched_upto.get((mark.topic, mark.partition), mark.offset)
+            )
+            for mark in self.high_watermarks()
+        }
+
+    def high_watermarks(self) -> list[HighWatermark]:
+        """Each assigned partition's end as the last fetch saw it (the lag reference): the
+        last stable offset when reading committed data (records after an open transaction
+        are not readable yet, so they are not lag this consumer could work off)."""
+        if self.kafka is None:
+            return []
+        stable = self.read_committed
+        marks = []
+        for tp in self.kafka.assignment():
+            offset = self.kafka.last_stable_offset(tp) if stable else self.kafka.highwater(tp)
+            if offset is not None:
+                marks.append(
+                    HighWatermark(
+                        topic=tp.topic, partition=tp.partition, offset=offset, stable=stable
+                    )
+                )
+        return marks

@@ -1,0 +1,34 @@
+"""The runtime's settings, with the defaults the daemon's flags start from."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from keyshard.coordinator.group.state import GroupConfig
+from keyshard.coordinator.storage.base import DEFAULT_STATE_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    bootstrap_servers: str
+    advertised_address: str = "127.0.0.1:0"
+    state_topic: str = DEFAULT_STATE_TOPIC
+    auth_token: str | None = None
+    group_defaults: GroupConfig = field(default_factory=GroupConfig)
+    flush_interval_ms: int = 200
+    # A stale target is recomputed once membership was quiet this long (a storm of
+    # joins shares one recompute), but at most this long after it went stale.
+    recompute_quiet_ms: int = 100
+    recompute_max_defer_ms: int = 2_000
+    # ... and once quiet this long when nothing in the group runs yet (a new group):
+    # waiting costs nothing there, and a storm's tail may come a TCP retransmit later.
+    recompute_idle_quiet_ms: int = 1_500
+    coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    # Per-group strategy overrides: group -> assignor name (the rest use group_defaults).
+    group_assignors: Mapping[str, str] = field(default_factory=dict)
+
+    def config_for(self, group: str) -> GroupConfig:
+        name = self.group_assignors.get(group)
+        return self.group_defaults if name is None else replace(self.group_defaults, assignor=name)

@@ -1,0 +1,246 @@
+"""The state log's records: keys, values, and their JSON. Pure: no I/O.
+
+A group lives in one partition of the state topic (`partition_of`), and every record of
+the group goes there, so one partition's log is everything its coordinator needs:
+
+- `PositionsChunk`  the range position map of one topic-partition of a group, in chunks
+                    of at most `MAX_RECORD_BYTES` (loading takes the union of a
+                    partition's chunks: positions only say which offsets are done, so a
+                    stale or torn chunk can only say less, never something false);
+- `MemberRecord`    a member and the ranges it owns, written before a StartFetcher
+                    leaves: what a new coordinator checks a re-registering member's
+                    claim against (a tombstone when the member is gone);
+- `EpochMarker`     a replica took the partition over, with the next coordinator epoch:
+                    records of older epochs after it are a fenced writer's and are ignored;
+- `ReplicaBeat`     a replica is alive (partition 0 only, outside transactions).
+
+Keys start with a kind letter so compaction keeps the latest of each thing; every value
+carries the coordinator epoch of its writer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from keyshard.core.model.positions import RangePositionMap, TopicPartition
+from keyshard.core.model.ranges import RangeSet
+
+FORMAT_VERSION = 3
+#: Half of Kafka's default max.message.bytes: room for the batch's own overhead.
+MAX_RECORD_BYTES = 512 * 1024
+SEP = "\x00"
+
+
+class RecordError(ValueError):
+    """A state record this version cannot read."""
+
+
+@dataclass(frozen=True, slots=True)
+class PositionsChunk:
+    group: str
+    tp: TopicPartition
+    chunk: int
+    positions: RangePositionMap
+    epoch: int = 0
+
+    @property
+    def key(self) -> bytes:
+        return _key("P", self.group, self.tp[0], str(self.tp[1]), str(self.chunk))
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    """A member as the coordinator last made it durable: enough to re-create it when it
+    re-registers with a matching claim after a failover."""
+
+    group: str
+    member_id: str
+    name: str
+    capacity: int
+    session_timeout_ms: int
+    member_epoch: int
+    owned: RangeSet
+    topics: tuple[str, ...]
+    fixed_ranges: RangeSet | None = None
+    epoch: int = 0  # the coordinator epoch that wrote it
+
+    @property
+    def key(self) -> bytes:
+        return member_key(self.group, self.member_id)
+
+
+@dataclass(frozen=True, slots=True)
+class EpochMarker:
+    partition: int
+    epoch: int
+    replica_id: str
+    address: str
+    admin_url: str
+    # Written by the owner when it hands the partition over: nobody holds it now, and
+    # the next owner may claim it at once.
+    released: bool = False
+    # The placement version the claim acted on (coordinator.replication): a holder keeps
+    # its partition until a newer placement moves it.
+    placement_version: int = 0
+
+    @property
+    def key(self) -> bytes:
+        return _key("E", str(self.partition))
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaBeat:
+    replica_id: str
+    address: str
+    admin_url: str
+    sent_at_ms: int  # the writer's wall clock: only for display, liveness uses log order
+    # Its last beat: it is shutting down and has handed its partitions over; the others
+    # need not wait for its beats to stop.
+    leaving: bool = False
+    # The version of the placement it acts on (coordinator.replication): a replica with
+    # a newer one does not take partitions from it before it had a chance to hand over.
+    placement_version: int = 0
+
+    @property
+    def key(self) -> bytes:
+        return _key("H", self.replica_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """A deleted key (a member that left, a chunk a shorter write no longer needs)."""
+
+    key: bytes
+
+
+StateRecord = PositionsChunk | MemberRecord | EpochMarker | ReplicaBeat | Tombstone
+
+
+def _key(kind: str, *parts: str) -> bytes:
+    return SEP.join((kind, *parts)).encode()
+
+
+def member_key(group: str, member_id: str) -> bytes:
+    return _key("M", group, member_id)
+
+
+def chunk_key(group: str, tp: TopicPartition, chunk: int) -> bytes:
+    return _key("P", group, tp[0], str(tp[1]), str(chunk))
+
+
+# ---- encoding -------------------------------------------------------------------------
+
+
+def _ranges(ranges: RangeSet | None) -> list[list[int]] | None:
+    return None if ranges is None else [list(pair) for pair in ranges.to_pairs()]
+
+
+def encode(record: StateRecord) -> bytes | None:
+    """The record's value (None: a tombstone)."""
+    body: dict[str, Any]
+    match record:
+        case Tombstone():
+            return None
+        case PositionsChunk():
+            raise RecordError("positions are encoded in chunks: use encode_positions")
+        case MemberRecord():
+            body = {
+                "kind": "member", "group": record.group, "member_id": record.member_id,
+                "name": record.name, "capacity": record.capacity,
+                "session_timeout_ms": record.session_timeout_ms,
+                "member_epoch": record.member_epoch, "owned": _ranges(record.owned),
+                "topics": list(record.topics), "fixed_ranges": _ranges(record.fixed_ranges),
+            }  # fmt: skip
+        case EpochMarker():
+            body = {
+                "kind": "epoch", "partition": record.partition, "replica_id": record.replica_id,
+                "address": record.address, "admin_url": record.admin_url,
+                "released": record.released, "placement_version": record.placement_version,
+            }  # fmt: skip
+        case ReplicaBeat():
+            body = {
+                "kind": "beat", "replica_id": record.replica_id, "address": record.address,
+                "admin_url": record.admin_url, "sent_at_ms": record.sent_at_ms,
+                "leaving": record.leaving, "placement_version": record.placement_version,
+            }  # fmt: skip
+    epoch = getattr(record, "epoch", 0)
+    return _dump({"v": FORMAT_VERSION, "epoch": epoch, **body})
+
+
+def encode_positions(
+    group: str, tp: TopicPartition, pmap: RangePositionMap, epoch: int,
+    max_bytes: int = MAX_RECORD_BYTES,
+) -> list[tuple[bytes, bytes]]:  # fmt: skip
+    """(key, value) per chunk of the map, each value at most about `max_bytes` (a single
+    segment larger than that still gets a chunk of its own)."""
+    head = {"v": FORMAT_VERSION, "epoch": epoch, "kind": "positions", "group": group,
+            "topic": tp[0], "partition": tp[1]}  # fmt: skip
+    overhead = len(_dump(head)) + 32
+    chunks: list[list[Any]] = [[]]
+    size = overhead
+    for segment in pmap.to_json():
+        length = len(_dump(segment)) + 1
+        if chunks[-1] and size + length > max_bytes:
+            chunks.append([])
+            size = overhead
+        chunks[-1].append(segment)
+        size += length
+    return [
+        (chunk_key(group, tp, i), _dump({**head, "chunk": i, "positions": chunk}))
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def decode(key: bytes, value: bytes | None) -> StateRecord:
+    if value is None:
+        return Tombstone(key)
+    data: dict[str, Any] = json.loads(value)
+    if data.get("v") != FORMAT_VERSION:
+        raise RecordError(f"state record of unknown format version {data.get('v')!r}")
+    epoch = int(data.get("epoch", 0))
+    kind = data.get("kind")
+    if kind == "positions":
+        tp = (str(data["topic"]), int(data["partition"]))
+        pmap = RangePositionMap.from_json(data["positions"])
+        return PositionsChunk(str(data["group"]), tp, int(data["chunk"]), pmap, epoch)
+    if kind == "member":
+        fixed = data.get("fixed_ranges")
+        return MemberRecord(
+            group=str(data["group"]),
+            member_id=str(data["member_id"]),
+            name=str(data["name"]),
+            capacity=int(data["capacity"]),
+            session_timeout_ms=int(data["session_timeout_ms"]),
+            member_epoch=int(data["member_epoch"]),
+            owned=RangeSet.from_pairs(tuple(p) for p in data["owned"]),
+            topics=tuple(str(t) for t in data["topics"]),
+            fixed_ranges=None if fixed is None else RangeSet.from_pairs(tuple(p) for p in fixed),
+            epoch=epoch,
+        )
+    if kind == "epoch":
+        return EpochMarker(
+            int(data["partition"]), epoch, str(data["replica_id"]), str(data["address"]),
+            str(data["admin_url"]), bool(data.get("released", False)),
+            int(data.get("placement_version", 0)),
+        )  # fmt: skip
+    if kind == "beat":
+        return ReplicaBeat(
+            str(data["replica_id"]), str(data["address"]), str(data["admin_url"]),
+            int(data["sent_at_ms"]), bool(data.get("leaving", False)),
+            int(data.get("placement_version", 0)),
+        )  # fmt: skip
+    raise RecordError(f"state record of unknown kind {kind!r}")
+
+
+def _dump(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def merge_into(target: RangePositionMap, part: RangePositionMap) -> None:
+    """`target` |= `part`, slot by slot (see the module docstring for why a union)."""
+    for slots, position in part.segments():
+        target.update(
+            (piece, old.union(position)) for piece, old in target.segments(RangeSet((slots,)))
+        )

@@ -1,0 +1,257 @@
+"""Daemon lifecycle: start-up -> serve -> graceful shutdown (shaped like uvicorn's Server).
+
+The admin API runs under uvicorn inside this same event loop, so it reads live state.
+This is the one module that wires `api` in: nothing else imports it, so the admin app can
+change without touching the coordinator, and the coordinator never depends on FastAPI.
+Layer: above `coordinator.server`; imported by `keyshard.cli` and `keyshard.local`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import uvicorn
+from fastapi import FastAPI
+
+from keyshard.api.app import create_app
+from keyshard.coordinator.group.state import GroupConfig
+from keyshard.coordinator.replication.manager import ReplicaManager, ReplicationSettings
+from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
+from keyshard.coordinator.runtime.config import RuntimeConfig
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.server.admission import connection_limits, count_accept_errors
+from keyshard.coordinator.server.listener import CoordinatorServer
+from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, DEFAULT_STATE_TOPIC
+from keyshard.coordinator.storage.kafka_cluster import KafkaCluster
+from keyshard.coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
+from keyshard.core.kafka.settings import KafkaSettings
+from keyshard.core.protocol.codec import DEFAULT_MAX_FRAME_BYTES
+from keyshard.core.security.tls import ServerTls
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    bootstrap_servers: str
+    listen_host: str  # the defaults are the CLI's (keyshard.cli.parser)
+    listen_port: int
+    admin_host: str
+    admin_port: int
+    state_topic: str = DEFAULT_STATE_TOPIC
+    auth_token: str | None = None
+    admin_token: str | None = None  # bearer token for admin mutations (and reads if below)
+    admin_auth_reads: bool = False
+    group_defaults: GroupConfig = field(default_factory=GroupConfig)
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    group_assignors: Mapping[str, str] = field(default_factory=dict)
+    kafka: KafkaSettings = field(default_factory=KafkaSettings.parse)
+    # keyshard's own endpoints (issue 13): TLS, and what one connection may cost. The
+    # None limits take coordinator.server.admission's defaults.
+    tls: ServerTls | None = None  # the consumer channel
+    admin_tls: ServerTls | None = None  # the admin API: HTTPS
+    register_timeout_ms: int | None = None
+    max_connections: int | None = None  # None: 10,000, or what the open-file limit allows
+    max_connections_per_peer: int | None = None
+    # Replicas (docs/protocol.md §7): this one's name and where consumers reach it, the
+    # state topic's partitions (used when creating it), and how long a replica's beats
+    # may be silent before its partitions are taken over.
+    replica_id: str = field(default_factory=lambda: default_replica_id())
+    advertise: str | None = None  # host:port; None: the listen address (see advertised())
+    state_partitions: int = DEFAULT_STATE_PARTITIONS
+    replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS
+    # Whether the broker takes transactional producers (None: find out). The embedded
+    # test broker does not, and says so in ERROR lines when asked.
+    state_transactions: bool | None = None
+
+    def advertised(self, port: int) -> str:
+        """Where consumers reach this replica: --advertise, else the listen address
+        (a wildcard listen address advertises this host's name: a pod's IP in Kubernetes)."""
+        if self.advertise:
+            return self.advertise
+        host = self.listen_host
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostbyname(socket.gethostname())
+        return f"{host}:{port}"
+
+
+def admin_url(advertised: str, admin_port: int, *, https: bool) -> str:
+    """Where the other replicas forward admin requests: the advertised host on the admin
+    port. An IPv6 host needs brackets in a URL, which `host:port` may lack."""
+    host = advertised.rpartition(":")[0]
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{'https' if https else 'http'}://{host}:{admin_port}"
+
+
+def default_replica_id() -> str:
+    """Unique per process: a restarted pod is a new replica (its name with a suffix)."""
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+
+
+class _InLoopUvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the daemon owns SIGINT/SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class RunningDaemon:
+    config: DaemonConfig
+    bootstrap_servers: str
+    runtime: CoordinatorRuntime
+    server: CoordinatorServer
+    app: FastAPI
+    admin: _InLoopUvicorn
+    admin_task: asyncio.Task[None]
+    replicas: ReplicaManager
+    state_log: KafkaStateLog
+    cluster: KafkaCluster
+    restore_exception_handler: Callable[[], None] = lambda: None
+
+    async def stop(self) -> None:
+        """In dependency order: hand the partitions over (each group stored, its members
+        told to find the new owner), no new connections or admin requests, the runtime
+        (its last writes and offset commits land), the Kafka clients, the admin server."""
+        self.admin.should_exit = True
+        await self.replicas.stop()
+        await self.app.state.forwarder.aclose()
+        await self.server.stop()
+        await self.runtime.stop()
+        await self.state_log.stop()
+        await self.cluster.stop()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(self.admin_task, 5)
+        self.restore_exception_handler()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(
+            err.errno, f"admin API cannot listen on {host}:{port}: {err.strerror}"
+        ) from err
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+async def start_daemon(config: DaemonConfig) -> RunningDaemon:
+    # Before anything starts: a bad certificate file is a TlsConfigError naming its flag.
+    channel_tls = config.tls.context() if config.tls is not None else None
+    admin_tls = config.admin_tls.context() if config.admin_tls is not None else None
+    limits = connection_limits(
+        config.register_timeout_ms, config.max_connections, config.max_connections_per_peer
+    )
+    bootstrap = config.bootstrap_servers
+    # Bind both sockets first: the advertised address needs the real port, and a busy
+    # port is an OSError here, not a sys.exit() inside uvicorn's task that would tear the
+    # whole loop down.
+    admin_socket = _bind(config.admin_host, config.admin_port)
+    server: CoordinatorServer | None = None
+    runtime: CoordinatorRuntime | None = None
+    cluster = KafkaCluster(bootstrap, config.kafka)
+    state_log: KafkaStateLog | None = None
+    try:
+        advertised = config.advertised(config.listen_port)
+        identity = ReplicaIdentity(
+            config.replica_id,
+            advertised,
+            admin_url(advertised, admin_socket.getsockname()[1], https=admin_tls is not None),
+        )
+        state_log = KafkaStateLog(
+            bootstrap, config.state_topic, settings=config.kafka, identity=identity,
+            partitions=config.state_partitions, transactions=config.state_transactions,
+        )  # fmt: skip
+        await cluster.start()
+        await state_log.start()
+        settings = RuntimeConfig(
+            bootstrap_servers=bootstrap,
+            advertised_address=advertised,
+            state_topic=config.state_topic,
+            auth_token=config.auth_token,
+            group_defaults=config.group_defaults,
+            group_assignors=dict(config.group_assignors),
+            coordinator_id=config.replica_id,
+        )
+        runtime = CoordinatorRuntime(
+            settings, state_log, metadata=cluster, partitions=state_log.partitions
+        )
+        await runtime.start()
+        replicas = ReplicaManager(
+            state_log, runtime, bootstrap=bootstrap, kafka=config.kafka,
+            settings=ReplicationSettings(
+                group_id=f"keyshard-coordinators.{config.state_topic}",
+                replica_timeout_s=config.replica_timeout_ms / 1000,
+            ),
+        )  # fmt: skip
+        runtime.not_ready = replicas.not_ready_reason
+        server = CoordinatorServer(
+            runtime, config.listen_host, config.listen_port, config.max_frame_bytes,
+            tls=channel_tls, limits=limits, replicas=replicas,
+        )  # fmt: skip
+        await server.start()
+        await replicas.start()
+        log.info("%s", limits.describe())
+    except BaseException:
+        admin_socket.close()
+        if server is not None:
+            await server.stop()
+        if runtime is not None:
+            await runtime.stop()
+        if state_log is not None:
+            await state_log.stop()
+        await cluster.stop()
+        raise
+    app = create_app(
+        runtime, replicas=replicas, admin_token=config.admin_token,
+        auth_reads=config.admin_auth_reads,
+        peer_verify=config.admin_tls.peer_context() if config.admin_tls is not None else True,
+    )  # fmt: skip
+    admin_config = uvicorn.Config(app, log_level="warning", lifespan="off", backlog=128)
+    admin_config.load()
+    admin_config.ssl = admin_tls  # ours, not uvicorn's: its errors name our flags
+    admin = _InLoopUvicorn(admin_config)
+    restore = count_accept_errors(asyncio.get_running_loop())
+    admin_task = asyncio.create_task(admin.serve(sockets=[admin_socket]), name="admin-api")
+    # uvicorn exposes readiness only as a flag, so poll it (bounded by the task ending).
+    while not admin.started and not admin_task.done():  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+    return RunningDaemon(
+        config, bootstrap, runtime, server, app, admin, admin_task, replicas, state_log, cluster,
+        restore,
+    )  # fmt: skip
+
+
+async def run_daemon(config: DaemonConfig, announce: Callable[[str], None] = print) -> None:
+    daemon = await start_daemon(config)
+    tls = "" if config.tls is None else " (TLS)"
+    admin = "https" if config.admin_tls is not None else "http"
+    announce(
+        f"keyshard coordinator listening on {config.listen_host}:{daemon.server.port}{tls}, "
+        f"admin {admin}://{config.admin_host}:{config.admin_port}, "
+        f"kafka {daemon.bootstrap_servers}"
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await daemon.stop()
