@@ -342,7 +342,7 @@ async def test_a_sigterm_while_kafka_is_unreachable_still_stops_the_worker(
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        warned = f"WARNING consumer_client.consumer: cannot reach Kafka at {kafka}"
+        warned = f"WARNING keyshard.consumer_client._consumer: cannot reach Kafka at {kafka}"
         await wait_for(lambda: warned in log.read_text(), 30, "the Kafka warning")
         proc.send_signal(signal.SIGTERM)
         await wait_for(lambda: proc.poll() is not None, 30, "the worker to stop")
