@@ -77,8 +77,9 @@ def cut_off(silent_s: float, replica_timeout_s: float, *, others_alive: bool = T
     no beats, so the others it knew stay alive in its view) waits `LONE_CUT_OFF` timeouts:
     the only one that could take its partitions over is one that starts meanwhile, and
     that one waits `HELD_PATIENCE` timeouts before taking a partition somebody holds
-    (`ReplicaManager.desired_owners`). Half the timeout made a lone coordinator drop all
-    its members when a join storm of 5,000 registers held its event loop for 1.6-2.3 s."""
+    (`ReplicaManager.desired_owners`). A join storm of 5,000 registers can hold the event
+    loop, and so the beats, for 1.6-2.3 s: at half the timeout a lone coordinator would
+    drop all its members."""
     return silent_s >= replica_timeout_s * (0.5 if others_alive else LONE_CUT_OFF)
 
 
@@ -398,8 +399,9 @@ class ReplicaManager:
 
     def _unheard_s(self) -> float:
         """How long no beat of ours has been acknowledged by Kafka or read back from the
-        log. Read-back alone lagged behind a join storm's state records on a busy machine:
-        a lone coordinator let go of its partitions in the middle of 5,000 registers."""
+        log. Both count: on a busy machine read-back alone lags behind a join storm's state
+        records, and a lone coordinator would let go of its partitions in the middle of
+        5,000 registers."""
         beats = self.log
         last = max(beats.own_beat_seen_at, beats.own_beat_acked_at, self.started_at)
         return asyncio.get_running_loop().time() - last

@@ -446,7 +446,7 @@ class CoordinatorRuntime:
             ),
         )
         # A group without members has nothing to recompute: scheduling it anyway would
-        # spin the loop for a group replayed from the store.
+        # spin the loop for a group replayed from the state log.
         if state.members and state.target_version != state.inputs_version:
             self._recomputer.stale(group, state)
 

@@ -194,7 +194,7 @@ class StoreWithOldGroup(HeldStore):
 
 async def test_a_group_replayed_without_members_schedules_no_recompute() -> None:
     """A group known only from the state topic has no members: nothing to recompute,
-    so nothing may be scheduled for it (rescheduling it spun the event loop)."""
+    so nothing may be scheduled for it (rescheduling it would spin the event loop)."""
     runtime = runtime_on(RuntimeConfig("unused:1"), StoreWithOldGroup())
     await runtime.start()
     try:
@@ -227,8 +227,8 @@ class BusyStore(HeldStore):
 
 async def test_flushes_waiting_behind_a_write_share_the_next_one() -> None:
     """Group commit: ten StartFetchers waiting for durable positions cost two writes, not
-    ten, even though positions change during every write (a burst of grants under load
-    otherwise queued one write each and stalled every StartFetcher behind them)."""
+    ten, even though positions change during every write (otherwise a burst of grants
+    under load queues one write each and stalls every StartFetcher behind them)."""
     store = BusyStore()
     runtime = runtime_on(RuntimeConfig("unused:1"), store)
     await runtime.start()
@@ -259,9 +259,9 @@ async def test_flushes_waiting_behind_a_write_share_the_next_one() -> None:
 
 async def test_writers_waiting_for_a_flush_all_resume_in_the_same_loop_turn() -> None:
     """A thousand StartFetchers waiting for one position write are released together when
-    it lands. Queued on a lock they resumed one per loop turn: in a 5,000-member join storm
-    each turn was long, and StartFetchers waited seconds after their positions were
-    durable."""
+    it lands. Queued on a lock they would resume one per loop turn: in a 5,000-member join
+    storm each turn is long, and StartFetchers would wait seconds after their positions
+    were durable."""
     store = HeldStore()
     runtime = runtime_on(RuntimeConfig("unused:1"), store)
     await runtime.start()
@@ -303,7 +303,7 @@ class PingClock(RecordingChannel):
 
 async def test_members_registering_together_are_not_pinged_together() -> None:
     """First pings are spread over the interval: 5,000 members pinged in one burst every
-    interval stalled the loop for ~1 s each time, delaying every reply and timer."""
+    interval stall the loop for ~1 s each time, delaying every reply and timer."""
     settings = RuntimeConfig("unused:1", group_defaults=GroupConfig(ping_interval_ms=200))
     runtime = runtime_on(settings, HeldStore())
     await runtime.start()
@@ -357,8 +357,8 @@ async def test_a_reply_after_the_partition_was_let_go_of_is_dropped_quietly(
     caplog: Any,
 ) -> None:
     """A StopFetcher answered after the replica let the group's partition go (handed over,
-    fenced, cut off): the group is gone here, and the reply changes nothing (it raised
-    KeyError in the sender, once per member, at 15,000 members thousands of tracebacks)."""
+    fenced, cut off): the group is gone here, and the reply changes nothing (no KeyError
+    in the sender: that would be one traceback per member, thousands at 15,000 members)."""
     store = HeldStore()
     runtime = runtime_on(RuntimeConfig("unused:1"), store)
     await runtime.start()

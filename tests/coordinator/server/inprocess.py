@@ -1,4 +1,4 @@
-"""An in-process coordinator (its runtime on a memory store) behind a real listener."""
+"""An in-process coordinator (its runtime on an in-memory state log) behind a real listener."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ async def running_coordinator(
     limits: ConnectionLimits | None = None, tls: ssl.SSLContext | None = None
 ) -> AsyncIterator[CoordinatorServer]:
     """A listening coordinator on a free loopback port; groups may use any topic (the
-    memory store says every topic exists, with one partition)."""
+    in-memory cluster says every topic exists, with one partition)."""
     port = free_port()
     settings = RuntimeConfig(
         "unused:1",

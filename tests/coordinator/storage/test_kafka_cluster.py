@@ -2,8 +2,8 @@
 state topic that compacts, offset commits for tooling.
 
 Every position write sets off a commit of the low watermarks; writes close together set
-off commits that overlap. Each group must keep one committer (a second one was started
-and then dropped unclosed: asyncio logged "Unclosed AIOKafkaConsumer" in the demo).
+off commits that overlap. Each group must keep one committer (a second one would be
+dropped unclosed, and asyncio would log "Unclosed AIOKafkaConsumer").
 """
 
 from __future__ import annotations
