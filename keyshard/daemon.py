@@ -178,7 +178,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         )  # fmt: skip
         await cluster.start()
         await state_log.start()
-        settings = RuntimeConfig(
+        runtime_config = RuntimeConfig(
             bootstrap_servers=bootstrap,
             advertised_address=advertised,
             state_topic=config.state_topic,
@@ -188,7 +188,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             coordinator_id=config.replica_id,
         )
         runtime = CoordinatorRuntime(
-            settings, state_log, metadata=cluster, partitions=state_log.partitions
+            runtime_config, state_log, metadata=cluster, partitions=state_log.partitions
         )
         await runtime.start()
         replicas = ReplicaManager(

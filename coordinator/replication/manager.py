@@ -32,7 +32,7 @@ from aiokafka.coordinator.protocol import (
 )
 
 from keyshard.coordinator.replication.placement import (
-    Assignment,
+    Owners,
     ReplicaClaim,
     assign,
     next_version,
@@ -87,7 +87,7 @@ def cut_off(silent_s: float, replica_timeout_s: float, *, others_alive: bool = T
 class Directory:
     """The group leader's answer: every partition's replica, and where replicas are."""
 
-    assignment: Assignment
+    owners: Owners
     replicas: Mapping[str, ReplicaClaim]
     version: int = 0  # `placement.next_version`: newer placements have higher ones
 
@@ -107,7 +107,7 @@ def _claim_of(data: bytes) -> ReplicaClaim:
     )
 
 
-def _directory_bytes(owner: Assignment, claims: Iterable[ReplicaClaim], version: int) -> bytes:
+def _directory_bytes(owner: Owners, claims: Iterable[ReplicaClaim], version: int) -> bytes:
     return json.dumps(
         {"assignment": {str(p): r for p, r in owner.items()},
          "replicas": {c.replica_id: {"address": c.address, "admin": c.admin_url}
@@ -122,8 +122,8 @@ def _directory_of(data: bytes) -> Directory:
         rid: ReplicaClaim(rid, str(r["address"]), str(r["admin"]))
         for rid, r in raw["replicas"].items()
     }
-    assignment = {int(p): str(r) for p, r in raw["assignment"].items()}
-    return Directory(assignment, replicas, int(raw.get("version", 0)))
+    owners = {int(p): str(r) for p, r in raw["assignment"].items()}
+    return Directory(owners, replicas, int(raw.get("version", 0)))
 
 
 def _assignor_for(manager: ReplicaManager) -> type[AbstractPartitionAssignor]:
@@ -192,7 +192,7 @@ class ReplicaManager:
         self.settings = settings
         self.topic = log.topic
         self.directory: Directory | None = None
-        self.desired: Assignment = {}
+        self.desired: Owners = {}
         self.started_at = 0.0
         self._group: AIOKafkaConsumer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -262,7 +262,7 @@ class ReplicaManager:
         self.directory = directory
         log.info(
             "replica placement: %s",
-            ", ".join(f"{p}->{r}" for p, r in sorted(directory.assignment.items())),
+            ", ".join(f"{p}->{r}" for p, r in sorted(directory.owners.items())),
         )
         self._changed.set()
 
@@ -351,7 +351,7 @@ class ReplicaManager:
 
     # ---- placement ----------------------------------------------------------------------
 
-    def desired_owners(self) -> Assignment:
+    def desired_owners(self) -> Owners:
         """Every partition's owner as this replica sees it now (see the module docstring).
 
         The group's placement, with the partitions of replicas whose beats stopped given
@@ -370,7 +370,7 @@ class ReplicaManager:
         alive = set(self._alive()) | {me}
         if self.directory is not None:
             members = set(self.directory.replicas) | {me}
-            owners = take_orphans(self.directory.assignment, self.partitions, alive & members)
+            owners = take_orphans(self.directory.owners, self.partitions, alive & members)
         elif alive == {me} and self._listened() >= 2 * self.settings.beat_interval_s:
             owners = take_orphans({}, self.partitions, [me])
         else:

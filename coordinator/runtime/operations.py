@@ -155,5 +155,5 @@ async def not_ready_reason(runtime: CoordinatorRuntime) -> str | None:
         await asyncio.wait_for(runtime.metadata.probe(), BROKER_PROBE_TIMEOUT_S)
     except Exception as err:
         detail = str(err) or type(err).__name__
-        return f"broker unreachable at {runtime.settings.bootstrap_servers}: {detail}"
+        return f"broker unreachable at {runtime.config.bootstrap_servers}: {detail}"
     return None

@@ -17,7 +17,7 @@ from keyshard.coordinator.strategies import registry
 from keyshard.coordinator.strategies.balanced import BalancedAssignor
 from keyshard.coordinator.strategies.base import Assignment, AssignmentSpec, Strategy
 from tests.coordinator.runtime.test_runtime import (
-    HeldStore,
+    HeldLog,
     RecordingChannel,
     answer,
     eventually,
@@ -52,13 +52,13 @@ def slow_assignor() -> Iterator[None]:
 def runtime_with(
     assignor: str = "balanced", quiet_ms: int = 100, idle_quiet_ms: int = 1_500
 ) -> CoordinatorRuntime:
-    settings = RuntimeConfig(
+    config = RuntimeConfig(
         "unused:1",
         group_defaults=GroupConfig(assignor=assignor),
         recompute_quiet_ms=quiet_ms,
         recompute_idle_quiet_ms=idle_quiet_ms,
     )
-    return runtime_on(settings, HeldStore())
+    return runtime_on(config, HeldLog())
 
 
 async def test_a_storm_of_joins_shares_one_recompute() -> None:

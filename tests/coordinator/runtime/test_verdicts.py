@@ -98,11 +98,11 @@ async def eventually(predicate: Callable[[], bool], what: str) -> None:
 
 @pytest.fixture
 async def coordinator() -> AsyncIterator[tuple[CoordinatorRuntime, int]]:
-    settings = RuntimeConfig(
+    config = RuntimeConfig(
         "unused:1",
         group_defaults=GroupConfig(drain_timeout_ms=300, ping_interval_ms=100),
     )
-    runtime = serving_runtime(settings)
+    runtime = serving_runtime(config)
     await runtime.start()
     server = CoordinatorServer(runtime, "127.0.0.1", 0)
     await server.start()

@@ -21,12 +21,12 @@ async def running_coordinator(
     """A listening coordinator on a free loopback port; groups may use any topic (the
     in-memory cluster says every topic exists, with one partition)."""
     port = free_port()
-    settings = RuntimeConfig(
+    config = RuntimeConfig(
         "unused:1",
         advertised_address=f"127.0.0.1:{port}",
         group_defaults=GroupConfig(ping_interval_ms=100),
     )
-    runtime = serving_runtime(settings)
+    runtime = serving_runtime(config)
     await runtime.start()
     server = CoordinatorServer(runtime, "127.0.0.1", port, tls=tls, limits=limits)
     try:
