@@ -47,7 +47,7 @@ class Forwarder:
 
     @property
     def me(self) -> str:
-        return self.runtime.settings.coordinator_id
+        return self.runtime.config.coordinator_id
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:

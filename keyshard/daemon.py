@@ -1,9 +1,8 @@
 """Daemon lifecycle: start-up -> serve -> graceful shutdown (shaped like uvicorn's Server).
 
 The admin API runs under uvicorn inside this same event loop, so it reads live state.
-This is the one module that wires `api` in: nothing else imports it, so the admin app can
-change without touching the coordinator, and the coordinator never depends on FastAPI.
-Layer: above `coordinator.server`; imported by `keyshard.cli` and `keyshard.local`.
+The admin app is wired in here rather than in the coordinator, so the coordinator never
+depends on FastAPI and the admin app can change without touching it.
 """
 
 from __future__ import annotations
@@ -53,8 +52,8 @@ class DaemonConfig:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     group_assignors: Mapping[str, str] = field(default_factory=dict)
     kafka: KafkaSettings = field(default_factory=KafkaSettings.parse)
-    # keyshard's own endpoints (issue 13): TLS, and what one connection may cost. The
-    # None limits take coordinator.server.admission's defaults.
+    # keyshard's own endpoints: TLS, and what one connection may cost. The None limits
+    # take coordinator.server.admission's defaults.
     tls: ServerTls | None = None  # the consumer channel
     admin_tls: ServerTls | None = None  # the admin API: HTTPS
     register_timeout_ms: int | None = None
@@ -179,7 +178,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         )  # fmt: skip
         await cluster.start()
         await state_log.start()
-        settings = RuntimeConfig(
+        runtime_config = RuntimeConfig(
             bootstrap_servers=bootstrap,
             advertised_address=advertised,
             state_topic=config.state_topic,
@@ -189,7 +188,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             coordinator_id=config.replica_id,
         )
         runtime = CoordinatorRuntime(
-            settings, state_log, metadata=cluster, partitions=state_log.partitions
+            runtime_config, state_log, metadata=cluster, partitions=state_log.partitions
         )
         await runtime.start()
         replicas = ReplicaManager(

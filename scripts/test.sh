@@ -16,7 +16,7 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-# The layer rule of coordinator/__init__.py, as contracts in pyproject.toml.
+# The layer rule: the import contracts in pyproject.toml.
 .venv/bin/lint-imports --no-cache
 # Dead code; what vulture cannot see being used is in scripts/vulture_allowlist.py.
 .venv/bin/vulture

@@ -55,8 +55,8 @@ _.capture_signals, _.should_exit
 _.dlq_enabled, _.ordering_mode, _.max_in_flight, _.process_count
 
 # The standard library's HTTP server calls do_GET and log_message, and reads
-# daemon_threads; logging.Formatter reads converter (consumer_client.endpoints, the
-# worker's JSON log lines).
+# daemon_threads (a consumer's /healthz, /readyz and /metrics); logging.Formatter reads
+# converter (the worker's JSON log lines).
 _.do_GET, _.log_message, _.daemon_threads, _.converter
 # Public API of the consumer library: exactly-once runs are the user's.
 _.run_exactly_once

@@ -10,7 +10,7 @@ late (their `ts` is up to 30 s before the user's previous event: event time, not
 order, decides the sessions). `--bad N` mixes N malformed records in (not JSON, a JSON
 array, a missing or non-integer `ts`, a missing key), which the pipeline must skip.
 
-    python -m spark_jobs.clickstream --bootstrap-servers kafka:9092 --topic clicks \\
+    python -m keyshard.spark_jobs.clickstream --bootstrap-servers kafka:9092 --topic clicks \\
         --users 200 --events 20000 --seed 7 --partitions 2
 """
 

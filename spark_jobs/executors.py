@@ -465,8 +465,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Run the imported module's main, not this `__main__` copy: functions shipped to the
-    # executors must refer to `spark_jobs.executors` (whose state handlers can see), not be
-    # pickled by value from `__main__`.
+    # executors must refer to `keyshard.spark_jobs.executors` (whose state handlers can
+    # see), not be pickled by value from `__main__`.
     from keyshard.spark_jobs.executors import main as _main
 
     sys.exit(_main())

@@ -4,7 +4,7 @@ Both sides use plain aiokafka with manual assignment (no consumer group: Spark's
 and the coordinator's positions are the truth, never a Kafka group commit).
 
 The high watermark comes from a fetch response, not from `end_offsets()`: ListOffsets
-"latest" under-reports on some brokers (Tansu, after batched produces; DESIGN.md §3), which
+"latest" under-reports on some brokers (Tansu, after batched produces), which
 would silently cut a batch read short. `end_offsets()` is only a cheap lower bound to seek
 to, so the probing fetch carries little data.
 """

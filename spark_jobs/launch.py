@@ -1,4 +1,4 @@
-"""The session of a job that runs either under `spark-submit` or as `python -m spark_jobs.X`.
+"""The session of a job that runs under `spark-submit` or as `python -m keyshard.spark_jobs.X`.
 
 Under spark-submit the master and every setting come from spark-submit (a cluster's
 choices win); started with plain `python`, the job makes a local session itself with the

@@ -2,7 +2,7 @@
 
     spark-submit spark_jobs/pipeline.py --bootstrap-servers kafka:9092 --topic clicks \\
         --output /data/sessions [--rejects /data/rejects] [--ranges 16] [--gap-minutes 30]
-    python -m spark_jobs.pipeline ...        # same, on a local session (--master to change)
+    python -m keyshard.spark_jobs.pipeline ...   # same, on a local session (--master to change)
 
 It reads every record of the topic(s) up to the high watermark at start, through the
 `keyshard` format with `--ranges` slot ranges per partition: each Spark partition is one

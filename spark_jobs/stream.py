@@ -11,7 +11,7 @@ channel runs TLS), `coordinator_tls_cert_file` and `coordinator_tls_key_file` (m
 
 **Who is the member.** The driver-side reader (Spark runs it in one long-lived Python
 process per query) registers with the coordinator over the consumer protocol, through
-`consumer_client.membership.Membership` — the same code as `CoordinatedConsumer` — in a
+`keyshard.consumer_client.Membership` — the same code as `CoordinatedConsumer` — in a
 background thread with its own event loop, which also answers Pings on schedule.
 Executors are not members: they read bounded slices planned by the driver.
 

@@ -495,8 +495,8 @@ def reconcile(
        the positions where the previous owner stopped.
     Grants wait while members joined after the inputs of the target (a storm of joins
     with a pause in it: the target for the first wave lands after the second wave
-    joined). That target gives the
-    joiners nothing, so the one that places them takes a piece of every member's target:
+    joined). That target gives the joiners nothing, so the one that places them takes a
+    piece of every member's target:
     a grant now would be revoked moments later (at 5,000 members, thousands of
     StopFetchers). The recompute that places them is already due (the recomputer's max
     defer) and reads targets, not ownership, so holding changes no outcome; a lone join

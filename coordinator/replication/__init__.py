@@ -7,5 +7,9 @@ its owner's heartbeats stop, and fenced through Kafka: a coordinator epoch per p
 in every state record and request, and on brokers with transactions a transactional
 producer per partition, so the broker itself refuses a zombie's writes.
 
-Layer: above `coordinator.runtime` and `coordinator.storage`; below `coordinator.server`.
+- `placement`: which replica owns which state partition (pure functions).
+- `manager`: one replica's part: claiming, taking over, handing over, and where a group
+  is served.
+
+Its place among the packages: the import contracts in pyproject.toml.
 """

@@ -32,7 +32,7 @@ from aiokafka.coordinator.protocol import (
 )
 
 from keyshard.coordinator.replication.placement import (
-    Assignment,
+    Owners,
     ReplicaClaim,
     assign,
     next_version,
@@ -77,8 +77,9 @@ def cut_off(silent_s: float, replica_timeout_s: float, *, others_alive: bool = T
     no beats, so the others it knew stay alive in its view) waits `LONE_CUT_OFF` timeouts:
     the only one that could take its partitions over is one that starts meanwhile, and
     that one waits `HELD_PATIENCE` timeouts before taking a partition somebody holds
-    (`ReplicaManager.desired_owners`). Half the timeout made a lone coordinator drop all
-    its members when a join storm of 5,000 registers held its event loop for 1.6-2.3 s."""
+    (`ReplicaManager.desired_owners`). A join storm of 5,000 registers can hold the event
+    loop, and so the beats, for 1.6-2.3 s: at half the timeout a lone coordinator would
+    drop all its members."""
     return silent_s >= replica_timeout_s * (0.5 if others_alive else LONE_CUT_OFF)
 
 
@@ -86,7 +87,7 @@ def cut_off(silent_s: float, replica_timeout_s: float, *, others_alive: bool = T
 class Directory:
     """The group leader's answer: every partition's replica, and where replicas are."""
 
-    assignment: Assignment
+    owners: Owners
     replicas: Mapping[str, ReplicaClaim]
     version: int = 0  # `placement.next_version`: newer placements have higher ones
 
@@ -106,7 +107,7 @@ def _claim_of(data: bytes) -> ReplicaClaim:
     )
 
 
-def _directory_bytes(owner: Assignment, claims: Iterable[ReplicaClaim], version: int) -> bytes:
+def _directory_bytes(owner: Owners, claims: Iterable[ReplicaClaim], version: int) -> bytes:
     return json.dumps(
         {"assignment": {str(p): r for p, r in owner.items()},
          "replicas": {c.replica_id: {"address": c.address, "admin": c.admin_url}
@@ -121,8 +122,8 @@ def _directory_of(data: bytes) -> Directory:
         rid: ReplicaClaim(rid, str(r["address"]), str(r["admin"]))
         for rid, r in raw["replicas"].items()
     }
-    assignment = {int(p): str(r) for p, r in raw["assignment"].items()}
-    return Directory(assignment, replicas, int(raw.get("version", 0)))
+    owners = {int(p): str(r) for p, r in raw["assignment"].items()}
+    return Directory(owners, replicas, int(raw.get("version", 0)))
 
 
 def _assignor_for(manager: ReplicaManager) -> type[AbstractPartitionAssignor]:
@@ -191,7 +192,7 @@ class ReplicaManager:
         self.settings = settings
         self.topic = log.topic
         self.directory: Directory | None = None
-        self.desired: Assignment = {}
+        self.desired: Owners = {}
         self.started_at = 0.0
         self._group: AIOKafkaConsumer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -261,7 +262,7 @@ class ReplicaManager:
         self.directory = directory
         log.info(
             "replica placement: %s",
-            ", ".join(f"{p}->{r}" for p, r in sorted(directory.assignment.items())),
+            ", ".join(f"{p}->{r}" for p, r in sorted(directory.owners.items())),
         )
         self._changed.set()
 
@@ -350,7 +351,7 @@ class ReplicaManager:
 
     # ---- placement ----------------------------------------------------------------------
 
-    def desired_owners(self) -> Assignment:
+    def desired_owners(self) -> Owners:
         """Every partition's owner as this replica sees it now (see the module docstring).
 
         The group's placement, with the partitions of replicas whose beats stopped given
@@ -369,7 +370,7 @@ class ReplicaManager:
         alive = set(self._alive()) | {me}
         if self.directory is not None:
             members = set(self.directory.replicas) | {me}
-            owners = take_orphans(self.directory.assignment, self.partitions, alive & members)
+            owners = take_orphans(self.directory.owners, self.partitions, alive & members)
         elif alive == {me} and self._listened() >= 2 * self.settings.beat_interval_s:
             owners = take_orphans({}, self.partitions, [me])
         else:
@@ -398,8 +399,9 @@ class ReplicaManager:
 
     def _unheard_s(self) -> float:
         """How long no beat of ours has been acknowledged by Kafka or read back from the
-        log. Read-back alone lagged behind a join storm's state records on a busy machine:
-        a lone coordinator let go of its partitions in the middle of 5,000 registers."""
+        log. Both count: on a busy machine read-back alone lags behind a join storm's state
+        records, and a lone coordinator would let go of its partitions in the middle of
+        5,000 registers."""
         beats = self.log
         last = max(beats.own_beat_seen_at, beats.own_beat_acked_at, self.started_at)
         return asyncio.get_running_loop().time() - last

@@ -28,12 +28,12 @@ class ReplicaClaim:
     version: int = 0  # of the placement it acts on now (see `next_version`)
 
 
-Assignment = dict[int, str]  # state partition -> replica id
+Owners = dict[int, str]  # state partition -> replica id
 #: A replica whose beats were silent this long has its partitions taken over.
 DEFAULT_REPLICA_TIMEOUT_MS = 2_000
 
 
-def assign(partitions: int, replicas: Iterable[ReplicaClaim]) -> Assignment:
+def assign(partitions: int, replicas: Iterable[ReplicaClaim]) -> Owners:
     """Every partition to one replica: sticky, then balanced.
 
     1. A partition stays with the replica that holds it at the highest epoch (two
@@ -46,7 +46,7 @@ def assign(partitions: int, replicas: Iterable[ReplicaClaim]) -> Assignment:
     claims = sorted(replicas, key=lambda r: r.replica_id)
     if not claims:
         return {}
-    owner: Assignment = {}
+    owner: Owners = {}
     best: dict[int, int] = {}
     for claim in claims:
         for partition, epoch in claim.holds.items():
@@ -57,7 +57,7 @@ def assign(partitions: int, replicas: Iterable[ReplicaClaim]) -> Assignment:
     return _balance(owner, [c.replica_id for c in claims])
 
 
-def take_orphans(current: Assignment, partitions: int, alive: Iterable[str]) -> Assignment:
+def take_orphans(current: Owners, partitions: int, alive: Iterable[str]) -> Owners:
     """`current` with the partitions of replicas no longer alive handed to the live ones
     (fewest first), nothing else moved: the fast path between rebalances."""
     live = sorted(set(alive))
@@ -67,14 +67,14 @@ def take_orphans(current: Assignment, partitions: int, alive: Iterable[str]) -> 
     return _fill(kept, partitions, live)
 
 
-def _counts(owner: Assignment, replicas: list[str]) -> dict[str, int]:
+def _counts(owner: Owners, replicas: list[str]) -> dict[str, int]:
     counts = dict.fromkeys(replicas, 0)
     for replica in owner.values():
         counts[replica] = counts.get(replica, 0) + 1
     return counts
 
 
-def _fill(owner: Assignment, partitions: int, replicas: list[str]) -> Assignment:
+def _fill(owner: Owners, partitions: int, replicas: list[str]) -> Owners:
     owner = dict(owner)
     counts = _counts(owner, replicas)
     for partition in range(partitions):
@@ -85,7 +85,7 @@ def _fill(owner: Assignment, partitions: int, replicas: list[str]) -> Assignment
     return owner
 
 
-def _balance(owner: Assignment, replicas: list[str]) -> Assignment:
+def _balance(owner: Owners, replicas: list[str]) -> Owners:
     owner = dict(owner)
     counts = _counts(owner, replicas)
     while True:

@@ -1,4 +1,4 @@
-"""The runtime's settings, with the defaults the daemon's flags start from."""
+"""The runtime's configuration, with the defaults the daemon's flags start from."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ class StateWriter:
         would each wait for a write of its own while pings keep moving positions on.
         They wait on the write itself, not in a lock's queue: thousands of waiters then
         resume in one loop turn when it lands instead of one per turn (a convoy that
-        held StartFetchers for seconds in a join storm).
+        would hold StartFetchers for seconds in a join storm).
         """
         state = self.groups.get(group)
         if state is None:

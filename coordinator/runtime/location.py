@@ -41,9 +41,9 @@ class Standalone:
         self.runtime = runtime
 
     def locate(self, group: str) -> Location:
-        settings = self.runtime.settings
+        config = self.runtime.config
         return Location(
-            settings.coordinator_id, settings.advertised_address, None,
+            config.coordinator_id, config.advertised_address, None,
             self.runtime.epoch_of(group), self.runtime.ready, True,
         )  # fmt: skip
 

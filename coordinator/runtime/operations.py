@@ -141,9 +141,10 @@ def locate_key(state: GroupState, key: bytes, topic: str | None = None) -> KeyLo
 async def not_ready_reason(runtime: CoordinatorRuntime) -> str | None:
     """Why this coordinator should not get traffic, or None when it should.
 
-    The broker probe is a metadata request with a short timeout on the state store's own
-    client: if that cannot reach Kafka, positions cannot be made durable and no grant can
-    leave, so the coordinator is useless even though its process is alive.
+    The broker probe is a metadata request with a short timeout on the cluster client
+    (`ClusterMetadata.probe`): if that cannot reach Kafka, positions cannot be made
+    durable and no grant can leave, so the coordinator is useless even though its
+    process is alive.
     """
     if not runtime.ready:
         return "state not loaded: the coordinator is starting or stopping"
@@ -154,5 +155,5 @@ async def not_ready_reason(runtime: CoordinatorRuntime) -> str | None:
         await asyncio.wait_for(runtime.metadata.probe(), BROKER_PROBE_TIMEOUT_S)
     except Exception as err:
         detail = str(err) or type(err).__name__
-        return f"broker unreachable at {runtime.settings.bootstrap_servers}: {detail}"
+        return f"broker unreachable at {runtime.config.bootstrap_servers}: {detail}"
     return None

@@ -67,7 +67,7 @@ class Pinger:
         # every interval the loop would stall for a whole group's worth of replies. Not
         # sooner than half an interval: pings in the middle of the storm only add to it.
         # Sent on ticks (a twentieth of the interval, at most 100 ms), so each loop turn
-        # still serves a batch: one ping per turn doubled the CPU of steady pings.
+        # still serves a batch: one ping per turn costs twice the CPU for steady pings.
         joined = self._groups.get(group)
         small = joined is not None and len(joined.members) <= SMALL_GROUP
         first = min(interval, FIRST_PING_S) if small else interval

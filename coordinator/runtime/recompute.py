@@ -14,7 +14,7 @@ from hurting a busy coordinator:
   0.2-1.3 s later); placed after the first wave was granted, the tail takes a piece from
   every member (4,096 StopFetchers at 5,000 members).
 - **Where**: in a worker thread, on a frozen snapshot of the inputs (`AssignmentSpec`).
-  Inline it blocked the loop for its whole duration: no reply read, no timer on time,
+  Inline it would block the loop for its whole duration: no reply read, no timer on time,
   no connection accepted. In a thread the loop keeps its share of the GIL every switch
   interval. The result is adopted on the loop (`handlers.target_computed`), tagged with
   the inputs version it was computed from, so a membership change meanwhile simply

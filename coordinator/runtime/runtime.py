@@ -66,7 +66,7 @@ from keyshard.coordinator.runtime.recompute import TargetRecomputer
 from keyshard.coordinator.runtime.sender import OrderedSender
 from keyshard.coordinator.runtime.takeover import takeover_result
 from keyshard.coordinator.runtime.timers import AsyncioTimers, Clock, Timers
-from keyshard.coordinator.runtime.verdicts import PendingReplies, settled
+from keyshard.coordinator.runtime.verdicts import MemberKey, PendingReplies, settled
 from keyshard.coordinator.storage.base import ClusterMetadata, Fenced, StateLog, partition_of
 from keyshard.coordinator.storage.image import PartitionImage
 from keyshard.coordinator.strategies.registry import strategy_named
@@ -96,7 +96,7 @@ class CoordinatorError(Exception):
 class CoordinatorRuntime:
     def __init__(
         self,
-        settings: RuntimeConfig,
+        config: RuntimeConfig,
         log: StateLog,
         *,
         metadata: ClusterMetadata,
@@ -104,13 +104,13 @@ class CoordinatorRuntime:
         clock: Clock = time.monotonic,
         timers: Timers[TimerId] | None = None,
     ) -> None:
-        self.settings = settings
+        self.config = config
         self.log = log
         self.metadata = metadata
         self.partitions = partitions  # of the state log: a group lives in partition_of()
         self.clock = clock
         self.timers: Timers[TimerId] = timers or AsyncioTimers(clock)
-        self.channels: dict[tuple[str, str], Channel] = {}
+        self.channels: dict[MemberKey, Channel] = {}
         self.ready = False
         self._groups: dict[str, GroupState] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -132,9 +132,9 @@ class CoordinatorRuntime:
             self._adopt_target,
             self.activity,
             clock,
-            quiet_s=settings.recompute_quiet_ms / 1000,
-            max_defer_s=settings.recompute_max_defer_ms / 1000,
-            idle_quiet_s=settings.recompute_idle_quiet_ms / 1000,
+            quiet_s=config.recompute_quiet_ms / 1000,
+            max_defer_s=config.recompute_max_defer_ms / 1000,
+            idle_quiet_s=config.recompute_idle_quiet_ms / 1000,
         )
         self._replies = PendingReplies()
         self._sender = OrderedSender(
@@ -164,7 +164,7 @@ class CoordinatorRuntime:
     async def start(self) -> None:
         """Serve: groups arrive with the partitions this replica takes over."""
         self.ready = True
-        self._spawn(self.writer.run(self.settings.flush_interval_ms / 1000), "flush-loop")
+        self._spawn(self.writer.run(self.config.flush_interval_ms / 1000), "flush-loop")
         self._spawn(watch_loop(self.activity), "loop-lag")
         self._spawn(report_loop(self.activity, self._gauges), "activity-report")
 
@@ -282,7 +282,7 @@ class CoordinatorRuntime:
         if not self.ready:
             raise CoordinatorError(ErrorCode.NOT_COORDINATOR, "coordinator is still starting")
         self._require_owned(request.group)
-        expected = self.settings.auth_token
+        expected = self.config.auth_token
         if expected is not None and not hmac.compare_digest(
             (request.auth_token or "").encode(), expected.encode()
         ):
@@ -293,7 +293,7 @@ class CoordinatorRuntime:
         if missing:
             raise CoordinatorError(
                 ErrorCode.UNKNOWN_TOPIC,
-                f"topic(s) {missing} do not exist on {self.settings.bootstrap_servers}",
+                f"topic(s) {missing} do not exist on {self.config.bootstrap_servers}",
             )
         partitions = tuple((t, p) for t in sorted(topics) for p in range(counts[t]))
         # Again: the partition may have been handed over while we asked Kafka, and a group
@@ -411,7 +411,7 @@ class CoordinatorRuntime:
     def _group(self, group: str) -> GroupState:
         state = self._groups.get(group)
         if state is None:
-            config = self.settings.config_for(group)
+            config = self.config.config_for(group)
             state = self._groups[group] = GroupState(
                 group, config, load=BucketLoad(config.load_half_life_ms / 1000)
             )
@@ -442,11 +442,11 @@ class CoordinatorRuntime:
                 now=self.clock(),
                 assignor=assignor,
                 recompute=False,
-                hold_s=2 * self.settings.recompute_max_defer_ms / 1000,
+                hold_s=2 * self.config.recompute_max_defer_ms / 1000,
             ),
         )
         # A group without members has nothing to recompute: scheduling it anyway would
-        # spin the loop for a group replayed from the store.
+        # spin the loop for a group replayed from the state log.
         if state.members and state.target_version != state.inputs_version:
             self._recomputer.stale(group, state)
 

@@ -23,7 +23,7 @@ from keyshard.coordinator.group.state import GroupState
 from keyshard.coordinator.runtime.activity import Activity
 from keyshard.coordinator.runtime.durability import StateWriter
 from keyshard.coordinator.runtime.timers import Clock
-from keyshard.coordinator.runtime.verdicts import PendingReplies
+from keyshard.coordinator.runtime.verdicts import MemberKey, PendingReplies
 from keyshard.core.model.ranges import RangeSet
 from keyshard.core.protocol.channel import Channel, ChannelClosed, RemoteError
 from keyshard.core.protocol.messages import (
@@ -37,7 +37,6 @@ from keyshard.core.protocol.messages import (
 from keyshard.core.protocol.wire import positions_from_wire, positions_to_wire, ranges_to_wire
 
 log = logging.getLogger(__name__)
-MemberKey = tuple[str, str]  # (group, member id)
 
 
 def reply_timeout(session_timeout_ms: int) -> float:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from keyshard.core.protocol.channel import Channel
 from keyshard.core.protocol.messages import Message
 
-MemberKey = tuple[str, str]
+MemberKey = tuple[str, str]  # (group, member id)
 
 
 class PendingReplies:

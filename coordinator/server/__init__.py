@@ -1,4 +1,9 @@
 """The coordinator's listening socket and one session per consumer connection.
 
-Layer: above `coordinator.runtime`, which it feeds; below `keyshard.daemon`.
+- `listener`: the accept loop and each connection's channel (TLS included).
+- `session`: one consumer connection: what it may send, in which order.
+- `admission`: who may hold a connection, and for how long (caps, deadlines,
+  throttled logging).
+
+Its place among the packages: the import contracts in pyproject.toml.
 """

@@ -1,9 +1,9 @@
 """Who may hold a connection to the consumer channel, and for how long.
 
-A connection costs the coordinator a file descriptor until it is closed, and before this
-module a connection that never registered was never closed: 1,100 idle connections to a
-coordinator with the common 1,024 open-file limit left it unable to accept anyone (its
-own Kafka clients included), and asyncio logged a traceback for every failed accept. So:
+A connection costs the coordinator a file descriptor until it is closed. Left open, 1,100
+idle connections to a coordinator with the common 1,024 open-file limit leave it unable to
+accept anyone (its own Kafka clients included), and asyncio logs a traceback for every
+failed accept. So:
 
 * a connection must register within `register_timeout_ms` of being accepted (a TLS
   handshake and Metadata requests count against it, they do not extend it);
@@ -103,8 +103,8 @@ class ThrottledLog:
     """At most `burst` lines per `interval_s`; the events past that are counted and told
     in one line when the interval ends ("... and 917 more in the last 10 s").
 
-    A flood repeats one event thousands of times a second; one line per event is what
-    grew the log by 60 MB in 6 s. The summary comes from a loop timer, so the last burst
+    A flood repeats one event thousands of times a second; one line per event grows the
+    log by 60 MB in 6 s. The summary comes from a loop timer, so the last burst
     of a flood is reported even if nothing follows it.
     """
 

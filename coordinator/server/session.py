@@ -95,12 +95,12 @@ class MemberSession:
         """Who serves `group`: the replica that owns its state partition (any replica can
         answer). Without a group, or while nobody serves it yet, this one (inactive in
         the latter case: ask again)."""
-        settings = self.runtime.settings
+        config = self.runtime.config
         where = self.replicas.locate(group) if group is not None else None
         if where is None or where.replica_id is None or where.address is None:
             return MetadataResponse(
-                correlation_id=0, coordinator_id=settings.coordinator_id,
-                coordinator=settings.advertised_address,
+                correlation_id=0, coordinator_id=config.coordinator_id,
+                coordinator=config.advertised_address,
                 active=self.runtime.ready and where is None,
                 coordinator_epoch=where.epoch if where is not None else 0,
             )  # fmt: skip

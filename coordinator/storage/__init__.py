@@ -1,5 +1,13 @@
-"""Durable storage: the `StateStore` protocol and its implementation on a Kafka topic.
+"""Durable storage: the `StateLog` protocol and its implementation on a Kafka topic.
 
-Layer: above `keyshard.core.model` and `keyshard.core.kafka`; below `coordinator.runtime`,
-which sees storage only through the protocols in `coordinator.storage.base`.
+The runtime sees storage only through the protocols in `base` (`StateLog`,
+`ClusterMetadata`), so its tests run on in-memory ones.
+
+- `base`: the protocols, and which state partition a group lives in.
+- `log_format`: the state log's records and their JSON (pure).
+- `image`: one state partition as replayed from its log (pure).
+- `kafka_log`: the state log on a compacted Kafka topic: claims, fencing, replica beats.
+- `kafka_cluster`: the state topic, partition counts, readiness and offset commits.
+
+Its place among the packages: the import contracts in pyproject.toml.
 """

@@ -72,7 +72,7 @@ class PartitionImage:
 
     def groups(self) -> dict[str, GroupImage]:
         """Every group with a record here: positions as the union of their chunks (see
-        coordinator.storage.records), and the members that owned ranges."""
+        coordinator.storage.log_format), and the members that owned ranges."""
         groups: dict[str, GroupImage] = {}
         for chunk in self._chunks.values():
             image = groups.setdefault(chunk.group, GroupImage())

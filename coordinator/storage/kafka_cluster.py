@@ -179,7 +179,7 @@ class KafkaCluster:
         """Best effort: tooling visibility only, never the source of truth.
 
         One commit per group at a time: every position write sets one off, and two that
-        overlapped both started a committer, and leaked one."""
+        overlap must not each start a committer (one of them would leak)."""
         offsets = {
             KafkaTP(topic, partition): pmap.minimum_offset()
             for (topic, partition), pmap in positions.items()

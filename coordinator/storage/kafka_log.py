@@ -110,8 +110,9 @@ class KafkaStateLog:
         self.own_beat_acked_at = 0.0
         self._producer: AIOKafkaProducer | None = None
         # Beats have a producer of their own, as Kafka's consumers heartbeat apart from
-        # their fetches: behind a join storm's state records in one producer they reached
-        # Kafka 1.5 s late, and the replica took itself for cut off.
+        # their fetches: queued behind a join storm's state records in one producer, a beat
+        # can reach Kafka more than a second late, and the replica would take itself for
+        # cut off.
         self._beat_producer: AIOKafkaProducer | None = None
         self._txn: dict[int, AIOKafkaProducer] = {}
         self._locks: dict[int, asyncio.Lock] = {}

@@ -1,8 +1,5 @@
 """Assignment strategies: pure functions from members and measured load to slot ranges.
 
-Layer: above `keyshard.core.model` (and `keyshard.core.protocol`/`keyshard.core.kafka`, which
-it does not need); imported by `coordinator.group` and everything above it.
-
 - `base`: the interface (`AssignmentSpec` -> `Assignment`, `Strategy`).
 - `registry`: every strategy by name.
 - `load-aware` (the default): a few ranges per member whose measured load matches its
@@ -15,4 +12,6 @@ it does not need); imported by `coordinator.group` and everything above it.
 - `sticky`: every member consumes exactly the ranges it declared.
 - `measures`: how balanced an assignment is (the strategies, the coordinator's
   hysteresis and the benchmarks share them).
+
+Its place among the packages: the import contracts in pyproject.toml.
 """

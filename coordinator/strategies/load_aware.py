@@ -61,10 +61,10 @@ class LoadAwareAssignor:
     `tolerance` is in units of a fair share: the current assignment is kept while no
     member is above its fair share by more than it, nor below by more than twice it
     (under-load does not raise the busiest member's share, which is what balance is
-    about; a symmetric band made small load drifts trigger large moves). A rebalance
-    aims for half of it. `max_ranges` bounds how many
-    ranges a member may own (a member above it releases its lightest ranges and
-    refills). `max_notes` caps how many hot slots are named in `Assignment.notes`.
+    about; a symmetric band would make small load drifts trigger large moves). A
+    rebalance aims for half of it. `max_ranges` bounds how many ranges a member may own
+    (a member above it releases its lightest ranges and refills). `max_notes` caps how
+    many hot slots are named in `Assignment.notes`.
     """
 
     name = "load-aware"
@@ -401,7 +401,8 @@ class _Rebalance:
         # Two kinds of run compete: a whole run not above `want` (the heaviest such,
         # lowest first, is closest) and a slice of a heavier run. Slices of the
         # `_SLICE_CANDIDATES` heaviest runs are compared (ties go to the heavier run
-        # anyway); looking at every run made each fill O(free runs), quadratic in members.
+        # anyway); looking at every run would make each fill O(free runs), quadratic in
+        # members.
         by_weight = self.by_weight
         heavier = bisect_right(by_weight, (want, MAX_SLOT + 1, MAX_SLOT + 1))
         first = max(heavier, len(by_weight) - _SLICE_CANDIDATES)

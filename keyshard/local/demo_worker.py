@@ -3,8 +3,8 @@
 It logs every handler run (key, offset, slot, member, start/end on the system-wide
 monotonic clock) to a JSON-lines file, which `keyshard.local.verify` checks against
 what was produced. SIGTERM closes gracefully (drain + Leave: the library's own signal
-handling, `consumer_client.signals`); SIGKILL is the crash case, and so is SIGTERM with
-`--no-signals` (the library's handling off: what every consumer did before it had it).
+handling); SIGKILL is the crash case, and so is SIGTERM with `--no-signals` (the
+library's handling off, as for an application that handles signals itself).
 """
 
 from __future__ import annotations

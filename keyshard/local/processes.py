@@ -17,8 +17,8 @@ from keyshard.core.model.addresses import LOOPBACK
 
 # Where the kernel picks the local ports of outgoing connections (Linux's default). A
 # listening port taken from that range can be grabbed by any client socket (a broker's,
-# aiokafka's) between the moment it is found free and the moment the child binds it:
-# CI once saw a coordinator fail with "Address already in use" that way.
+# aiokafka's) between the moment it is found free and the moment the child binds it, and
+# the child then fails with "Address already in use".
 _EPHEMERAL_DEFAULT = (32768, 60999)
 _LISTEN_FLOOR = 10000
 _TRIES = 200

@@ -1,10 +1,10 @@
 """The fetch loop gives the event loop a turn every 20 ms or so, whatever the handler does.
 
 While aiokafka holds buffered records `getmany` returns without suspending, and a handler
-that finishes inline does not suspend either: without a yield of its own the loop ran
-batch after batch and the connector never answered a Ping (a 1 ms CPU handler got its
-member fenced; bench/throughput.py cpu processed nothing). No broker here: a fake client
-that always has a batch buffered.
+that finishes inline does not suspend either: without a yield of its own the loop would
+run batch after batch and the connector would never answer a Ping (a 1 ms CPU handler
+would get its member fenced). No broker here: a fake client that always has a batch
+buffered.
 
 And a replay granted while the fetcher waits on `max_pending` runs at once, not at the
 next ack.
@@ -83,7 +83,7 @@ async def test_the_fetch_loop_lets_other_tasks_run() -> None:
 
 def test_batches_shrink_while_a_batch_outlasts_a_turn_and_grow_back() -> None:
     """Handlers that finish inline run a whole batch in one turn: 2,000 records of 1 ms
-    CPU blocked Pings and StopFetchers for 2 s. Batches start small and adapt."""
+    CPU would block Pings and StopFetchers for 2 s. Batches start small and adapt."""
     from keyshard.consumer_client._datapath.fetcher import _MAX_BATCH, _MAX_TURN_S, _MIN_BATCH
 
     consumer = CoordinatedConsumer(

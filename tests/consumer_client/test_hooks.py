@@ -1,4 +1,4 @@
-"""Unit tests for consumer_client.callbacks: the order of the steps around the hooks.
+"""Unit tests for `ConsumerHooks`: the order of the steps around the hooks.
 
 Both kinds of consumer rely on it: a stopped range is drained before its final positions
 are taken (else a record in flight would be skipped by the next owner), and fetching

@@ -27,7 +27,7 @@ Record = tuple[str, int]  # (key, offset)
 
 class Fetcher:
     """Dispatches records in order; on a suspended handler a new task takes the rest and
-    this task adopts the record (`CoordinatedConsumer._fetch_loop` in miniature)."""
+    this task adopts the record (`Fetcher._run` in miniature)."""
 
     def __init__(self, lanes: KeyLanes) -> None:
         self.lanes = lanes

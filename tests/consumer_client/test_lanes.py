@@ -155,7 +155,8 @@ async def test_a_key_in_backoff_leaves_its_permit_to_the_others() -> None:
 
 
 async def test_a_burst_of_new_keys_starts_no_more_tasks_than_the_limit() -> None:
-    """Dispatch cost: one task per record (or per key) made the fetch loop the bottleneck."""
+    """Dispatch cost: one task per record (or per key) would make the fetch loop the
+    bottleneck."""
     h = Harness(max_concurrency=4)
     before = len(asyncio.all_tasks())
     for offset in range(500):

@@ -138,9 +138,10 @@ def test_handoff_loses_nothing_and_duplicates_nothing(
 
 def test_records_fetched_while_stopping_are_not_lost() -> None:
     """StopFetcher: begin_stop(slots), in-flight work drains, then finish_stop. Meanwhile
-    the fetcher keeps reading the partition for the other slots (consumer.py keeps calling
-    admit()). A record of a stopping slot read in that window is - correctly - not
-    dispatched; it must then not be reported as done either, or nobody ever processes it."""
+    the fetcher keeps reading the partition for the other slots (the dispatcher keeps
+    filtering them, as `admit` does here). A record of a stopping slot read in that window
+    is - correctly - not dispatched; it must then not be reported as done either, or
+    nobody ever processes it."""
     p = ConsumerProgress()
     slots = RangeSet.from_pairs([(0, 1)])
     p.add_grant(slots, {TP: [(SlotRange(0, 1), Position(0))]})

@@ -95,7 +95,7 @@ def daemon_flags() -> dict[str, str]:
 
 
 def env_name(flag: str) -> str:
-    """The documented rule (coordinator/cli/parser.py): KEYSHARD_ + flag, dashes to underscores."""
+    """The documented rule (keyshard/cli/parser.py): KEYSHARD_ + flag, dashes to underscores."""
     return "KEYSHARD_" + flag.removeprefix("--").replace("-", "_").upper()
 
 

@@ -1,4 +1,4 @@
-"""TLS on keyshard's own endpoints, with a real coordinator process (issue 13, item 4).
+"""TLS on keyshard's own endpoints, with a real coordinator process.
 
 The consumer channel with mutual TLS: a consumer with a client certificate registers and
 processes; one without a certificate, one trusting another CA and one without TLS each

@@ -1,14 +1,13 @@
-"""Issue 13, item 7, as a new user tried it: a coordinator at the common open-file limit of
-1,024, and 1,100 TCP connections to its consumer port that send nothing (or half a length
-prefix) and stay open.
+"""A connection flood as a new user can set it off: a coordinator at the common open-file
+limit of 1,024, and 1,100 TCP connections to its consumer port that send nothing (or half
+a length prefix) and stay open.
 
-Before: nothing ever closed them, at the limit nobody could connect any more (a real
-client's Metadata request timed out) and the log grew by 60 MB of `socket.accept() out
-of system resource` tracebacks in 6 s. Now, while three consumers process keyed traffic:
-they keep processing, a client asking Metadata meanwhile gets an answer (or a clear
-refusal) at once, every flood connection is closed by the registration deadline or
-refused with the reason, a fourth consumer joins and gets ranges, nothing is lost or
-reordered, and the log stays small.
+Left open, such connections would leave nobody able to connect (a real client's Metadata
+request times out) and grow the log by 60 MB of `socket.accept() out of system resource`
+tracebacks in 6 s. While three consumers process keyed traffic: they keep processing, a
+client asking Metadata meanwhile gets an answer (or a clear refusal) at once, every flood
+connection is closed by the registration deadline or refused with the reason, a fourth
+consumer joins and gets ranges, nothing is lost or reordered, and the log stays small.
 """
 
 from __future__ import annotations

@@ -105,7 +105,8 @@ def test_unknown_topic_is_a_clear_error(broker: Broker) -> None:
 @pytest.mark.integration
 def test_the_readme_steps_give_the_documented_figures(broker: Broker, tmp_path: Path) -> None:
     """README "Spark": the clickstream generator, then the pipeline, as a user runs them;
-    the same figures on every broker (on Apache Kafka the source once read nothing)."""
+    the same figures on every broker (Apache Kafka answers a fresh client's metadata
+    differently from Tansu: keyshard.core.kafka.metadata)."""
     bootstrap = broker.bootstrap_servers
     generate = subprocess.run(
         [
@@ -134,8 +135,8 @@ def test_the_readme_steps_give_the_documented_figures(broker: Broker, tmp_path: 
 async def test_a_read_that_returns_nothing_from_a_full_topic_is_an_error(
     spark: SparkSession, broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The guard behind the Apache Kafka bug: whatever makes the read come back empty
-    (here a read replaced by an empty one), records on the broker mean it must fail."""
+    """The guard against an empty read: whatever makes the read come back empty (here a
+    read replaced by an empty one), records on the broker mean it must fail."""
     from keyshard.spark_jobs import pipeline
     from keyshard.spark_jobs.reading import spark_schema
 

@@ -5,6 +5,5 @@ client settings users paste in Kafka's own names (`settings`), why a connection 
 (`connect`), and partitions from a fresh metadata answer, never a client's cache
 (`metadata`).
 
-Layer: above `keyshard.core.model` and `keyshard.core.security` (the only keyshard packages it
-may import); beside `keyshard.core.protocol`, independent of it.
+Its place among the packages: the import contracts in pyproject.toml.
 """

@@ -3,7 +3,7 @@
 An aiokafka client caches cluster metadata only for the topics it subscribed to or was
 asked about; `partitions_for_topic()` on a fresh consumer answers None for a topic that
 exists, on Apache Kafka (Tansu happens to send every topic). Treating that None as "no
-partitions" made Spark read nothing and report success. Every caller that needs a
+partitions" would make Spark read nothing and report success. Every caller that needs a
 topic's partitions asks the cluster here instead, and an existing topic whose partitions
 cannot be seen is an error, never an empty answer.
 """

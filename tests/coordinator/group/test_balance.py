@@ -157,7 +157,7 @@ def test_what_an_owner_completed_since_its_last_ping_is_not_a_backlog(
     """Each member's completions are as old as its last Ping reply. m1 reported 900
     records fetched and 300 completed in the second since its previous reply (300/s); two
     seconds later the other 600 are done too, though nobody has said so yet: no backlog,
-    so no short hold (uncorrected, it looked 400 records over its share)."""
+    so no short hold (uncorrected, it would look 400 records over its share)."""
     state = group3
     for mid, m in state.members.items():
         run(state, h.ping_answered(state, member_id=mid, epoch=m.epoch, positions={}, load=(),

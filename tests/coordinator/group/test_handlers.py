@@ -294,9 +294,9 @@ def test_second_revoke_gets_its_own_drain_deadline(group3: GroupState) -> None:
 
 
 def test_session_expiry_waits_for_requests_sent_after_the_last_reply(group3: GroupState) -> None:
-    """A consumer counts its session from the last request it received (consumer.py
-    `_on_request`). m1 last replied at t=1 but was sent a StopFetcher at t=5: cut off from
-    the coordinator it may run on until t=15, so its slots may not move before that."""
+    """A consumer counts its session from the last request it received. m1 last replied
+    at t=1 but was sent a StopFetcher at t=5: cut off from the coordinator it may run on
+    until t=15, so its slots may not move before that."""
     state = group3
     m1_owned = state.members["m1"].owned
     for s in of(run(state, join(state, "m4", 5.0), 5.0), SendStop):

@@ -50,11 +50,11 @@ class MemoryLog:
 
 
 def serving_runtime(
-    settings: RuntimeConfig, log: MemoryLog | None = None, **kwargs: Any
+    config: RuntimeConfig, log: MemoryLog | None = None, **kwargs: Any
 ) -> CoordinatorRuntime:
     """A runtime that serves every group: it owns every partition of `log`, at epoch 1."""
     log = log or MemoryLog()
-    runtime = CoordinatorRuntime(settings, log, metadata=log, partitions=len(log.images), **kwargs)
+    runtime = CoordinatorRuntime(config, log, metadata=log, partitions=len(log.images), **kwargs)
     for partition, image in log.images.items():
         runtime.adopt_partition(partition, 1, image)
     return runtime

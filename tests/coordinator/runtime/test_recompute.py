@@ -17,7 +17,7 @@ from keyshard.coordinator.strategies import registry
 from keyshard.coordinator.strategies.balanced import BalancedAssignor
 from keyshard.coordinator.strategies.base import Assignment, AssignmentSpec, Strategy
 from tests.coordinator.runtime.test_runtime import (
-    HeldStore,
+    HeldLog,
     RecordingChannel,
     answer,
     eventually,
@@ -52,19 +52,19 @@ def slow_assignor() -> Iterator[None]:
 def runtime_with(
     assignor: str = "balanced", quiet_ms: int = 100, idle_quiet_ms: int = 1_500
 ) -> CoordinatorRuntime:
-    settings = RuntimeConfig(
+    config = RuntimeConfig(
         "unused:1",
         group_defaults=GroupConfig(assignor=assignor),
         recompute_quiet_ms=quiet_ms,
         recompute_idle_quiet_ms=idle_quiet_ms,
     )
-    return runtime_on(settings, HeldStore())
+    return runtime_on(config, HeldLog())
 
 
 async def test_a_storm_of_joins_shares_one_recompute() -> None:
     """Twenty joins 10 ms apart: the first is assigned at once (a lone join waits for
     nothing), the other nineteen share one recompute after they stop, not one per wave
-    (each wave moved what the previous one had placed: thousands of StopFetchers at
+    (each wave would move what the previous one placed: thousands of StopFetchers at
     5,000 members). Only the first member gives slots back. A stall of this machine
     longer than the quiet time could split the storm: one more of each is tolerated (and
     a stall before m0's target lands holds its grants: then nobody gives any back)."""
@@ -93,7 +93,7 @@ async def test_a_pause_in_a_storm_does_not_grant_under_a_target_that_misses_join
     """Ten joins at once, a pause longer than the quiet time (the recompute for them
     starts), ten more while it runs. Its target gives the second ten nothing: granted,
     the first ten would own every slot and the next target would revoke a piece from
-    each of them (the slow coord_scale runs: 4,000+ StopFetchers). The grants wait for
+    each of them (at 5,000 members, 4,000+ StopFetchers). The grants wait for
     the target that places everyone: one StartFetcher each, no StopFetcher. (The pause is
     shorter than the quiet time of a new group: shortened here to test the hold.)"""
     runtime = runtime_with(assignor=SlowAssignor.name, quiet_ms=100, idle_quiet_ms=100)

@@ -1,4 +1,4 @@
-"""The runtime shell with a fake store and fake channels: ordering guarantees that do not
+"""The runtime shell with a fake log and fake channels: ordering guarantees that do not
 need a broker to show, and that a real broker shows only by chance."""
 
 from __future__ import annotations
@@ -30,12 +30,8 @@ from tests.coordinator.runtime.memory import MemoryLog, serving_runtime
 TIMEOUT = 5.0
 
 
-class HeldStore(MemoryLog):
+class HeldLog(MemoryLog):
     """A state log whose writes wait until `released` is set; counts them."""
-
-    @property
-    def saves(self) -> int:
-        return self.writes
 
 
 def advance(runtime: CoordinatorRuntime, group: str = "g") -> None:
@@ -46,9 +42,9 @@ def advance(runtime: CoordinatorRuntime, group: str = "g") -> None:
     runtime.apply_records(group, [PositionsAdvanced(update)], reconcile=False)
 
 
-def runtime_on(settings: RuntimeConfig, store: HeldStore) -> CoordinatorRuntime:
+def runtime_on(config: RuntimeConfig, log: HeldLog) -> CoordinatorRuntime:
     """A runtime serving every group, its log also answering the metadata calls."""
-    return serving_runtime(settings, store)
+    return serving_runtime(config, log)
 
 
 class RecordingChannel:
@@ -119,9 +115,9 @@ def answer(channel: RecordingChannel) -> None:
             )
 
 
-async def test_stop_never_overtakes_an_earlier_start_held_by_a_slow_store() -> None:
-    store = HeldStore()
-    runtime = runtime_on(RuntimeConfig("unused:1"), store)
+async def test_stop_never_overtakes_an_earlier_start_held_by_a_slow_write() -> None:
+    log = HeldLog()
+    runtime = runtime_on(RuntimeConfig("unused:1"), log)
     await runtime.start()
     try:
         a, b, c = RecordingChannel(), RecordingChannel(), RecordingChannel()
@@ -129,7 +125,7 @@ async def test_stop_never_overtakes_an_earlier_start_held_by_a_slow_store() -> N
         await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
         answer(a)
 
-        store.released.clear()  # position writes now hang, as a slow broker would
+        log.released.clear()  # position writes now hang, as a slow broker would
         await runtime.register(b, register("b"))  # type: ignore[arg-type]
         await eventually(lambda: len(a.kinds()) == 2, "a is asked to stop half")
         answer(a)  # a hands over: b's StartFetcher now waits for the held write
@@ -145,15 +141,15 @@ async def test_stop_never_overtakes_an_earlier_start_held_by_a_slow_store() -> N
         await asyncio.sleep(0.01)
         assert b.kinds() == [], "nothing may reach b before its StartFetcher"
 
-        store.released.set()
+        log.released.set()
         await eventually(lambda: len(b.kinds()) == 2, "b gets its start, then its stop")
         assert b.kinds() == ["start_fetcher_request", "stop_fetcher_request"]
     finally:
-        store.released.set()
+        log.released.set()
         await runtime.stop()
 
 
-class CountingStore:
+class CountingMetadata:
     """Metadata fetches that wait until released, counted."""
 
     def __init__(self) -> None:
@@ -169,21 +165,21 @@ class CountingStore:
 async def test_concurrent_registrations_share_one_metadata_fetch() -> None:
     """Callers arriving together share a fetch; one arriving while it runs gets the next
     (it must see topics created after the first fetch started), never a third."""
-    store = CountingStore()
-    counts = CoalescedPartitionCounts(store)  # type: ignore[arg-type]
+    metadata = CountingMetadata()
+    counts = CoalescedPartitionCounts(metadata)  # type: ignore[arg-type]
     first = [asyncio.ensure_future(counts.get(("a",))) for _ in range(50)]
     first.append(asyncio.ensure_future(counts.get(("b",))))
-    await eventually(lambda: len(store.calls) == 1, "the first fetch")
+    await eventually(lambda: len(metadata.calls) == 1, "the first fetch")
     later = [asyncio.ensure_future(counts.get(("c",))) for _ in range(50)]
     await asyncio.sleep(0.01)
-    assert store.calls == [("a", "b")], "callers of one moment share one fetch"
-    store.release.set()
+    assert metadata.calls == [("a", "b")], "callers of one moment share one fetch"
+    metadata.release.set()
     assert await first[0] == {"a": 3} and await first[-1] == {"b": 3}
     assert await asyncio.gather(*later) == [{"c": 3}] * 50
-    assert store.calls == [("a", "b"), ("c",)]
+    assert metadata.calls == [("a", "b"), ("c",)]
 
 
-class StoreWithOldGroup(HeldStore):
+class LogWithOldGroup(HeldLog):
     """A log that already holds positions of a group `old` (nobody in it any more)."""
 
     def __init__(self) -> None:
@@ -194,8 +190,8 @@ class StoreWithOldGroup(HeldStore):
 
 async def test_a_group_replayed_without_members_schedules_no_recompute() -> None:
     """A group known only from the state topic has no members: nothing to recompute,
-    so nothing may be scheduled for it (rescheduling it spun the event loop)."""
-    runtime = runtime_on(RuntimeConfig("unused:1"), StoreWithOldGroup())
+    so nothing may be scheduled for it (rescheduling it would spin the event loop)."""
+    runtime = runtime_on(RuntimeConfig("unused:1"), LogWithOldGroup())
     await runtime.start()
     try:
         a = RecordingChannel()
@@ -209,7 +205,7 @@ async def test_a_group_replayed_without_members_schedules_no_recompute() -> None
         await runtime.stop()
 
 
-class BusyStore(HeldStore):
+class BusyLog(HeldLog):
     """Positions keep moving while a write is in flight, as pings do under load."""
 
     def __init__(self) -> None:
@@ -219,18 +215,18 @@ class BusyStore(HeldStore):
 
     def _entered(self) -> None:
         self.entered += 1
-        if self.on_save is not None:
-            self.on_save()
+        if self.during_write is not None:
+            self.during_write()
 
-    on_save: Any = None
+    during_write: Any = None
 
 
 async def test_flushes_waiting_behind_a_write_share_the_next_one() -> None:
     """Group commit: ten StartFetchers waiting for durable positions cost two writes, not
-    ten, even though positions change during every write (a burst of grants under load
-    otherwise queued one write each and stalled every StartFetcher behind them)."""
-    store = BusyStore()
-    runtime = runtime_on(RuntimeConfig("unused:1"), store)
+    ten, even though positions change during every write (otherwise a burst of grants
+    under load queues one write each and stalls every StartFetcher behind them)."""
+    log = BusyLog()
+    runtime = runtime_on(RuntimeConfig("unused:1"), log)
     await runtime.start()
     try:
         a = RecordingChannel()
@@ -240,51 +236,51 @@ async def test_flushes_waiting_behind_a_write_share_the_next_one() -> None:
         def moved() -> None:
             advance(runtime)
 
-        store.on_save = moved
-        store.released.clear()
+        log.during_write = moved
+        log.released.clear()
         moved()
-        before, entered = store.saves, store.entered
+        before, entered = log.writes, log.entered
         first = asyncio.create_task(runtime.writer.flush("g"))
-        await eventually(lambda: store.entered > entered, "a write in flight")
+        await eventually(lambda: log.entered > entered, "a write in flight")
         waiting = [asyncio.create_task(runtime.writer.flush("g")) for _ in range(10)]
         for _ in range(5):
             await asyncio.sleep(0)
-        store.released.set()
+        log.released.set()
         await asyncio.wait_for(asyncio.gather(first, *waiting), TIMEOUT)
-        assert store.saves - before == 2
+        assert log.writes - before == 2
     finally:
-        store.released.set()
+        log.released.set()
         await runtime.stop()
 
 
 async def test_writers_waiting_for_a_flush_all_resume_in_the_same_loop_turn() -> None:
     """A thousand StartFetchers waiting for one position write are released together when
-    it lands. Queued on a lock they resumed one per loop turn: in a 5,000-member join storm
-    each turn was long, and StartFetchers waited seconds after their positions were
-    durable."""
-    store = HeldStore()
-    runtime = runtime_on(RuntimeConfig("unused:1"), store)
+    it lands. Queued on a lock they would resume one per loop turn: in a 5,000-member join
+    storm each turn is long, and StartFetchers would wait seconds after their positions
+    were durable."""
+    log = HeldLog()
+    runtime = runtime_on(RuntimeConfig("unused:1"), log)
     await runtime.start()
     try:
         a = RecordingChannel()
         await runtime.register(a, register("a"))  # type: ignore[arg-type]
         await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
-        store.released.clear()
+        log.released.clear()
         advance(runtime)
-        saves = store.saves
+        writes = log.writes
         waiting = [asyncio.create_task(runtime.writer.flush("g")) for _ in range(1000)]
         for _ in range(5):
             await asyncio.sleep(0)
         assert not any(t.done() for t in waiting), "the write is held"
-        store.released.set()
+        log.released.set()
         turns = 0
         while not all(t.done() for t in waiting):
             await asyncio.sleep(0)
             turns += 1
             assert turns <= 10, f"{sum(t.done() for t in waiting)} of 1000 resumed in 10 turns"
-        assert store.saves == saves + 1
+        assert log.writes == writes + 1
     finally:
-        store.released.set()
+        log.released.set()
         await runtime.stop()
 
 
@@ -303,9 +299,9 @@ class PingClock(RecordingChannel):
 
 async def test_members_registering_together_are_not_pinged_together() -> None:
     """First pings are spread over the interval: 5,000 members pinged in one burst every
-    interval stalled the loop for ~1 s each time, delaying every reply and timer."""
-    settings = RuntimeConfig("unused:1", group_defaults=GroupConfig(ping_interval_ms=200))
-    runtime = runtime_on(settings, HeldStore())
+    interval stall the loop for ~1 s each time, delaying every reply and timer."""
+    config = RuntimeConfig("unused:1", group_defaults=GroupConfig(ping_interval_ms=200))
+    runtime = runtime_on(config, HeldLog())
     await runtime.start()
     try:
         channels = [PingClock() for _ in range(30)]
@@ -329,9 +325,9 @@ async def test_members_registering_together_are_not_pinged_together() -> None:
 async def test_a_grant_leaves_only_once_the_log_has_it() -> None:
     """A StartFetcher waits until the member's record (what it now owns) is in the state
     log: a replica taking the group over right after must know who runs what."""
-    store = HeldStore()
-    store.released.clear()
-    runtime = runtime_on(RuntimeConfig("unused:1"), store)
+    log = HeldLog()
+    log.released.clear()
+    runtime = runtime_on(RuntimeConfig("unused:1"), log)
     await runtime.start()
     try:
         a = RecordingChannel()
@@ -339,12 +335,12 @@ async def test_a_grant_leaves_only_once_the_log_has_it() -> None:
         for _ in range(20):
             await asyncio.sleep(0)
         assert a.kinds() == [], "held: the grant is not in the log yet"
-        store.released.set()
+        log.released.set()
         await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts")
-        members = store.images[0].groups()["g"].members
+        members = log.images[0].groups()["g"].members
         assert set(members) == {a_id(runtime)} and members[a_id(runtime)].owned.size == 65536
     finally:
-        store.released.set()
+        log.released.set()
         await runtime.stop()
 
 
@@ -357,10 +353,10 @@ async def test_a_reply_after_the_partition_was_let_go_of_is_dropped_quietly(
     caplog: Any,
 ) -> None:
     """A StopFetcher answered after the replica let the group's partition go (handed over,
-    fenced, cut off): the group is gone here, and the reply changes nothing (it raised
-    KeyError in the sender, once per member, at 15,000 members thousands of tracebacks)."""
-    store = HeldStore()
-    runtime = runtime_on(RuntimeConfig("unused:1"), store)
+    fenced, cut off): the group is gone here, and the reply changes nothing (no KeyError
+    in the sender: that would be one traceback per member, thousands at 15,000 members)."""
+    log = HeldLog()
+    runtime = runtime_on(RuntimeConfig("unused:1"), log)
     await runtime.start()
     try:
         a, b = RecordingChannel(), RecordingChannel()

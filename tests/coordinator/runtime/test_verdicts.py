@@ -3,7 +3,7 @@
 A member's reply is written in time, then the event loop is blocked past the deadline
 (as a coordinator busy with a recompute or thousands of replies is): when it runs again
 the expired timer and the unread reply are due together. The member must not be judged
-before its reply is read. The store is in memory: durability is not under test here.
+before its reply is read. The state log is in memory: durability is not under test here.
 """
 
 from __future__ import annotations
@@ -98,11 +98,11 @@ async def eventually(predicate: Callable[[], bool], what: str) -> None:
 
 @pytest.fixture
 async def coordinator() -> AsyncIterator[tuple[CoordinatorRuntime, int]]:
-    settings = RuntimeConfig(
+    config = RuntimeConfig(
         "unused:1",
         group_defaults=GroupConfig(drain_timeout_ms=300, ping_interval_ms=100),
     )
-    runtime = serving_runtime(settings)
+    runtime = serving_runtime(config)
     await runtime.start()
     server = CoordinatorServer(runtime, "127.0.0.1", 0)
     await server.start()

@@ -1,4 +1,4 @@
-"""An in-process coordinator (its runtime on a memory store) behind a real listener."""
+"""An in-process coordinator (its runtime on an in-memory state log) behind a real listener."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ async def running_coordinator(
     limits: ConnectionLimits | None = None, tls: ssl.SSLContext | None = None
 ) -> AsyncIterator[CoordinatorServer]:
     """A listening coordinator on a free loopback port; groups may use any topic (the
-    memory store says every topic exists, with one partition)."""
+    in-memory cluster says every topic exists, with one partition)."""
     port = free_port()
-    settings = RuntimeConfig(
+    config = RuntimeConfig(
         "unused:1",
         advertised_address=f"127.0.0.1:{port}",
         group_defaults=GroupConfig(ping_interval_ms=100),
     )
-    runtime = serving_runtime(settings)
+    runtime = serving_runtime(config)
     await runtime.start()
     server = CoordinatorServer(runtime, "127.0.0.1", port, tls=tls, limits=limits)
     try:

@@ -2,8 +2,8 @@
 state topic that compacts, offset commits for tooling.
 
 Every position write sets off a commit of the low watermarks; writes close together set
-off commits that overlap. Each group must keep one committer (a second one was started
-and then dropped unclosed: asyncio logged "Unclosed AIOKafkaConsumer" in the demo).
+off commits that overlap. Each group must keep one committer (a second one would be
+dropped unclosed, and asyncio would log "Unclosed AIOKafkaConsumer").
 """
 
 from __future__ import annotations
@@ -48,17 +48,17 @@ async def test_overlapping_commits_of_a_group_share_one_committer(
 
     monkeypatch.setattr(kafka_cluster, "AIOKafkaConsumer", CountedConsumer)
     await create_topic(broker.bootstrap_servers, "orders")
-    store = KafkaCluster(broker.bootstrap_servers, KafkaSettings.parse(), timeout=15.0)
-    await store.start()
+    cluster = KafkaCluster(broker.bootstrap_servers, KafkaSettings.parse(), timeout=15.0)
+    await cluster.start()
     try:
         for done_upto in (10, 20):
             pmap = RangePositionMap(Position(done_upto))
             await asyncio.gather(
-                *(store.commit_low_watermarks("g", {("orders", 0): pmap}) for _ in range(5))
+                *(cluster.commit_low_watermarks("g", {("orders", 0): pmap}) for _ in range(5))
             )
         assert len(started) == 1, "one committer per group, however the commits overlap"
     finally:
-        await store.stop()
+        await cluster.stop()
 
 
 def fragmented_map(members: int, seed: int = 7) -> RangePositionMap:

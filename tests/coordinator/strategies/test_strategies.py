@@ -265,7 +265,7 @@ def test_load_aware_join_and_leave_move_at_most_twice_the_minimum(n: int, seed: 
     grown = (*members, joiner)
     # Smooth for the grown group too: a key smooth for two members of capacity 7 can be
     # half of a joiner's share, and then no cut near it is close to what the joiner lacks
-    # (n=2, seed=4184 did that, moving 1,853 slots for a joiner that took 748).
+    # (n=2, seed=4184: 1,853 slots moved for a joiner that took 748).
     load = smooth_load(rng, grown)
     assignor = LoadAwareAssignor()
     first = assignor.assign(AssignmentSpec(members, {}, load))
@@ -379,8 +379,8 @@ def test_load_aware_result_does_not_trip_the_coordinators_hysteresis(
     On smooth load. With a few hundred keys over dozens of members, each key a good part
     of a small member's share, the pieces cannot always be packed below the threshold
     (n=30, seed=45324 of `skewed_load`: 1.34); the repeated request then changes nothing
-    (`test_load_aware_is_stable`). That happened in 1 of 150 random skewed groups, against
-    75 of 150 with the raw measure."""
+    (`test_load_aware_is_stable`). That is 1 of 150 random skewed groups, against 75 of
+    150 with the raw measure."""
     rng = random.Random(seed)
     members = make_members(rng, n)
     load = smooth_load(rng, members)
@@ -391,8 +391,8 @@ def test_load_aware_result_does_not_trip_the_coordinators_hysteresis(
 
 def test_hot_slots_do_not_trip_the_coordinators_hysteresis() -> None:
     """13 slots above the smallest fair share (the hottest 10% of the load) among 20
-    members: the raw measure, relative to the best place for the hottest slot, stayed at
-    2.2 whatever the strategy did, so the group asked for a rebalance forever."""
+    members: the raw measure, relative to the best place for the hottest slot, stays at
+    2.2 whatever the strategy does, so the group would ask for a rebalance forever."""
     rng = random.Random(1702663252)
     members = make_members(rng, 20)
     load = random_load(rng, members)
@@ -426,7 +426,7 @@ def test_the_hysteresis_measure_is_the_profile_the_strategy_balances() -> None:
     )
     raw = imbalance(hot_with_a, load, members)
     assert raw == pytest.approx(2.4)
-    assert raw / achievable_imbalance(load, members) == pytest.approx(2.0)  # the old measure
+    assert raw / achievable_imbalance(load, members) == pytest.approx(2.0)  # the raw measure
     # Capped at 40/3 (water-filled): b holds 14 of 53.3 with a quarter of the capacity.
     assert balancing_imbalance(hot_with_a, load, members) == pytest.approx(14 / (160 / 3) * 4)
     assert not trips_the_hysteresis(members, hot_with_a, load)

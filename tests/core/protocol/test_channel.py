@@ -2,8 +2,8 @@
 
 The coordinator asks before judging a member on its own clock (runtime/verdicts.py). It
 must see bytes still in the socket, and it must answer for a channel whose socket is
-already closed too: that used to raise `ValueError: file descriptor cannot be a negative
-integer (-1)` in a timer task when a consumer's network path was cut.
+already closed too (descriptor -1, which the kernel cannot be asked about: `ValueError`),
+or the timer task judging a consumer whose network path was cut would fail.
 """
 
 from __future__ import annotations

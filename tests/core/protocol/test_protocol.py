@@ -600,7 +600,8 @@ def test_bad_fetched_windows(window: dict[str, Any], reason: str) -> None:
 
 
 def test_busy_time_is_optional_and_never_negative() -> None:
-    """A consumer of before measured speeds sends none; a negative time is refused."""
+    """A consumer that does not measure its speed sends none; a negative time is
+    refused."""
     reply = {"type": "ping_response", "correlation_id": 8, "member_epoch": 1}
     (decoded,) = FrameDecoder(DEFAULT_MAX_FRAME_BYTES).feed(json_frame(reply))
     assert isinstance(decoded, PingResponse) and decoded.busy_ms is None
