@@ -109,7 +109,7 @@ def create_app(
     read, mutate = auth.for_reads(), auth.for_mutations()
     registry = metrics_registry(runtime)
     rates = ProcessedRates()
-    dashboard = resources.files("api").joinpath("dashboard.html").read_text(encoding="utf-8")
+    dashboard = resources.files("keyshard.api").joinpath("dashboard.html").read_text(encoding="utf-8")
 
     @app.exception_handler(AdminAuthError)
     async def auth_failed(request: Request, err: AdminAuthError) -> JSONResponse:
