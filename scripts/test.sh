@@ -22,5 +22,7 @@ fi
 .venv/bin/vulture
 # The documentation site: any warning fails, a broken link or anchor between pages
 # included (external links are not checked: the build runs offline).
-.venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
+site_dir="$(mktemp -d)"
+.venv/bin/mkdocs build --strict --quiet --site-dir "$site_dir"
+rm -rf "$site_dir"
 exec .venv/bin/pytest -p no:cacheprovider "$@"
