@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and runs every check: ruff, mypy, the import contracts (the layer rule, no
-# cycles), dead code, then the whole pytest suite (unit tests and integration tests
-# against real brokers, consumers and a real coordinator).
+# cycles), dead code, the docs build, then the whole pytest suite (unit tests and
+# integration tests against real brokers, consumers and a real coordinator).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
@@ -20,4 +20,9 @@ fi
 .venv/bin/lint-imports --no-cache
 # Dead code; what vulture cannot see being used is in scripts/vulture_allowlist.py.
 .venv/bin/vulture
+# The documentation site: any warning fails, a broken link or anchor between pages
+# included (external links are not checked: the build runs offline).
+site_dir="$(mktemp -d)"
+.venv/bin/mkdocs build --strict --quiet --site-dir "$site_dir"
+rm -rf "$site_dir"
 exec .venv/bin/pytest -p no:cacheprovider "$@"

@@ -1,4 +1,4 @@
-"""docs/kubernetes.md's worker Deployment, validated strictly like the chart's manifests,
+"""docs/operations/kubernetes.md's worker Deployment, validated strictly like the chart's manifests,
 and the Grafana dashboard the chart ships: what the doc and the dashboard promise must
 hold for the worker as it is."""
 
@@ -24,7 +24,7 @@ from tests.deploy.chart import (
     validate_object,
 )
 
-DOC = ROOT / "docs" / "kubernetes.md"
+DOC = ROOT / "docs" / "operations" / "kubernetes.md"
 
 
 def doc_manifests(path: Path = DOC) -> list[dict[str, Any]]:
