@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from typing import Any
 
-from keyshard.coordinator.group.state import GroupConfig
+from keyshard.coordinator.group.state import GroupConfig, OffsetReset
 from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
 from keyshard.coordinator.server.admission import (
     DEFAULT_MAX_CONNECTIONS_PER_PEER,
@@ -31,6 +32,42 @@ DESCRIPTION = """The `keyshard` command line.
 Every flag also reads an environment variable (`KEYSHARD_` + the flag name in upper case,
 dashes as underscores), so a container can be configured the 12-factor way.
 """
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class DefaultsShownFormatter(argparse.HelpFormatter):
+    """`--help` says each flag's default where it has one, as the flag would take it
+    (`127.0.0.1:7171`, not a tuple), and nothing where it has none: no "default: None"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if not action.option_strings or not _has_default(action.default):
+            return text
+        shown = _as_given(action.default).replace("%", "%%")  # help text is %-formatted
+        return f"{text} (default: {shown})"
+
+
+def _has_default(value: object) -> bool:
+    return not (value is None or value is argparse.SUPPRESS or value is False or value in ([], ""))
+
+
+def _as_given(value: object) -> str:
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], int):
+        return "{}:{}".format(*value)  # a HOST:PORT default
+    if isinstance(value, list):
+        return ",".join(_as_given(v) for v in value)
+    return str(value)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every parser of the command (subcommands included: argparse makes them of the
+    top-level parser's class) shows defaults in its help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsShownFormatter)
+        super().__init__(*args, **kwargs)
 
 
 def _env(flag: str) -> str:
@@ -80,14 +117,21 @@ def _group_assignor(value: str) -> tuple[str, str]:
     return group, _assignor(name)
 
 
-def _ratio(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not number > 1.0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be > 1.0")
-    return number
+def _number_above(floor: float) -> Callable[[str], float]:
+    def number_above(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        if not number > floor:
+            raise argparse.ArgumentTypeError(f"{value!r} must be > {floor:g}")
+        return number
+
+    return number_above
+
+
+_ratio = _number_above(1.0)
+_positive_number = _number_above(0.0)
 
 
 def _positive_ms(value: str) -> int:
@@ -112,12 +156,54 @@ def _positive_int(value: str) -> int:
     return number
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="keyshard", description=DESCRIPTION)
-    parser.add_argument("--log-level", default=os.environ.get("KEYSHARD_LOG_LEVEL", "INFO"))
-    sub = parser.add_subparsers(dest="command", required=True)
+def _log_level(value: str) -> str:
+    level = value.upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
+    return level
 
-    broker = sub.add_parser("broker", help="run an embedded Kafka-protocol broker (Tansu)")
+
+def _offset_reset(value: str) -> OffsetReset:
+    try:
+        return OffsetReset(value.lower())
+    except ValueError:
+        known = ", ".join(r.value for r in OffsetReset)
+        raise argparse.ArgumentTypeError(f"{value!r} is not one of {known}") from None
+
+
+def _group_offset_reset(value: str) -> tuple[str, OffsetReset]:
+    group, sep, reset = value.partition("=")
+    if not sep or not group:
+        raise argparse.ArgumentTypeError(f"{value!r} is not GROUP=earliest or GROUP=latest")
+    return group, _offset_reset(reset)
+
+
+def log_level_flag() -> argparse.ArgumentParser:
+    """`--log-level`, taken after the subcommand too (`keyshard coordinator --log-level
+    DEBUG`): the subcommand's copy sets nothing when absent, so the one before the
+    subcommand, or KEYSHARD_LOG_LEVEL, stays in force."""
+    shared = argparse.ArgumentParser(add_help=False)
+    default = os.environ.get("KEYSHARD_LOG_LEVEL", "INFO")
+    shared.add_argument(
+        "--log-level",
+        type=_log_level,
+        default=argparse.SUPPRESS,
+        help=f"{', '.join(LOG_LEVELS)} [env KEYSHARD_LOG_LEVEL] (default: {default})",
+    )
+    return shared
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="keyshard", description=DESCRIPTION)
+    _add(parser, "--log-level", type=_log_level, default="INFO", help=", ".join(LOG_LEVELS))
+    sub = parser.add_subparsers(dest="command", required=True)
+    logs = log_level_flag()
+
+    def command(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parents = [logs, *kwargs.pop("parents", [])]
+        return sub.add_parser(name, parents=parents, **kwargs)
+
+    broker = command("broker", help="run an embedded Kafka-protocol broker (Tansu)")
     _add(broker, "--listen", type=_host_port, default=(LOOPBACK, 9092), help="HOST:PORT")
     _add(
         broker,
@@ -126,14 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="memory://tansu/ or s3://bucket/",
     )
 
-    coord = sub.add_parser("coordinator", help="run the coordinator daemon")
+    coord = command("coordinator", help="run the coordinator daemon")
     _add(
         coord,
         "--bootstrap-servers",
         type=_servers,
         default=None,
-        help="Kafka HOST:PORT[,HOST:PORT...]; none: embedded broker",
+        help="Kafka HOST:PORT[,HOST:PORT...]; none: an embedded broker (in memory)",
     )
+    add_embedded_broker_flag(coord)
     _add(
         coord,
         "--listen",
@@ -275,47 +362,70 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(coord, "--load-half-life-ms", type=_positive_ms, default=GROUP_DEFAULTS.load_half_life_ms,
          help="half-life of the measured per-slot load")  # fmt: skip
+    _add(
+        coord,
+        "--auto-offset-reset",
+        type=_offset_reset,
+        metavar="{earliest,latest}",
+        default=GROUP_DEFAULTS.auto_offset_reset,
+        help="where a new group starts: earliest (every record already in its topics) or "
+        "latest (only records produced after the group was created), as Kafka's "
+        "auto.offset.reset",
+    )
+    _add(
+        coord,
+        "--group-auto-offset-reset",
+        type=_group_offset_reset,
+        metavar="GROUP=RESET",
+        action="append",
+        default=[],
+        help="GROUP=earliest or GROUP=latest: where one new group starts (repeatable)",
+    )
     add_endpoint_flags(coord)
 
-    add_admin_commands(sub)
-    add_worker_command(sub)
+    add_admin_commands(command)
+    add_worker_command(command)
+    add_demo_command(command)
+    return parser
 
-    demo = sub.add_parser("demo", help="embedded broker + coordinator + consumers + producer")
-    demo.add_argument("--records", type=int, default=20_000)
-    demo.add_argument("--keys", type=int, default=500)
-    demo.add_argument("--consumers", type=int, default=3)
-    demo.add_argument("--partitions", type=int, default=1)
-    demo.add_argument("--rate", type=float, default=2000.0, help="records per second produced")
-    demo.add_argument("--output", default="demo-output", help="folder for every component's logs")
-    demo.add_argument(
+
+def add_embedded_broker_flag(parser: argparse.ArgumentParser) -> None:
+    _add(
+        parser,
+        "--embedded-broker-listen",
+        type=_host_port,
+        metavar="HOST:PORT",
+        default=None,
+        help="HOST:PORT of the embedded broker, started when no --bootstrap-servers is "
+        "given (default: a free port on 127.0.0.1); its data is in memory, lost on exit",
+    )
+
+
+def add_demo_command(command: Any) -> None:
+    """`keyshard demo`: everything on one machine, checked end to end (keyshard.local.demo)."""
+    demo = command("demo", help="embedded broker + coordinator + consumers + producer")
+    _add(demo, "--records", type=_positive_int, default=20_000, help="records produced")
+    _add(demo, "--keys", type=_positive_int, default=500, help="distinct keys among them")
+    _add(demo, "--consumers", type=_positive_int, default=3,
+         help="consumer processes at the start (one more joins, one leaves mid-run)")  # fmt: skip
+    _add(demo, "--partitions", type=_positive_int, default=1, help="partitions of the topic")
+    _add(demo, "--rate", type=_positive_number, default=2000.0, help="records per second produced")
+    _add(demo, "--output", default="demo-output", help="folder for every component's logs")
+    _add(
+        demo,
         "--bootstrap-servers",
         type=_servers,
         default=None,
         help="run on this Kafka instead of an embedded broker (a fresh topic and state "
         "topic of its own, deleted afterwards)",
     )
-    demo.add_argument("--kafka-config", default=None, help="Kafka client settings (.properties)")
-
-    worker = sub.add_parser("demo-worker", help=argparse.SUPPRESS)
-    worker.add_argument("--group", required=True)
-    worker.add_argument("--topics", required=True)
-    worker.add_argument("--coordinator", required=True)
-    worker.add_argument("--bootstrap-servers", required=True)
-    worker.add_argument("--kafka-config", default=None)
-    worker.add_argument("--name", required=True)
-    worker.add_argument("--out", required=True)
-    worker.add_argument("--max-concurrency", type=int, default=64)
-    worker.add_argument("--session-timeout-ms", type=int, default=6000)
-    worker.add_argument("--handler-ms", type=float, default=2.0)
-    # Records whose offset is a multiple of this finish without awaiting (0: none do), so
-    # the consumer's inline path and its hand-over to a worker both run.
-    worker.add_argument("--no-wait-every", type=int, default=0)
-    worker.add_argument("--stuck-key", default=None)
-    worker.add_argument("--fail-key", default=None)
-    worker.add_argument("--dead-letter-topic", default=None)
-    # SIGTERM as a crash (the library's signal handling off): bench/sigterm_handoff.py.
-    worker.add_argument("--no-signals", action="store_true")
-    return parser
+    _add(
+        demo,
+        "--kafka-config",
+        default=None,
+        help="Kafka client settings for --bootstrap-servers, Java .properties format",
+    )
+    add_embedded_broker_flag(demo)
 
 
 def add_endpoint_flags(coord: argparse.ArgumentParser) -> None:
@@ -378,10 +488,10 @@ def add_endpoint_flags(coord: argparse.ArgumentParser) -> None:
     )
 
 
-def add_worker_command(sub: Any) -> None:
+def add_worker_command(command: Any) -> None:
     """`keyshard worker module:function`: a handler run as a coordinated consumer
     (keyshard.cli.worker). Flags read KEYSHARD_* variables like the daemon's."""
-    w = sub.add_parser(
+    w = command(
         "worker",
         help="run module:function (async or sync) as a coordinated consumer",
         description="Run a handler function as a coordinated consumer until SIGTERM/SIGINT "
@@ -488,13 +598,13 @@ def add_worker_command(sub: Any) -> None:
     _add(w, "--coordinator-tls-key-file", default=None, help="...and its private key")
 
 
-def add_admin_commands(sub: Any) -> None:
-    """Register the admin subcommands on the top-level subparsers."""
+def add_admin_commands(command: Any) -> None:
+    """The admin subcommands (keyshard.cli.admin), `command` adding each one."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--admin",
         default=os.environ.get("KEYSHARD_ADMIN", DEFAULT_ADMIN),
-        help=f"admin API URL [env KEYSHARD_ADMIN, default {DEFAULT_ADMIN}]",
+        help="admin API URL [env KEYSHARD_ADMIN]",
     )
     common.add_argument(
         "--token",
@@ -502,16 +612,16 @@ def add_admin_commands(sub: Any) -> None:
         help="admin bearer token [env KEYSHARD_ADMIN_TOKEN]",
     )
     common.add_argument("--json", action="store_true", help="print the API's JSON as is")
-    sub.add_parser("groups", parents=[common], help="list groups")
-    status = sub.add_parser("status", parents=[common], help="members, ranges, handoffs")
+    command("groups", parents=[common], help="list groups")
+    status = command("status", parents=[common], help="members, ranges, handoffs")
     status.add_argument("group")
-    where = sub.add_parser("where", parents=[common], help="which member runs a key")
+    where = command("where", parents=[common], help="which member runs a key")
     where.add_argument("group")
     where.add_argument("key")
     where.add_argument("--topic", default=None, help="only this topic's partitions")
-    rebalance = sub.add_parser("rebalance", parents=[common], help="recompute the target now")
+    rebalance = command("rebalance", parents=[common], help="recompute the target now")
     rebalance.add_argument("group")
-    fence = sub.add_parser("fence", parents=[common], help="fence (remove) a member")
+    fence = command("fence", parents=[common], help="fence (remove) a member")
     fence.add_argument("group")
     fence.add_argument("member")
 
