@@ -10,18 +10,30 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
 from typing import Any
 
-from keyshard.coordinator.group.state import GroupConfig, OffsetReset
+from keyshard.cli.flag_values import (
+    LOG_LEVELS,
+    assignor,
+    group_assignor,
+    group_offset_reset,
+    host_port,
+    log_level,
+    offset_reset,
+    positive_int,
+    positive_ms,
+    positive_number,
+    ratio,
+    servers,
+)
+from keyshard.coordinator.group.state import GroupConfig
 from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
 from keyshard.coordinator.server.admission import (
     DEFAULT_MAX_CONNECTIONS_PER_PEER,
     DEFAULT_REGISTER_TIMEOUT_MS,
 )
 from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, DEFAULT_STATE_TOPIC
-from keyshard.coordinator.strategies.registry import known_assignors
-from keyshard.core.model.addresses import LOOPBACK, parse_host_port
+from keyshard.core.model.addresses import LOOPBACK
 
 DEFAULT_LISTEN = (LOOPBACK, 7171)  # the consumer channel
 DEFAULT_ADMIN_LISTEN = (LOOPBACK, 7172)  # the admin API
@@ -32,9 +44,6 @@ DESCRIPTION = """The `keyshard` command line.
 Every flag also reads an environment variable (`KEYSHARD_` + the flag name in upper case,
 dashes as underscores), so a container can be configured the 12-factor way.
 """
-
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class DefaultsShownFormatter(argparse.HelpFormatter):
@@ -89,95 +98,6 @@ def _add(parser: argparse.ArgumentParser, flag: str, **kwargs: object) -> None:
     parser.add_argument(flag, help=f"{help_text} [env {env}]", **kwargs)  # type: ignore[arg-type]
 
 
-def _host_port(value: str) -> tuple[str, int]:
-    try:
-        return parse_host_port(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT") from None
-
-
-def _servers(value: str) -> str:
-    """A comma-separated list of HOST:PORT, each checked like --listen."""
-    for part in value.split(","):
-        _host_port(part.strip())
-    return value
-
-
-def _assignor(value: str) -> str:
-    if value not in known_assignors():
-        known = ", ".join(known_assignors())
-        raise argparse.ArgumentTypeError(f"unknown assignor {value!r} (known: {known})")
-    return value
-
-
-def _group_assignor(value: str) -> tuple[str, str]:
-    group, sep, name = value.partition("=")
-    if not sep or not group:
-        raise argparse.ArgumentTypeError(f"{value!r} is not GROUP=ASSIGNOR")
-    return group, _assignor(name)
-
-
-def _number_above(floor: float) -> Callable[[str], float]:
-    def number_above(value: str) -> float:
-        try:
-            number = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-        if not number > floor:
-            raise argparse.ArgumentTypeError(f"{value!r} must be > {floor:g}")
-        return number
-
-    return number_above
-
-
-_ratio = _number_above(1.0)
-_positive_number = _number_above(0.0)
-
-
-def _positive_ms(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a whole number of milliseconds"
-        ) from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be > 0")
-    return number
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be > 0")
-    return number
-
-
-def _log_level(value: str) -> str:
-    level = value.upper()
-    if level not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
-    return level
-
-
-def _offset_reset(value: str) -> OffsetReset:
-    try:
-        return OffsetReset(value.lower())
-    except ValueError:
-        known = ", ".join(r.value for r in OffsetReset)
-        raise argparse.ArgumentTypeError(f"{value!r} is not one of {known}") from None
-
-
-def _group_offset_reset(value: str) -> tuple[str, OffsetReset]:
-    group, sep, reset = value.partition("=")
-    if not sep or not group:
-        raise argparse.ArgumentTypeError(f"{value!r} is not GROUP=earliest or GROUP=latest")
-    return group, _offset_reset(reset)
-
-
 def log_level_flag() -> argparse.ArgumentParser:
     """`--log-level`, taken after the subcommand too (`keyshard coordinator --log-level
     DEBUG`): the subcommand's copy sets nothing when absent, so the one before the
@@ -186,7 +106,7 @@ def log_level_flag() -> argparse.ArgumentParser:
     default = os.environ.get("KEYSHARD_LOG_LEVEL", "INFO")
     shared.add_argument(
         "--log-level",
-        type=_log_level,
+        type=log_level,
         default=argparse.SUPPRESS,
         help=f"{', '.join(LOG_LEVELS)} [env KEYSHARD_LOG_LEVEL] (default: {default})",
     )
@@ -195,7 +115,7 @@ def log_level_flag() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="keyshard", description=DESCRIPTION)
-    _add(parser, "--log-level", type=_log_level, default="INFO", help=", ".join(LOG_LEVELS))
+    _add(parser, "--log-level", type=log_level, default="INFO", help=", ".join(LOG_LEVELS))
     sub = parser.add_subparsers(dest="command", required=True)
     logs = log_level_flag()
 
@@ -204,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=parents, **kwargs)
 
     broker = command("broker", help="run an embedded Kafka-protocol broker (Tansu)")
-    _add(broker, "--listen", type=_host_port, default=(LOOPBACK, 9092), help="HOST:PORT")
+    _add(broker, "--listen", type=host_port, default=(LOOPBACK, 9092), help="HOST:PORT")
     _add(
         broker,
         "--storage-engine",
@@ -216,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--bootstrap-servers",
-        type=_servers,
+        type=servers,
         default=None,
         help="Kafka HOST:PORT[,HOST:PORT...]; none: an embedded broker (in memory)",
     )
@@ -224,14 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--listen",
-        type=_host_port,
+        type=host_port,
         default=DEFAULT_LISTEN,
         help="consumer channel HOST:PORT",
     )
     _add(
         coord,
         "--admin-listen",
-        type=_host_port,
+        type=host_port,
         default=DEFAULT_ADMIN_LISTEN,
         help="admin API HOST:PORT",
     )
@@ -247,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--state-partitions",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_STATE_PARTITIONS,
         help="partitions of the state topic when this creates it: the most replicas that "
         "can share the groups",
@@ -262,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--advertise",
-        type=_host_port,
+        type=host_port,
         default=None,
         help="HOST:PORT consumers reach this replica at (default: the listen address; "
         "0.0.0.0 advertises this host's address)",
@@ -270,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--replica-timeout-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=DEFAULT_REPLICA_TIMEOUT_MS,
         help="a replica silent this long has its groups taken over by the others",
     )
@@ -291,28 +211,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--drain-timeout-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=GROUP_DEFAULTS.drain_timeout_ms,
         help="StopFetcher drain deadline",
     )
     _add(
         coord,
         "--lost-member-margin-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=GROUP_DEFAULTS.lost_member_margin_ms,
         help="extra wait past a lost member's session before its ranges move",
     )
     _add(
         coord,
         "--assignor",
-        type=_assignor,
+        type=assignor,
         default=GROUP_DEFAULTS.assignor,
         help="strategy of every group: load-aware, balanced, auto-split, consistent-hash, sticky",
     )
     _add(
         coord,
         "--group-assignor",
-        type=_group_assignor,
+        type=group_assignor,
         action="append",
         default=[],
         help="GROUP=ASSIGNOR: the strategy of one group (repeatable)",
@@ -320,28 +240,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--rebalance-threshold",
-        type=_ratio,
+        type=ratio,
         default=GROUP_DEFAULTS.rebalance_threshold,
         help="load-aware: rebalance when a member carries this many times its fair share",
     )
     _add(
         coord,
         "--rebalance-hold-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=GROUP_DEFAULTS.rebalance_hold_ms,
         help="load-aware: ...continuously for this long",
     )
     _add(
         coord,
         "--backlog-hold-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=GROUP_DEFAULTS.backlog_hold_ms,
         help="load-aware: ...or this long when the imbalance is a backlog (records waiting)",
     )
     _add(
         coord,
         "--backlog-records",
-        type=_positive_int,
+        type=positive_int,
         default=GROUP_DEFAULTS.backlog_records,
         help="load-aware: a backlog is this many records waiting on the busiest member "
         "beyond its fair share",
@@ -349,23 +269,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--demand-horizon-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=GROUP_DEFAULTS.demand_horizon_ms,
         help="load-aware: demand = records waiting + this long of records at the measured rate",
     )
     _add(
         coord,
         "--balance-check-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=GROUP_DEFAULTS.balance_check_ms,
         help="load-aware: how often the imbalance is measured",
     )
-    _add(coord, "--load-half-life-ms", type=_positive_ms, default=GROUP_DEFAULTS.load_half_life_ms,
+    _add(coord, "--load-half-life-ms", type=positive_ms, default=GROUP_DEFAULTS.load_half_life_ms,
          help="half-life of the measured per-slot load")  # fmt: skip
     _add(
         coord,
         "--auto-offset-reset",
-        type=_offset_reset,
+        type=offset_reset,
         metavar="{earliest,latest}",
         default=GROUP_DEFAULTS.auto_offset_reset,
         help="where a new group starts: earliest (every record already in its topics) or "
@@ -375,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--group-auto-offset-reset",
-        type=_group_offset_reset,
+        type=group_offset_reset,
         metavar="GROUP=RESET",
         action="append",
         default=[],
@@ -393,7 +313,7 @@ def add_embedded_broker_flag(parser: argparse.ArgumentParser) -> None:
     _add(
         parser,
         "--embedded-broker-listen",
-        type=_host_port,
+        type=host_port,
         metavar="HOST:PORT",
         default=None,
         help="HOST:PORT of the embedded broker, started when no --bootstrap-servers is "
@@ -404,17 +324,17 @@ def add_embedded_broker_flag(parser: argparse.ArgumentParser) -> None:
 def add_demo_command(command: Any) -> None:
     """`keyshard demo`: everything on one machine, checked end to end (keyshard.local.demo)."""
     demo = command("demo", help="embedded broker + coordinator + consumers + producer")
-    _add(demo, "--records", type=_positive_int, default=20_000, help="records produced")
-    _add(demo, "--keys", type=_positive_int, default=500, help="distinct keys among them")
-    _add(demo, "--consumers", type=_positive_int, default=3,
+    _add(demo, "--records", type=positive_int, default=20_000, help="records produced")
+    _add(demo, "--keys", type=positive_int, default=500, help="distinct keys among them")
+    _add(demo, "--consumers", type=positive_int, default=3,
          help="consumer processes at the start (one more joins, one leaves mid-run)")  # fmt: skip
-    _add(demo, "--partitions", type=_positive_int, default=1, help="partitions of the topic")
-    _add(demo, "--rate", type=_positive_number, default=2000.0, help="records per second produced")
+    _add(demo, "--partitions", type=positive_int, default=1, help="partitions of the topic")
+    _add(demo, "--rate", type=positive_number, default=2000.0, help="records per second produced")
     _add(demo, "--output", default="demo-output", help="folder for every component's logs")
     _add(
         demo,
         "--bootstrap-servers",
-        type=_servers,
+        type=servers,
         default=None,
         help="run on this Kafka instead of an embedded broker (a fresh topic and state "
         "topic of its own, deleted afterwards)",
@@ -466,7 +386,7 @@ def add_endpoint_flags(coord: argparse.ArgumentParser) -> None:
     _add(
         coord,
         "--register-timeout-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=DEFAULT_REGISTER_TIMEOUT_MS,
         help="a consumer connection that has not sent Register this long after it was "
         "accepted (TLS handshake included) is closed",
@@ -474,7 +394,7 @@ def add_endpoint_flags(coord: argparse.ArgumentParser) -> None:
     _add(
         coord,
         "--max-connections",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="consumer connections at once (default: 10000, or fewer to fit the "
         "open-file limit); more are refused",
@@ -482,7 +402,7 @@ def add_endpoint_flags(coord: argparse.ArgumentParser) -> None:
     _add(
         coord,
         "--max-connections-per-peer",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_CONNECTIONS_PER_PEER,
         help="consumer connections at once from one IP address",
     )
@@ -508,14 +428,14 @@ def add_worker_command(command: Any) -> None:
     _add(
         w,
         "--coordinator",
-        type=_servers,
+        type=servers,
         default="{}:{}".format(*DEFAULT_LISTEN),
         help="coordinator HOST:PORT[,HOST:PORT...] (every replica, or a headless Service)",
     )
     _add(
         w,
         "--bootstrap-servers",
-        type=_servers,
+        type=servers,
         default=None,
         help="Kafka HOST:PORT[,...] (or bootstrap.servers in --kafka-config)",
     )
@@ -526,22 +446,22 @@ def add_worker_command(command: Any) -> None:
         help="Kafka client settings, .properties; KEYSHARD_KAFKA_<NAME> variables win",
     )
     _add(w, "--name", default=None, help="consumer name (default: the host name)")
-    _add(w, "--max-concurrency", type=_positive_int, default=64, help="keys in flight at once")
+    _add(w, "--max-concurrency", type=positive_int, default=64, help="keys in flight at once")
     _add(
         w,
         "--session-timeout-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=10_000,
         help="silent this long, the coordinator moves this worker's ranges",
     )
     _add(
         w,
         "--drain-timeout-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=30_000,
         help="on SIGTERM, how long in-flight records may take to finish",
     )
-    _add(w, "--capacity", type=_positive_int, default=1, help="share of the group's load")
+    _add(w, "--capacity", type=positive_int, default=1, help="share of the group's load")
     _add(w, "--auth-token", default=None, help="the coordinator's --auth-token")
     _add(
         w,
@@ -552,19 +472,19 @@ def add_worker_command(command: Any) -> None:
     _add(
         w,
         "--retry-max-attempts",
-        type=_positive_int,
+        type=positive_int,
         default=5,
         help="attempts before dead-lettering",
     )
     _add(
         w,
         "--retry-initial-backoff-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=100,
         help="first retry backoff, doubling",
     )
     _add(
-        w, "--retry-max-backoff-ms", type=_positive_ms, default=10_000, help="longest retry backoff"
+        w, "--retry-max-backoff-ms", type=positive_ms, default=10_000, help="longest retry backoff"
     )
     _add(
         w,
@@ -577,7 +497,7 @@ def add_worker_command(command: Any) -> None:
     _add(
         w,
         "--metrics-listen",
-        type=_host_port,
+        type=host_port,
         default=None,
         help="HOST:PORT serving /healthz, /readyz and /metrics (default: none)",
     )
