@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from keyshard.api.auth import AdminAuth, AdminAuthError
@@ -97,7 +98,9 @@ def create_app(
     (their requests are forwarded there); `peer_verify` is how the other replicas' HTTPS
     certificates are checked."""
     forwarder = Forwarder(runtime, replicas or Standalone(runtime), peer_verify)
-    app = FastAPI(
+    # /docs (Swagger UI) and /redoc with their scripts served from this Python
+    # environment (fastapi-offline ships them): they work where no CDN can be reached.
+    app = FastAPIOffline(
         title="keyshard admin API",
         description="Inspect and steer keyshard consumer groups. Any replica answers for "
         "every group: requests about a group another replica serves are forwarded to it.",
@@ -109,7 +112,9 @@ def create_app(
     read, mutate = auth.for_reads(), auth.for_mutations()
     registry = metrics_registry(runtime)
     rates = ProcessedRates()
-    dashboard = resources.files("keyshard.api").joinpath("dashboard.html").read_text(encoding="utf-8")
+    dashboard = (
+        resources.files("keyshard.api").joinpath("dashboard.html").read_text(encoding="utf-8")
+    )
 
     @app.exception_handler(AdminAuthError)
     async def auth_failed(request: Request, err: AdminAuthError) -> JSONResponse:
@@ -226,7 +231,8 @@ def create_app(
     )
     async def put_config(group: str, update: GroupConfigUpdate) -> GroupConfigView:
         """Change a group's knobs at run time: assignor, drain timeout, lost-member margin,
-        ping interval, rebalance threshold / hold / check interval. A new assignor takes
+        ping interval, rebalance threshold / hold / check interval, and where the group
+        starts while it has no positions (auto_offset_reset). A new assignor takes
         effect at once (the target is recomputed)."""
         state_of(group)
         config = operations.update_config(runtime, group, **update.model_dump())

@@ -13,7 +13,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from keyshard.coordinator.group.handlers import speed_factors_of
-from keyshard.coordinator.group.state import GroupConfig, GroupState, Handoff, MemberPhase
+from keyshard.coordinator.group.state import (
+    GroupConfig,
+    GroupState,
+    Handoff,
+    MemberPhase,
+    OffsetReset,
+)
 from keyshard.coordinator.strategies.registry import known_assignors
 from keyshard.core.model.positions import RangePositionMap
 from keyshard.core.model.ranges import RangeSet
@@ -114,6 +120,9 @@ class GroupConfigView(BaseModel):
     demand_horizon_ms: int
     balance_check_ms: int
     load_half_life_ms: int
+    # Where the group started when it was new (it has positions now, so this no longer
+    # moves it): earliest or latest, as Kafka's auto.offset.reset.
+    auto_offset_reset: OffsetReset
 
 
 class ServedByView(BaseModel):
@@ -317,6 +326,8 @@ class GroupConfigUpdate(BaseModel):
     backlog_records: int | None = Field(default=None, ge=1, le=1_000_000_000)
     demand_horizon_ms: int | None = Field(default=None, ge=0, le=3_600_000)
     balance_check_ms: int | None = Field(default=None, ge=100, le=600_000)
+    # Applies only while the group has no positions: one that has them keeps them.
+    auto_offset_reset: OffsetReset | None = None
     # A str checked against the registry (not a Literal): assignors are pluggable, and
     # the document still lists the known names as an enum.
     assignor: Annotated[

@@ -6,7 +6,7 @@
 
 One broker (the embedded Tansu, or the Apache Kafka node of tests/brokers/kafka.py) and,
 per scenario, fresh coordinator processes on a state topic of their own, 4 real consumer
-processes (`keyshard demo-worker`, session timeout 10 s, given every replica's address as
+processes (`keyshard.local.demo_worker`, session timeout 10 s, given every replica's address as
 a headless Service would) and steady keyed traffic. The processes, the traffic and the
 contract check are the integration tests' (tests/integration/harness.py,
 coordinator/local/verify.py). Scenarios, one after another in the same run:

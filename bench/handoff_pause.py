@@ -5,7 +5,7 @@
 One real broker (Tansu, or Apache Kafka with `--broker kafka`), one steady keyed producer
 writing the same records to one topic per group, and in the same run:
 - keyshard: a real coordinator process and 3 real consumer processes
-  (`keyshard demo-worker`, a few ms of async I/O per record, 64 lanes) on a 1-partition
+  (`keyshard.local.demo_worker`, a few ms of async I/O per record, 64 lanes) on a 1-partition
   topic;
 - a plain aiokafka `subscribe()` group: 3 processes with the same handler (records
   processed one at a time per process, as a plain consumer loop does) on a 6-partition

@@ -5,7 +5,7 @@ the consumer handled signals itself (issue 14), in the same run.
     python bench/sigterm_handoff.py --quick
 
 One Tansu broker and one coordinator; two groups on two 1-partition topics, one after the
-other, each with 3 real consumer processes (`keyshard demo-worker`, 64 lanes) under a
+other, each with 3 real consumer processes (`keyshard.local.demo_worker`, 64 lanes) under a
 steady keyed producer. Then `kill -TERM` of one of them:
 - *before*: the workers run with `--no-signals` (`handle_signals=False`): SIGTERM ends the
   process as Python's default does, which to the group is a crash;

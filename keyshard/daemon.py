@@ -20,7 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from keyshard.api.app import create_app
-from keyshard.coordinator.group.state import GroupConfig
+from keyshard.coordinator.group.state import GroupConfig, OffsetReset
 from keyshard.coordinator.replication.manager import ReplicaManager, ReplicationSettings
 from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
 from keyshard.coordinator.runtime.config import RuntimeConfig
@@ -51,6 +51,7 @@ class DaemonConfig:
     group_defaults: GroupConfig = field(default_factory=GroupConfig)
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     group_assignors: Mapping[str, str] = field(default_factory=dict)
+    group_offset_resets: Mapping[str, OffsetReset] = field(default_factory=dict)
     kafka: KafkaSettings = field(default_factory=KafkaSettings.parse)
     # keyshard's own endpoints: TLS, and what one connection may cost. The None limits
     # take coordinator.server.admission's defaults.
@@ -66,9 +67,10 @@ class DaemonConfig:
     advertise: str | None = None  # host:port; None: the listen address (see advertised())
     state_partitions: int = DEFAULT_STATE_PARTITIONS
     replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS
-    # Whether the broker takes transactional producers (None: find out). The embedded
-    # test broker does not, and says so in ERROR lines when asked.
-    state_transactions: bool | None = None
+    # Kafka is the embedded broker (keyshard.local.broker) this process started: its data
+    # is in memory, and it takes no transactional producers (not asked, then: it answers
+    # with ERROR lines).
+    embedded_broker: bool = False
 
     def advertised(self, port: int) -> str:
         """Where consumers reach this replica: --advertise, else the listen address
@@ -174,7 +176,8 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         )
         state_log = KafkaStateLog(
             bootstrap, config.state_topic, settings=config.kafka, identity=identity,
-            partitions=config.state_partitions, transactions=config.state_transactions,
+            partitions=config.state_partitions,
+            transactions=False if config.embedded_broker else None,
         )  # fmt: skip
         await cluster.start()
         await state_log.start()
@@ -185,6 +188,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             auth_token=config.auth_token,
             group_defaults=config.group_defaults,
             group_assignors=dict(config.group_assignors),
+            group_offset_resets=dict(config.group_offset_resets),
             coordinator_id=config.replica_id,
         )
         runtime = CoordinatorRuntime(
@@ -199,6 +203,11 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             ),
         )  # fmt: skip
         runtime.not_ready = replicas.not_ready_reason
+        app = create_app(
+            runtime, replicas=replicas, admin_token=config.admin_token,
+            auth_reads=config.admin_auth_reads,
+            peer_verify=config.admin_tls.peer_context() if config.admin_tls is not None else True,
+        )  # fmt: skip
         server = CoordinatorServer(
             runtime, config.listen_host, config.listen_port, config.max_frame_bytes,
             tls=channel_tls, limits=limits, replicas=replicas,
@@ -216,11 +225,6 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             await state_log.stop()
         await cluster.stop()
         raise
-    app = create_app(
-        runtime, replicas=replicas, admin_token=config.admin_token,
-        auth_reads=config.admin_auth_reads,
-        peer_verify=config.admin_tls.peer_context() if config.admin_tls is not None else True,
-    )  # fmt: skip
     admin_config = uvicorn.Config(app, log_level="warning", lifespan="off", backlog=128)
     admin_config.load()
     admin_config.ssl = admin_tls  # ours, not uvicorn's: its errors name our flags
@@ -240,10 +244,11 @@ async def run_daemon(config: DaemonConfig, announce: Callable[[str], None] = pri
     daemon = await start_daemon(config)
     tls = "" if config.tls is None else " (TLS)"
     admin = "https" if config.admin_tls is not None else "http"
+    embedded = " (embedded broker: data in memory, lost on exit)" if config.embedded_broker else ""
     announce(
         f"keyshard coordinator listening on {config.listen_host}:{daemon.server.port}{tls}, "
         f"admin {admin}://{config.admin_host}:{config.admin_port}, "
-        f"kafka {daemon.bootstrap_servers}"
+        f"kafka {daemon.bootstrap_servers}{embedded}"
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -29,6 +29,7 @@ from keyshard.core.kafka.connect import (
     start_client,
     unreachable,
 )
+from keyshard.core.kafka.ends import fetched_ends
 from keyshard.core.kafka.metadata import TopicMetadataError, partitions_of
 from keyshard.core.kafka.settings import KafkaConfigError, KafkaSettings
 from keyshard.core.model.hashing import ORDERING_KEY_HEADER, slot_for_record
@@ -125,33 +126,12 @@ async def probe_high_watermarks(
     consumer: AIOKafkaConsumer, tps: Sequence[TopicPartition], seek_to: dict[KafkaTP, int],
     timeout: float, *, stable: bool = False,
 ) -> dict[TopicPartition, int]:  # fmt: skip
-    """Fetch once per partition (from `seek_to`) and read the high watermark of the answer,
-    or with `stable` its last stable offset: reading committed data, nothing at or past
-    an open transaction can be read yet, so a read planned up to the high watermark
-    would wait for its commit."""
-
-    def end(ktp: KafkaTP) -> int | None:
-        offset = consumer.last_stable_offset(ktp) if stable else consumer.highwater(ktp)
-        return None if offset is None else int(offset)
-
-    ktps = [KafkaTP(*tp) for tp in tps]
-    consumer.assign(ktps)
-    for ktp in ktps:
-        consumer.seek(ktp, seek_to[ktp])
-    since = int(time.time() * 1000) - 1
-    deadline = time.monotonic() + timeout
-    while True:
-        await consumer.getmany(*ktps, timeout_ms=50, max_records=1)
-        fresh = [
-            ktp
-            for ktp in ktps
-            if end(ktp) is not None and (consumer.last_poll_timestamp(ktp) or 0) >= since
-        ]
-        if len(fresh) == len(ktps):
-            return {(k.topic, k.partition): int(end(k) or 0) for k in ktps}
-        if time.monotonic() > deadline:
-            late = sorted(set(ktps) - set(fresh))
-            raise SourceError(f"no fetch answer within {timeout} s for {late}")
+    """`keyshard.core.kafka.ends.fetched_ends`, a late answer being a SourceError: a read
+    planned up to an end nobody confirmed would wait or stop short."""
+    try:
+        return await fetched_ends(consumer, tps, seek_to, timeout, stable=stable)
+    except TimeoutError as err:
+        raise SourceError(str(err)) from None
 
 
 async def read_watermarks(

@@ -23,6 +23,15 @@ from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 MAX_HANDOFF_HISTORY = 200
 
 
+class OffsetReset(StrEnum):
+    """Where a new group starts reading (Kafka's `auto.offset.reset`). A group is new
+    until it has positions; the positions it starts from are then stored like any other,
+    so this never moves a group that has them (coordinator.group.starting)."""
+
+    EARLIEST = "earliest"  # every record already in its topics
+    LATEST = "latest"  # the partitions' ends when the group is created
+
+
 @dataclass(frozen=True, slots=True)
 class GroupConfig:
     """Per-group knobs; defaults come from the daemon's flags."""
@@ -50,6 +59,7 @@ class GroupConfig:
     # clock skew and the member's own detection delay.
     lost_member_margin_ms: int = 500
     ping_interval_ms: int | None = None  # None: a third of each member's session timeout
+    auto_offset_reset: OffsetReset = OffsetReset.EARLIEST
 
 
 class MemberPhase(StrEnum):

@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from keyshard.coordinator.group.state import GroupConfig
+from keyshard.coordinator.group.state import GroupConfig, OffsetReset
 from keyshard.coordinator.storage.base import DEFAULT_STATE_TOPIC
 
 
@@ -26,9 +26,17 @@ class RuntimeConfig:
     # waiting costs nothing there, and a storm's tail may come a TCP retransmit later.
     recompute_idle_quiet_ms: int = 1_500
     coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    # Per-group strategy overrides: group -> assignor name (the rest use group_defaults).
+    # Per-group overrides of group_defaults: group -> assignor name, and group -> where
+    # it starts when new.
     group_assignors: Mapping[str, str] = field(default_factory=dict)
+    group_offset_resets: Mapping[str, OffsetReset] = field(default_factory=dict)
 
     def config_for(self, group: str) -> GroupConfig:
-        name = self.group_assignors.get(group)
-        return self.group_defaults if name is None else replace(self.group_defaults, assignor=name)
+        config = self.group_defaults
+        assignor = self.group_assignors.get(group)
+        if assignor is not None:
+            config = replace(config, assignor=assignor)
+        reset = self.group_offset_resets.get(group)
+        if reset is not None:
+            config = replace(config, auto_offset_reset=reset)
+        return config

@@ -31,7 +31,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from keyshard.coordinator.group import balance, handlers
+from keyshard.coordinator.group import balance, handlers, starting
 from keyshard.coordinator.group.effects import (
     BalanceTimer,
     CancelTimer,
@@ -61,6 +61,11 @@ from keyshard.coordinator.runtime.activity import Activity, report_loop, watch_l
 from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.runtime.durability import NotOwned, StateWriter
 from keyshard.coordinator.runtime.partition_counts import CoalescedPartitionCounts
+from keyshard.coordinator.runtime.partition_ends import (
+    PartitionEndsUnknown,
+    SharedPartitionEnds,
+    describe,
+)
 from keyshard.coordinator.runtime.pings import Pinger, ping_interval_ms
 from keyshard.coordinator.runtime.recompute import TargetRecomputer
 from keyshard.coordinator.runtime.sender import OrderedSender
@@ -123,6 +128,7 @@ class CoordinatorRuntime:
         # replication layer: not caught up on the state log), or None.
         self.not_ready: Callable[[], str | None] = lambda: None
         self._partition_counts = CoalescedPartitionCounts(metadata)
+        self._partition_ends = SharedPartitionEnds(metadata)
         self.activity = Activity()
         self.writer = StateWriter(
             log, metadata, self._groups, self.activity, self._spawn, self.owner_of,
@@ -296,10 +302,21 @@ class CoordinatorRuntime:
                 f"topic(s) {missing} do not exist on {self.config.bootstrap_servers}",
             )
         partitions = tuple((t, p) for t in sorted(topics) for p in range(counts[t]))
+        existing = self._groups.get(request.group)
+        config = existing.config if existing else self.settings.config_for(request.group)
+        try:
+            ends = await self._partition_ends.if_new(request.group, config, existing, partitions)
+        except PartitionEndsUnknown as err:
+            raise CoordinatorError(ErrorCode.INTERNAL, str(err)) from err
         # Again: the partition may have been handed over while we asked Kafka, and a group
         # created now would be served by nobody's authority.
         self._require_owned(request.group)
         state = self._group(request.group)
+        if ends is not None and (started := starting.start_positions(state, ends)).records:
+            self._apply(request.group, state, started)
+            log.info(
+                "new group %s starts at the partitions' ends: %s", request.group, describe(ends)
+            )
         fixed = None if request.fixed_ranges is None else ranges_from_wire(request.fixed_ranges)
         claim = request.claim
         if claim is not None and claim.member_id in state.claims:

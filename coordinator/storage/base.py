@@ -3,10 +3,11 @@
 `StateLog` is the durable home of every group: a log of P partitions (a group lives in
 `partition_of(group)`), written by the partition's owner under its coordinator epoch and
 tailed by every replica. `ClusterMetadata` answers what Register needs (partition
-counts), what readiness needs (is Kafka reachable), and commits each group's lowest
-position as a Kafka offset for tooling. The Kafka implementations are
-`coordinator.storage.kafka_log` and `coordinator.storage.kafka_cluster`; tests use
-in-memory ones, which these protocols let mypy check like the real thing.
+counts, and partition ends for a new group that starts at them), what readiness needs
+(is Kafka reachable), and commits each group's lowest position as a Kafka offset for
+tooling. The Kafka implementations are `coordinator.storage.kafka_log` and
+`coordinator.storage.kafka_cluster`; tests use in-memory ones, which these protocols let
+mypy check like the real thing.
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ class ClusterMetadata(Protocol):
     async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
         """Partition count of every topic that exists (missing topics are left out), as
         of now: topics created after start-up must be seen."""
+        ...
+
+    async def partition_ends(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        """Where each partition ends for a reader of committed data, right now: where a
+        group that starts at the end (`OffsetReset.LATEST`) starts."""
         ...
 
     async def probe(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer
@@ -30,8 +31,10 @@ from aiokafka.errors import (
 
 from keyshard.coordinator.storage.base import Positions, StoreError
 from keyshard.core.kafka.connect import quiet_bootstrap, start_client, unreachable
+from keyshard.core.kafka.ends import partition_ends
 from keyshard.core.kafka.metadata import fetch_partitions
 from keyshard.core.kafka.settings import KafkaSettings
+from keyshard.core.model.positions import TopicPartition
 
 log = logging.getLogger(__name__)
 #: What the state topic must be, and what a new one is created with.
@@ -167,6 +170,22 @@ class KafkaCluster:
         # A fresh metadata fetch each time: topics created after start-up must be seen.
         answer = await fetch_partitions(self._metadata, topics, self.timeout)
         return {topic: len(parts) for topic, parts in answer.partitions.items()}
+
+    async def partition_ends(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        """Where each partition ends for a reader of committed data (a fetch answer's last
+        stable offset: keyshard.core.kafka.ends), read by a consumer of its own."""
+        reader = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+            isolation_level="read_committed", **self.settings.client_options(),
+        )  # fmt: skip
+        try:
+            await asyncio.wait_for(reader.start(), self.timeout)
+            return await partition_ends(reader, partitions, self.timeout)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(reader.stop(), self.timeout)
 
     async def probe(self) -> None:
         """One metadata round trip to the cluster: raises when Kafka is unreachable (the

@@ -44,7 +44,7 @@ from keyshard.coordinator.storage.log_format import (
     encode,
 )
 from keyshard.core.kafka.connect import KafkaUnreachable, quiet_aiokafka, start_client
-from keyshard.core.kafka.metadata import partitions_of
+from keyshard.core.kafka.metadata import cluster_id, partitions_of
 from keyshard.core.kafka.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,9 @@ BEAT_KIND = b"H\x00"
 TAIL_POLL_MS = 100
 RETRY_S = 0.5  # after a failed read of the state log
 PROBE_ATTEMPTS = 3  # of a transactional producer at start, on passing failures
+# Brokers that have no transactions by design, by the cluster id they give themselves:
+# Tansu (the embedded broker, `keyshard broker`) under its default id.
+CLUSTERS_WITHOUT_TRANSACTIONS = {"tansu_cluster": "Tansu"}
 FETCH_WAIT_MS = 20
 HISTORY = -(10**9)  # what a beat from before we started counts as: long gone
 
@@ -187,14 +190,27 @@ class KafkaStateLog:
                 if passing and attempt < PROBE_ATTEMPTS:
                     await asyncio.sleep(RETRY_S * attempt)
                     continue
-                log.warning(
-                    "the broker takes no transactional producer (%s): replicas fence each "
+                known = await self._known_without_transactions()
+                log.log(
+                    logging.INFO if known else logging.WARNING,
+                    "the broker takes no transactional producer (%s%s): replicas fence each "
                     "other through epoch markers in the state log only", type(err).__name__,
+                    f"; expected of {known}, which has no transactions" if known else "",
                 )  # fmt: skip
                 return False
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(probe.stop(), self.timeout)
+
+    async def _known_without_transactions(self) -> str | None:
+        """The broker's name when it is one known to have no transactions at all (their
+        absence is then no fault to warn about), else None."""
+        assert self._producer is not None
+        try:
+            found = await cluster_id(self._producer.client, self.timeout)
+        except (KafkaError, OSError, TimeoutError):
+            return None
+        return CLUSTERS_WITHOUT_TRANSACTIONS.get(found or "")
 
     def _plain_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 TIMEOUT_S = 10.0
+UNCUT_WIDTH = 10_000
 
 
 class AdminError(Exception):
@@ -28,7 +29,9 @@ class AdminError(Exception):
 def run_admin_command(args: argparse.Namespace) -> int:
     # httpx logs every request at INFO: noise on an operator's terminal, not an error.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    console = Console()
+    # Piped or redirected, lines are not cut to a terminal's width: a member id is copied
+    # from `status` into `fence`, whole.
+    console = Console() if sys.stdout.isatty() else Console(width=UNCUT_WIDTH)
     try:
         data = _call(args)
     except AdminError as err:
@@ -116,7 +119,7 @@ def _ranges(pairs: list[list[int]]) -> str:
 def _show(args: argparse.Namespace, data: Any, console: Console) -> None:
     match args.command:
         case "groups":
-            table = Table("group", "topics", "members", "owned slots", "unowned", "handoffs")
+            table = Table("group", "topics", "members", "owned slots", "unowned", "open handoffs")
             for g in data["groups"]:
                 table.add_row(
                     g["group"],
@@ -146,9 +149,12 @@ def _show_status(view: dict[str, Any], handoffs: dict[str, Any], console: Consol
         f"group [bold]{view['group']}[/bold]  topics {', '.join(view['topics'])}  "
         f"assignor {view['assignor']}  unowned {_ranges(view['unowned'])}"
     )
-    table = Table(
-        "member", "epoch", "slots", "ranges", "processed", "rate/s", "speed/s", "draining"
-    )
+    table = Table()
+    # Whole member ids on a narrow terminal too (`fence` takes one): the others shrink.
+    longest = max((len(m["member_id"]) for m in view["members"]), default=6)
+    table.add_column("member", no_wrap=True, min_width=longest)
+    for name in ("epoch", "slots", "ranges", "processed", "rate/s", "speed/s", "draining"):
+        table.add_column(name)
     for m in view["members"]:
         rate = m.get("processed_per_s")
         speed = m.get("measured_speed")
@@ -164,8 +170,14 @@ def _show_status(view: dict[str, Any], handoffs: dict[str, Any], console: Consol
             _ranges(m["draining"]["ranges"]) if m["draining"] else "",
         )
     console.print(table)
-    recent = Table("#", "kind", "from", "to", "ranges", "pause")
-    for h in handoffs["handoffs"][:10]:
+    shown = handoffs["handoffs"][:10]
+    still_open = sum(1 for h in handoffs["handoffs"] if h["resumed_at"] is None)
+    recent = Table(
+        "#", "kind", "from", "to", "ranges", "pause",
+        title=f"recent handoffs: {len(shown)} of {len(handoffs['handoffs'])}, "
+        f"{still_open} open",
+    )  # fmt: skip
+    for h in shown:
         pause = "in progress" if h["pause_s"] is None else f"{h['pause_s'] * 1000:.1f} ms"
         recent.add_row(
             str(h["handoff_id"]),

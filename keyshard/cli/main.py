@@ -61,15 +61,23 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from keyshard.local.demo import run_demo
 
+        if args.bootstrap_servers and args.embedded_broker_listen:
+            return _both_kafkas(args.command)
         return run_demo(args)
     if args.command == "worker":
         from keyshard.cli.worker import run_worker_command
 
         return run_worker_command(args)
-    if args.command == "demo-worker":
-        from keyshard.local.demo_worker import run_worker
+    return 2
 
-        return run_worker(args)
+
+def _both_kafkas(command: str) -> int:
+    print(
+        f"keyshard {command}: --embedded-broker-listen (KEYSHARD_EMBEDDED_BROKER_LISTEN) is "
+        "for the embedded broker, started only when no Kafka is named: drop it or "
+        "--bootstrap-servers",
+        file=sys.stderr,
+    )
     return 2
 
 
@@ -83,7 +91,7 @@ def kafka_settings(config_file: str | None, environ: Mapping[str, str]) -> Kafka
 def _run_coordinator(args: argparse.Namespace) -> int:
     """Run the daemon until SIGINT/SIGTERM; with no Kafka named (--bootstrap-servers or
     bootstrap.servers) on an embedded broker, started first and stopped last."""
-    from keyshard.local.broker import EmbeddedBroker
+    from keyshard.local.broker import BrokerError, embedded_broker
 
     try:  # TLS files first: a bad one is one line naming its flag, before anything starts
         args.tls, args.admin_tls = endpoint_tls(args)
@@ -93,6 +101,8 @@ def _run_coordinator(args: argparse.Namespace) -> int:
     try:
         kafka = kafka_settings(args.kafka_config, os.environ)
         bootstrap = args.bootstrap_servers or kafka.bootstrap_servers
+        if bootstrap and args.embedded_broker_listen:
+            return _both_kafkas(args.command)
         if bootstrap:
             return _serve(args, kafka.with_bootstrap(bootstrap), kafka)
     except KafkaConfigError as err:
@@ -105,8 +115,12 @@ def _run_coordinator(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    broker = EmbeddedBroker()
-    broker.start()
+    broker = embedded_broker(args.embedded_broker_listen)
+    try:
+        broker.start()
+    except BrokerError as err:
+        print(f"keyshard {args.command}: embedded broker: {err}", file=sys.stderr)
+        return 1
     logging.getLogger(__name__).info(
         "embedded broker started on %s (pid %s)", broker.bootstrap_servers, broker.pid
     )
@@ -148,14 +162,16 @@ def _serve(
             demand_horizon_ms=int(args.demand_horizon_ms),
             balance_check_ms=int(args.balance_check_ms),
             load_half_life_ms=int(args.load_half_life_ms),
+            auto_offset_reset=args.auto_offset_reset,
         ),
         group_assignors=dict(args.group_assignor),
+        group_offset_resets=dict(args.group_auto_offset_reset),
         state_partitions=int(args.state_partitions),
         replica_timeout_ms=int(args.replica_timeout_ms),
         advertise=":".join(map(str, args.advertise)) if args.advertise else None,
         **({"replica_id": args.replica_id} if args.replica_id else {}),
         kafka=settings,
-        state_transactions=False if embedded else None,
+        embedded_broker=embedded,
         tls=args.tls,
         admin_tls=args.admin_tls,
         register_timeout_ms=int(args.register_timeout_ms),

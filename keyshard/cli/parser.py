@@ -12,6 +12,20 @@ import argparse
 import os
 from typing import Any
 
+from keyshard.cli.flag_values import (
+    LOG_LEVELS,
+    assignor,
+    group_assignor,
+    group_offset_reset,
+    host_port,
+    log_level,
+    offset_reset,
+    positive_int,
+    positive_ms,
+    positive_number,
+    ratio,
+    servers,
+)
 from keyshard.coordinator.group.state import GroupConfig
 from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
 from keyshard.coordinator.server.admission import (
@@ -19,8 +33,7 @@ from keyshard.coordinator.server.admission import (
     DEFAULT_REGISTER_TIMEOUT_MS,
 )
 from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, DEFAULT_STATE_TOPIC
-from keyshard.coordinator.strategies.registry import known_assignors
-from keyshard.core.model.addresses import LOOPBACK, parse_host_port
+from keyshard.core.model.addresses import LOOPBACK
 
 DEFAULT_LISTEN = (LOOPBACK, 7171)  # the consumer channel
 DEFAULT_ADMIN_LISTEN = (LOOPBACK, 7172)  # the admin API
@@ -31,6 +44,39 @@ DESCRIPTION = """The `keyshard` command line.
 Every flag also reads an environment variable (`KEYSHARD_` + the flag name in upper case,
 dashes as underscores), so a container can be configured the 12-factor way.
 """
+
+
+class DefaultsShownFormatter(argparse.HelpFormatter):
+    """`--help` says each flag's default where it has one, as the flag would take it
+    (`127.0.0.1:7171`, not a tuple), and nothing where it has none: no "default: None"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if not action.option_strings or not _has_default(action.default):
+            return text
+        shown = _as_given(action.default).replace("%", "%%")  # help text is %-formatted
+        return f"{text} (default: {shown})"
+
+
+def _has_default(value: object) -> bool:
+    return not (value is None or value is argparse.SUPPRESS or value is False or value in ([], ""))
+
+
+def _as_given(value: object) -> str:
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], int):
+        return "{}:{}".format(*value)  # a HOST:PORT default
+    if isinstance(value, list):
+        return ",".join(_as_given(v) for v in value)
+    return str(value)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every parser of the command (subcommands included: argparse makes them of the
+    top-level parser's class) shows defaults in its help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsShownFormatter)
+        super().__init__(*args, **kwargs)
 
 
 def _env(flag: str) -> str:
@@ -52,73 +98,33 @@ def _add(parser: argparse.ArgumentParser, flag: str, **kwargs: object) -> None:
     parser.add_argument(flag, help=f"{help_text} [env {env}]", **kwargs)  # type: ignore[arg-type]
 
 
-def _host_port(value: str) -> tuple[str, int]:
-    try:
-        return parse_host_port(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT") from None
-
-
-def _servers(value: str) -> str:
-    """A comma-separated list of HOST:PORT, each checked like --listen."""
-    for part in value.split(","):
-        _host_port(part.strip())
-    return value
-
-
-def _assignor(value: str) -> str:
-    if value not in known_assignors():
-        known = ", ".join(known_assignors())
-        raise argparse.ArgumentTypeError(f"unknown assignor {value!r} (known: {known})")
-    return value
-
-
-def _group_assignor(value: str) -> tuple[str, str]:
-    group, sep, name = value.partition("=")
-    if not sep or not group:
-        raise argparse.ArgumentTypeError(f"{value!r} is not GROUP=ASSIGNOR")
-    return group, _assignor(name)
-
-
-def _ratio(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not number > 1.0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be > 1.0")
-    return number
-
-
-def _positive_ms(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a whole number of milliseconds"
-        ) from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be > 0")
-    return number
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be > 0")
-    return number
+def log_level_flag() -> argparse.ArgumentParser:
+    """`--log-level`, taken after the subcommand too (`keyshard coordinator --log-level
+    DEBUG`): the subcommand's copy sets nothing when absent, so the one before the
+    subcommand, or KEYSHARD_LOG_LEVEL, stays in force."""
+    shared = argparse.ArgumentParser(add_help=False)
+    default = os.environ.get("KEYSHARD_LOG_LEVEL", "INFO")
+    shared.add_argument(
+        "--log-level",
+        type=log_level,
+        default=argparse.SUPPRESS,
+        help=f"{', '.join(LOG_LEVELS)} [env KEYSHARD_LOG_LEVEL] (default: {default})",
+    )
+    return shared
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="keyshard", description=DESCRIPTION)
-    parser.add_argument("--log-level", default=os.environ.get("KEYSHARD_LOG_LEVEL", "INFO"))
+    parser = _Parser(prog="keyshard", description=DESCRIPTION)
+    _add(parser, "--log-level", type=log_level, default="INFO", help=", ".join(LOG_LEVELS))
     sub = parser.add_subparsers(dest="command", required=True)
+    logs = log_level_flag()
 
-    broker = sub.add_parser("broker", help="run an embedded Kafka-protocol broker (Tansu)")
-    _add(broker, "--listen", type=_host_port, default=(LOOPBACK, 9092), help="HOST:PORT")
+    def command(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parents = [logs, *kwargs.pop("parents", [])]
+        return sub.add_parser(name, parents=parents, **kwargs)
+
+    broker = command("broker", help="run an embedded Kafka-protocol broker (Tansu)")
+    _add(broker, "--listen", type=host_port, default=(LOOPBACK, 9092), help="HOST:PORT")
     _add(
         broker,
         "--storage-engine",
@@ -126,25 +132,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="memory://tansu/ or s3://bucket/",
     )
 
-    coord = sub.add_parser("coordinator", help="run the coordinator daemon")
+    coord = command("coordinator", help="run the coordinator daemon")
     _add(
         coord,
         "--bootstrap-servers",
-        type=_servers,
+        type=servers,
         default=None,
-        help="Kafka HOST:PORT[,HOST:PORT...]; none: embedded broker",
+        help="Kafka HOST:PORT[,HOST:PORT...]; none: an embedded broker (in memory)",
     )
+    add_embedded_broker_flag(coord)
     _add(
         coord,
         "--listen",
-        type=_host_port,
+        type=host_port,
         default=DEFAULT_LISTEN,
         help="consumer channel HOST:PORT",
     )
     _add(
         coord,
         "--admin-listen",
-        type=_host_port,
+        type=host_port,
         default=DEFAULT_ADMIN_LISTEN,
         help="admin API HOST:PORT",
     )
@@ -160,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--state-partitions",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_STATE_PARTITIONS,
         help="partitions of the state topic when this creates it: the most replicas that "
         "can share the groups",
@@ -175,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--advertise",
-        type=_host_port,
+        type=host_port,
         default=None,
         help="HOST:PORT consumers reach this replica at (default: the listen address; "
         "0.0.0.0 advertises this host's address)",
@@ -183,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--replica-timeout-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=DEFAULT_REPLICA_TIMEOUT_MS,
         help="a replica silent this long has its groups taken over by the others",
     )
@@ -204,28 +211,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--drain-timeout-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=GROUP_DEFAULTS.drain_timeout_ms,
         help="StopFetcher drain deadline",
     )
     _add(
         coord,
         "--lost-member-margin-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=GROUP_DEFAULTS.lost_member_margin_ms,
         help="extra wait past a lost member's session before its ranges move",
     )
     _add(
         coord,
         "--assignor",
-        type=_assignor,
+        type=assignor,
         default=GROUP_DEFAULTS.assignor,
         help="strategy of every group: load-aware, balanced, auto-split, consistent-hash, sticky",
     )
     _add(
         coord,
         "--group-assignor",
-        type=_group_assignor,
+        type=group_assignor,
         action="append",
         default=[],
         help="GROUP=ASSIGNOR: the strategy of one group (repeatable)",
@@ -233,28 +240,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--rebalance-threshold",
-        type=_ratio,
+        type=ratio,
         default=GROUP_DEFAULTS.rebalance_threshold,
         help="load-aware: rebalance when a member carries this many times its fair share",
     )
     _add(
         coord,
         "--rebalance-hold-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=GROUP_DEFAULTS.rebalance_hold_ms,
         help="load-aware: ...continuously for this long",
     )
     _add(
         coord,
         "--backlog-hold-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=GROUP_DEFAULTS.backlog_hold_ms,
         help="load-aware: ...or this long when the imbalance is a backlog (records waiting)",
     )
     _add(
         coord,
         "--backlog-records",
-        type=_positive_int,
+        type=positive_int,
         default=GROUP_DEFAULTS.backlog_records,
         help="load-aware: a backlog is this many records waiting on the busiest member "
         "beyond its fair share",
@@ -262,60 +269,83 @@ def build_parser() -> argparse.ArgumentParser:
     _add(
         coord,
         "--demand-horizon-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=GROUP_DEFAULTS.demand_horizon_ms,
         help="load-aware: demand = records waiting + this long of records at the measured rate",
     )
     _add(
         coord,
         "--balance-check-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=GROUP_DEFAULTS.balance_check_ms,
         help="load-aware: how often the imbalance is measured",
     )
-    _add(coord, "--load-half-life-ms", type=_positive_ms, default=GROUP_DEFAULTS.load_half_life_ms,
+    _add(coord, "--load-half-life-ms", type=positive_ms, default=GROUP_DEFAULTS.load_half_life_ms,
          help="half-life of the measured per-slot load")  # fmt: skip
+    _add(
+        coord,
+        "--auto-offset-reset",
+        type=offset_reset,
+        metavar="{earliest,latest}",
+        default=GROUP_DEFAULTS.auto_offset_reset,
+        help="where a new group starts: earliest (every record already in its topics) or "
+        "latest (only records produced after the group was created), as Kafka's "
+        "auto.offset.reset",
+    )
+    _add(
+        coord,
+        "--group-auto-offset-reset",
+        type=group_offset_reset,
+        metavar="GROUP=RESET",
+        action="append",
+        default=[],
+        help="GROUP=earliest or GROUP=latest: where one new group starts (repeatable)",
+    )
     add_endpoint_flags(coord)
 
-    add_admin_commands(sub)
-    add_worker_command(sub)
+    add_admin_commands(command)
+    add_worker_command(command)
+    add_demo_command(command)
+    return parser
 
-    demo = sub.add_parser("demo", help="embedded broker + coordinator + consumers + producer")
-    demo.add_argument("--records", type=int, default=20_000)
-    demo.add_argument("--keys", type=int, default=500)
-    demo.add_argument("--consumers", type=int, default=3)
-    demo.add_argument("--partitions", type=int, default=1)
-    demo.add_argument("--rate", type=float, default=2000.0, help="records per second produced")
-    demo.add_argument("--output", default="demo-output", help="folder for every component's logs")
-    demo.add_argument(
+
+def add_embedded_broker_flag(parser: argparse.ArgumentParser) -> None:
+    _add(
+        parser,
+        "--embedded-broker-listen",
+        type=host_port,
+        metavar="HOST:PORT",
+        default=None,
+        help="HOST:PORT of the embedded broker, started when no --bootstrap-servers is "
+        "given (default: a free port on 127.0.0.1); its data is in memory, lost on exit",
+    )
+
+
+def add_demo_command(command: Any) -> None:
+    """`keyshard demo`: everything on one machine, checked end to end (keyshard.local.demo)."""
+    demo = command("demo", help="embedded broker + coordinator + consumers + producer")
+    _add(demo, "--records", type=positive_int, default=20_000, help="records produced")
+    _add(demo, "--keys", type=positive_int, default=500, help="distinct keys among them")
+    _add(demo, "--consumers", type=positive_int, default=3,
+         help="consumer processes at the start (one more joins, one leaves mid-run)")  # fmt: skip
+    _add(demo, "--partitions", type=positive_int, default=1, help="partitions of the topic")
+    _add(demo, "--rate", type=positive_number, default=2000.0, help="records per second produced")
+    _add(demo, "--output", default="demo-output", help="folder for every component's logs")
+    _add(
+        demo,
         "--bootstrap-servers",
-        type=_servers,
+        type=servers,
         default=None,
         help="run on this Kafka instead of an embedded broker (a fresh topic and state "
         "topic of its own, deleted afterwards)",
     )
-    demo.add_argument("--kafka-config", default=None, help="Kafka client settings (.properties)")
-
-    worker = sub.add_parser("demo-worker", help=argparse.SUPPRESS)
-    worker.add_argument("--group", required=True)
-    worker.add_argument("--topics", required=True)
-    worker.add_argument("--coordinator", required=True)
-    worker.add_argument("--bootstrap-servers", required=True)
-    worker.add_argument("--kafka-config", default=None)
-    worker.add_argument("--name", required=True)
-    worker.add_argument("--out", required=True)
-    worker.add_argument("--max-concurrency", type=int, default=64)
-    worker.add_argument("--session-timeout-ms", type=int, default=6000)
-    worker.add_argument("--handler-ms", type=float, default=2.0)
-    # Records whose offset is a multiple of this finish without awaiting (0: none do), so
-    # the consumer's inline path and its hand-over to a worker both run.
-    worker.add_argument("--no-wait-every", type=int, default=0)
-    worker.add_argument("--stuck-key", default=None)
-    worker.add_argument("--fail-key", default=None)
-    worker.add_argument("--dead-letter-topic", default=None)
-    # SIGTERM as a crash (the library's signal handling off): bench/sigterm_handoff.py.
-    worker.add_argument("--no-signals", action="store_true")
-    return parser
+    _add(
+        demo,
+        "--kafka-config",
+        default=None,
+        help="Kafka client settings for --bootstrap-servers, Java .properties format",
+    )
+    add_embedded_broker_flag(demo)
 
 
 def add_endpoint_flags(coord: argparse.ArgumentParser) -> None:
@@ -356,7 +386,7 @@ def add_endpoint_flags(coord: argparse.ArgumentParser) -> None:
     _add(
         coord,
         "--register-timeout-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=DEFAULT_REGISTER_TIMEOUT_MS,
         help="a consumer connection that has not sent Register this long after it was "
         "accepted (TLS handshake included) is closed",
@@ -364,7 +394,7 @@ def add_endpoint_flags(coord: argparse.ArgumentParser) -> None:
     _add(
         coord,
         "--max-connections",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="consumer connections at once (default: 10000, or fewer to fit the "
         "open-file limit); more are refused",
@@ -372,16 +402,16 @@ def add_endpoint_flags(coord: argparse.ArgumentParser) -> None:
     _add(
         coord,
         "--max-connections-per-peer",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_CONNECTIONS_PER_PEER,
         help="consumer connections at once from one IP address",
     )
 
 
-def add_worker_command(sub: Any) -> None:
+def add_worker_command(command: Any) -> None:
     """`keyshard worker module:function`: a handler run as a coordinated consumer
     (keyshard.cli.worker). Flags read KEYSHARD_* variables like the daemon's."""
-    w = sub.add_parser(
+    w = command(
         "worker",
         help="run module:function (async or sync) as a coordinated consumer",
         description="Run a handler function as a coordinated consumer until SIGTERM/SIGINT "
@@ -398,14 +428,14 @@ def add_worker_command(sub: Any) -> None:
     _add(
         w,
         "--coordinator",
-        type=_servers,
+        type=servers,
         default="{}:{}".format(*DEFAULT_LISTEN),
         help="coordinator HOST:PORT[,HOST:PORT...] (every replica, or a headless Service)",
     )
     _add(
         w,
         "--bootstrap-servers",
-        type=_servers,
+        type=servers,
         default=None,
         help="Kafka HOST:PORT[,...] (or bootstrap.servers in --kafka-config)",
     )
@@ -416,22 +446,22 @@ def add_worker_command(sub: Any) -> None:
         help="Kafka client settings, .properties; KEYSHARD_KAFKA_<NAME> variables win",
     )
     _add(w, "--name", default=None, help="consumer name (default: the host name)")
-    _add(w, "--max-concurrency", type=_positive_int, default=64, help="keys in flight at once")
+    _add(w, "--max-concurrency", type=positive_int, default=64, help="keys in flight at once")
     _add(
         w,
         "--session-timeout-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=10_000,
         help="silent this long, the coordinator moves this worker's ranges",
     )
     _add(
         w,
         "--drain-timeout-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=30_000,
         help="on SIGTERM, how long in-flight records may take to finish",
     )
-    _add(w, "--capacity", type=_positive_int, default=1, help="share of the group's load")
+    _add(w, "--capacity", type=positive_int, default=1, help="share of the group's load")
     _add(w, "--auth-token", default=None, help="the coordinator's --auth-token")
     _add(
         w,
@@ -442,19 +472,19 @@ def add_worker_command(sub: Any) -> None:
     _add(
         w,
         "--retry-max-attempts",
-        type=_positive_int,
+        type=positive_int,
         default=5,
         help="attempts before dead-lettering",
     )
     _add(
         w,
         "--retry-initial-backoff-ms",
-        type=_positive_ms,
+        type=positive_ms,
         default=100,
         help="first retry backoff, doubling",
     )
     _add(
-        w, "--retry-max-backoff-ms", type=_positive_ms, default=10_000, help="longest retry backoff"
+        w, "--retry-max-backoff-ms", type=positive_ms, default=10_000, help="longest retry backoff"
     )
     _add(
         w,
@@ -467,7 +497,7 @@ def add_worker_command(sub: Any) -> None:
     _add(
         w,
         "--metrics-listen",
-        type=_host_port,
+        type=host_port,
         default=None,
         help="HOST:PORT serving /healthz, /readyz and /metrics (default: none)",
     )
@@ -488,13 +518,13 @@ def add_worker_command(sub: Any) -> None:
     _add(w, "--coordinator-tls-key-file", default=None, help="...and its private key")
 
 
-def add_admin_commands(sub: Any) -> None:
-    """Register the admin subcommands on the top-level subparsers."""
+def add_admin_commands(command: Any) -> None:
+    """The admin subcommands (keyshard.cli.admin), `command` adding each one."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--admin",
         default=os.environ.get("KEYSHARD_ADMIN", DEFAULT_ADMIN),
-        help=f"admin API URL [env KEYSHARD_ADMIN, default {DEFAULT_ADMIN}]",
+        help="admin API URL [env KEYSHARD_ADMIN]",
     )
     common.add_argument(
         "--token",
@@ -502,16 +532,16 @@ def add_admin_commands(sub: Any) -> None:
         help="admin bearer token [env KEYSHARD_ADMIN_TOKEN]",
     )
     common.add_argument("--json", action="store_true", help="print the API's JSON as is")
-    sub.add_parser("groups", parents=[common], help="list groups")
-    status = sub.add_parser("status", parents=[common], help="members, ranges, handoffs")
+    command("groups", parents=[common], help="list groups")
+    status = command("status", parents=[common], help="members, ranges, handoffs")
     status.add_argument("group")
-    where = sub.add_parser("where", parents=[common], help="which member runs a key")
+    where = command("where", parents=[common], help="which member runs a key")
     where.add_argument("group")
     where.add_argument("key")
     where.add_argument("--topic", default=None, help="only this topic's partitions")
-    rebalance = sub.add_parser("rebalance", parents=[common], help="recompute the target now")
+    rebalance = command("rebalance", parents=[common], help="recompute the target now")
     rebalance.add_argument("group")
-    fence = sub.add_parser("fence", parents=[common], help="fence (remove) a member")
+    fence = command("fence", parents=[common], help="fence (remove) a member")
     fence.add_argument("group")
     fence.add_argument("member")
 

@@ -10,7 +10,8 @@ exact positions) and a second signal to abort, `/healthz` `/readyz` `/metrics` w
 Exit status: 0 after a graceful stop; 1 with one line on stderr when the coordinator or
 Kafka refuses the worker for good (unknown topic, wrong token, bad credentials, nothing
 reachable within --connect-timeout-s); 2 with one line for bad flags or a bad
-MODULE:FUNCTION; 130 when a second signal aborted the drain.
+MODULE:FUNCTION (one that fails to import included: its error, file and line); 130 when
+a second signal aborted the drain.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -96,8 +98,10 @@ def load_handler(target: str) -> Callable[..., Any]:
         sys.path.insert(0, os.getcwd())
     try:
         found: Any = importlib.import_module(module_name)
-    except ImportError as err:
-        raise WorkerUsageError(f"{target!r}: cannot import {module_name}: {err}") from None
+    except Exception as err:  # not only ImportError: the module's own code runs here
+        raise WorkerUsageError(
+            f"cannot import {module_name}: {import_failure(err, module_name)}"
+        ) from None
     for part in attr.split("."):
         if not hasattr(found, part):
             raise WorkerUsageError(f"{target!r}: {module_name} has no attribute {attr}")
@@ -105,6 +109,37 @@ def load_handler(target: str) -> Callable[..., Any]:
     if not callable(found):
         raise WorkerUsageError(f"{target!r}: {attr} is not a function")
     return found  # type: ignore[no-any-return]
+
+
+def import_failure(err: Exception, module_name: str) -> str:
+    """What went wrong importing the handler's module, in one line: the error and where it
+    happened (file and line), and for a package that is not found at all, where Python
+    looked for it."""
+    if isinstance(err, SyntaxError):  # its own file and line: the module never ran
+        where = f" ({_shown(err.filename)}, line {err.lineno})" if err.filename else ""
+        return f"{type(err).__name__}: {err.msg}{where}"
+    if isinstance(err, ModuleNotFoundError) and err.name == module_name.split(".")[0]:
+        path = os.environ.get("PYTHONPATH") or "not set"
+        return (
+            f"{type(err).__name__}: {err} (looked in the working directory {os.getcwd()} "
+            f"and PYTHONPATH ({path}): run from the folder that holds {err.name}, or add "
+            "that folder to PYTHONPATH)"
+        )
+    # Where it was raised, below the import machinery (the first frame is the caller's).
+    machinery = os.path.dirname(importlib.__file__)
+    frames = [
+        f
+        for f in traceback.extract_tb(err.__traceback__)[1:]
+        if not f.filename.startswith(("<", machinery))
+    ]
+    where = f" ({_shown(frames[-1].filename)}, line {frames[-1].lineno})" if frames else ""
+    return f"{type(err).__name__}: {' '.join(str(err).split())}{where}"  # one line
+
+
+def _shown(path: str) -> str:
+    """A file under the working directory by its relative path, others in full."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def build_consumer(args: argparse.Namespace, environ: Mapping[str, str]) -> CoordinatedConsumer:

@@ -209,6 +209,13 @@ class EmbeddedBroker:
         self.stop()
 
 
+def embedded_broker(listen: tuple[str, int] | None, log_path: Path | None = None) -> EmbeddedBroker:
+    """The broker `--embedded-broker-listen` asks for: on HOST:PORT, or on a free loopback
+    port when not given. In memory: what it holds is gone when it stops."""
+    host, port = listen if listen is not None else (LOOPBACK, None)
+    return EmbeddedBroker(host, port, log_path=log_path)
+
+
 def run_foreground(host: str, port: int, storage_engine: str) -> int:
     """Run a broker until SIGINT/SIGTERM (exit 0) or until it dies (its code, or 1).
 

@@ -32,7 +32,7 @@ from keyshard.coordinator.storage.base import DEFAULT_STATE_TOPIC
 from keyshard.core.kafka.settings import KafkaSettings, load_properties
 from keyshard.core.model.addresses import LOOPBACK
 from keyshard.daemon import DaemonConfig, start_daemon
-from keyshard.local.broker import EmbeddedBroker
+from keyshard.local.broker import BrokerError, EmbeddedBroker, embedded_broker
 from keyshard.local.processes import free_port
 from keyshard.local.verify import Produced, Report, check, read_processed
 
@@ -59,7 +59,7 @@ def worker_command(
 ) -> list[str]:  # fmt: skip
     config = ["--kafka-config", kafka_config] if kafka_config else []
     return [
-        sys.executable, "-m", "keyshard", "--log-level", "WARNING", "demo-worker",
+        sys.executable, "-m", "keyshard.local.demo_worker", "--log-level", "WARNING",
         "--group", group, "--topics", topic, "--coordinator", coordinator,
         "--bootstrap-servers", bootstrap, *config, "--name", name,
         "--out", str(out), *(extra or []),
@@ -67,7 +67,11 @@ def worker_command(
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    return asyncio.run(_demo(args))
+    try:
+        return asyncio.run(_demo(args))
+    except BrokerError as err:
+        print(f"keyshard demo: embedded broker: {err}", file=sys.stderr)
+        return 1
 
 
 async def _demo(args: argparse.Namespace) -> int:
@@ -90,7 +94,7 @@ async def _demo(args: argparse.Namespace) -> int:
             f"__keyshard_demo_state.{run_id}", external=True,
         )  # fmt: skip
     else:
-        broker = EmbeddedBroker(log_path=out_dir / "broker.log")
+        broker = embedded_broker(args.embedded_broker_listen, log_path=out_dir / "broker.log")
         broker.start()
         kafka = DemoKafka(
             broker.bootstrap_servers, settings, None, TOPIC, DEFAULT_STATE_TOPIC, external=False
@@ -114,12 +118,13 @@ async def _demo(args: argparse.Namespace) -> int:
                 state_topic=kafka.state_topic,
                 group_defaults=GroupConfig(drain_timeout_ms=5000),
                 kafka=settings,
-                state_transactions=None if kafka.external else False,
+                embedded_broker=not kafka.external,
             )
         )
         coordinator = f"{LOOPBACK}:{listen}"
         console.print(
-            f"kafka [bold]{kafka.bootstrap_servers}[/] (topic {kafka.topic}), "
+            f"kafka [bold]{kafka.bootstrap_servers}[/] "
+            f"({'' if kafka.external else 'embedded, in memory; '}topic {kafka.topic}), "
             f"coordinator [bold]{coordinator}[/], "
             f"admin [bold]http://{LOOPBACK}:{admin_port}/v1/groups/{GROUP}[/], "
             f"logs [bold]{out_dir}/[/]"

@@ -1,4 +1,6 @@
-"""A consumer process for the demo and the integration tests.
+"""A consumer process for the demo and the integration tests:
+`python -m keyshard.local.demo_worker --group G --topics T ...` (not a `keyshard` command:
+users run their own handlers with `keyshard worker`).
 
 It logs every handler run (key, offset, slot, member, start/end on the system-wide
 monotonic clock) to a JSON-lines file, which `keyshard.local.verify` checks against
@@ -12,8 +14,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from keyshard.consumer_client import CoordinatedConsumer, RetryPolicy
@@ -21,7 +25,46 @@ from keyshard.core.kafka.settings import load_properties
 from keyshard.core.model.hashing import slot_for_record
 
 
-def run_worker(args: argparse.Namespace) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m keyshard.local.demo_worker",
+        description="A consumer that records every handler run, for the demo and the tests.",
+    )
+    parser.add_argument("--group", required=True, help="consumer group")
+    parser.add_argument("--topics", required=True, help="comma-separated topics")
+    parser.add_argument("--coordinator", required=True, help="coordinator HOST:PORT[,...]")
+    parser.add_argument("--bootstrap-servers", required=True, help="Kafka HOST:PORT[,...]")
+    parser.add_argument("--kafka-config", help="Kafka client settings (.properties)")
+    parser.add_argument("--name", required=True, help="consumer name")
+    parser.add_argument("--out", required=True, help="JSON-lines file of handler runs")
+    parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING, ...")
+    parser.add_argument("--max-concurrency", type=int, default=64, help="keys in flight")
+    parser.add_argument("--session-timeout-ms", type=int, default=6000, help="session")
+    parser.add_argument("--handler-ms", type=float, default=2.0, help="awaited per record")
+    parser.add_argument(
+        "--no-wait-every",
+        type=int,
+        default=0,
+        help="records whose offset is a multiple of this finish without awaiting (0: "
+        "none do), so the consumer's inline path and its hand-over to a lane both run",
+    )
+    parser.add_argument("--stuck-key", help="this key's first record hangs until cancelled")
+    parser.add_argument("--fail-key", help="this key's records always fail")
+    parser.add_argument("--dead-letter-topic", help="where failed records go")
+    parser.add_argument(
+        "--no-signals",
+        action="store_true",
+        help="SIGTERM as a crash: the library's signal handling off (bench/sigterm_handoff.py)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
     return asyncio.run(_main(args))
 
 
@@ -78,3 +121,7 @@ async def _main(args: argparse.Namespace) -> int:
     finally:
         out.close()
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,6 +3,8 @@ config validation, without processes (the real-daemon tests are in test_api.py).
 
 from __future__ import annotations
 
+import re
+
 from fastapi.testclient import TestClient
 
 from keyshard.api.app import create_app
@@ -111,6 +113,12 @@ def test_config_update_is_validated_and_applied() -> None:
     assert http.put(url, json=knobs, headers=AUTH).status_code == 200
     config = http.get(f"/v1/groups/{GROUP}").json()["config"]
     assert {k: config[k] for k in knobs} == knobs
+    assert config["auto_offset_reset"] == "earliest"
+    assert http.put(url, json={"auto_offset_reset": "newest"}, headers=AUTH).status_code == 422
+    assert http.put(url, json={"auto_offset_reset": "latest"}, headers=AUTH).status_code == 200
+    view = http.get(f"/v1/groups/{GROUP}").json()
+    assert view["config"]["auto_offset_reset"] == "latest"
+    assert view["partitions"][0]["low_watermark"] == 99, "a group with positions keeps them"
 
 
 def test_dashboard_is_served() -> None:
@@ -118,3 +126,18 @@ def test_dashboard_is_served() -> None:
     page = http.get("/")
     assert page.status_code == 200
     assert "<canvas" in page.text
+
+
+def test_api_docs_need_no_network() -> None:
+    """/docs (Swagger UI) and /redoc load their scripts and styles from this server, and
+    these are there: the pages work where no CDN can be reached."""
+    http, _ = client()
+    for page in ("/docs", "/redoc"):
+        html = http.get(page)
+        assert html.status_code == 200
+        assets = re.findall(r'(?:src|href)="([^"]+)"', html.text)
+        assert assets and all(a.startswith("/") for a in assets), assets
+        for asset in assets:
+            served = http.get(asset)
+            assert served.status_code == 200 and len(served.content) > 1000, asset
+    assert http.get("/openapi.json").json()["info"]["title"] == "keyshard admin API"

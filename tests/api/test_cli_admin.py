@@ -59,11 +59,22 @@ async def test_cli_against_a_live_daemon(coordinator: CoordinatorProcess, worker
     groups = keyshard("groups", *admin)
     assert groups.returncode == 0, groups.stderr
     assert GROUP in groups.stdout and "65536" in groups.stdout
+    # The handoffs `groups` counts are the open ones, and `status` says how many are open.
+    assert "open handoffs" in groups.stdout
+    row = next(line for line in groups.stdout.splitlines() if f" {GROUP} " in line)
+    still_open = int(row.split("│")[-2])
+    summary = json.loads(keyshard("groups", *admin, "--json").stdout)["groups"][0]
+    assert still_open == summary["open_handoffs"]
 
     status = keyshard("status", GROUP, *admin)
     assert status.returncode == 0, status.stderr
     for member in view["members"]:
         assert member["member_id"] in status.stdout
+    assert f", {still_open} open" in status.stdout
+    # Piped (not a terminal), member ids are whole however narrow: `fence` needs them.
+    narrow = keyshard("status", GROUP, *admin, COLUMNS="40")
+    for member in view["members"]:
+        assert member["member_id"] in narrow.stdout, narrow.stdout
 
     where = keyshard("where", GROUP, "key-3", *admin, "--json")
     assert where.returncode == 0, where.stderr

@@ -23,6 +23,21 @@ CHROMIUM_ARGS = [
 ]
 
 
+# The colours (r,g,b,alpha) down the timeline's first and last pixel columns.
+COLUMN_COLOURS = """() => {
+    const c = document.getElementById('timeline');
+    const column = (x) => {
+        const data = c.getContext('2d').getImageData(x, 0, 1, c.height).data;
+        const seen = new Set();
+        for (let i = 0; i < data.length; i += 4) {
+            seen.add(data[i] + ',' + data[i + 1] + ',' + data[i + 2] + ',' + data[i + 3]);
+        }
+        return [...seen];
+    };
+    return [column(1), column(c.width - 2)];
+}"""
+
+
 @pytest.mark.skipif(
     CHROMIUM is None,
     reason="Debian's chromium is not installed (scripts/test.sh installs it when run as root)",
@@ -44,6 +59,11 @@ async def test_dashboard_follows_a_consumer_joining(
             await rows.first.wait_for(timeout=15_000)
             assert await rows.count() == 1
             assert first["members"][0]["member_id"] in await rows.first.inner_text()
+            # Before the page opened nothing is known: blank, not the black of "unowned".
+            left, right = await page.evaluate(COLUMN_COLOURS)
+            assert left == ["0,0,0,0"], "the time before the page opened is drawn"
+            assert "0,0,0,0" not in right
+            assert "blank: before" in await page.locator(".axis").inner_text()
 
             workers.spawn("c1")
             second = await wait_for(lambda: coordinator.settled(2), 30, "2 settled members")
@@ -68,5 +88,35 @@ async def test_dashboard_follows_a_consumer_joining(
             assert "error" not in (await page.locator("#status").get_attribute("class") or "")
             ARTIFACTS.mkdir(exist_ok=True)
             await page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+        finally:
+            await browser.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+async def test_the_api_docs_render_without_a_network(coordinator: CoordinatorProcess) -> None:
+    """Swagger UI at /docs with every request off this machine refused, as on a host with
+    no way to a CDN: its scripts come from the coordinator, and it shows the API."""
+    from playwright.async_api import Route, async_playwright
+
+    refused: list[str] = []
+
+    async def local_only(route: Route) -> None:
+        if route.request.url.startswith(coordinator.admin_url):
+            await route.continue_()
+        else:
+            refused.append(route.request.url)
+            await route.abort()
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            await page.route("**/*", local_only)
+            await page.goto(coordinator.admin_url + "/docs")
+            title = page.locator(".swagger-ui .info .title")
+            await title.wait_for(timeout=15_000)
+            assert "keyshard admin API" in await title.inner_text()
+            await page.locator(".opblock-summary-path", has_text="/v1/groups").first.wait_for()
+            assert refused == []
         finally:
             await browser.close()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaClient
+from aiokafka.protocol.metadata import MetadataRequest
 
 
 class TopicMetadataError(RuntimeError):
@@ -80,3 +81,13 @@ async def partitions_of(
         return await fetch_partitions(client, topics, timeout)
     finally:
         await client.close()
+
+
+async def cluster_id(client: AIOKafkaClient, timeout: float) -> str | None:
+    """The id the cluster gives itself in a metadata answer made now (None: the broker is
+    too old to say). It tells a broker that is known to lack something (Tansu's default
+    id, say) from one that should have it."""
+    request = MetadataRequest([])  # no topics: only the brokers and the cluster's id
+    response = await asyncio.wait_for(client.send(client.get_random_node(), request), timeout)
+    found = getattr(response, "cluster_id", None)
+    return found if isinstance(found, str) else None

@@ -16,6 +16,7 @@ from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.coordinator.storage.image import PartitionImage
 from keyshard.coordinator.storage.log_format import decode
+from keyshard.core.model.positions import TopicPartition
 
 
 class MemoryLog:
@@ -27,6 +28,8 @@ class MemoryLog:
         self.writes = 0
         self.reachable = True  # drives the readiness probe
         self.on_write: Callable[[], None] | None = None
+        self.ends: dict[TopicPartition, int] = {}  # where partitions end (default 0)
+        self.ends_asked = 0
 
     async def write(
         self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
@@ -41,6 +44,12 @@ class MemoryLog:
 
     async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
         return dict.fromkeys(topics, self.topic_partitions)
+
+    async def partition_ends(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        self.ends_asked += 1
+        return {tp: self.ends.get(tp, 0) for tp in partitions}
 
     async def commit_low_watermarks(self, group: str, positions: Any) -> None: ...
 

@@ -31,7 +31,7 @@ from keyshard.core.model.hashing import SLOT_COUNT
 from keyshard.core.model.positions import Position, RangePositionMap
 from keyshard.core.model.ranges import SlotRange
 from tests.brokers import Broker
-from tests.integration.harness import create_topic, wait_for
+from tests.integration.harness import create_topic, produce, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -59,6 +59,22 @@ async def test_overlapping_commits_of_a_group_share_one_committer(
         assert len(started) == 1, "one committer per group, however the commits overlap"
     finally:
         await cluster.stop()
+
+
+async def test_partition_ends_are_right_after_batched_produces(broker: Broker) -> None:
+    """Where a `latest` group starts: ListOffsets under-reports on Tansu after batched
+    produces (DESIGN.md §3), so the ends come from a fetch answer."""
+    await create_topic(broker.bootstrap_servers, "orders", partitions=2)
+    produced = await produce(broker.bootstrap_servers, 500, 20, topic="orders")
+    expected = {
+        ("orders", p): 1 + max(r.offset for r in produced if r.partition == p) for p in (0, 1)
+    }
+    store = KafkaCluster(broker.bootstrap_servers, KafkaSettings.parse(), timeout=15.0)
+    await store.start()
+    try:
+        assert await store.partition_ends(sorted(expected)) == expected
+    finally:
+        await store.stop()
 
 
 def fragmented_map(members: int, seed: int = 7) -> RangePositionMap:

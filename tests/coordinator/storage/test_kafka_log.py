@@ -9,6 +9,7 @@ broker (which has no transactions).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
@@ -110,3 +111,21 @@ async def test_a_handed_over_partition_is_held_by_nobody(
     await wait_for(lambda: b.images[0].holder is None, 20, "B to read A's release")
     assert b.images[0].epoch == epoch
     assert (await b.claim(0))[0] == epoch + 1
+
+
+@pytest.mark.brokers("tansu")
+async def test_no_transactions_on_tansu_is_said_at_info_not_as_a_warning(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tansu has no transactions by design: its refusal is expected, not a fault to warn
+    about (a broker not known to lack them still gets a WARNING)."""
+    log = replica(broker, "a")
+    with caplog.at_level(logging.INFO, logger="keyshard.coordinator.storage.kafka_log"):
+        try:
+            await log.start()
+        finally:
+            await log.stop()
+    assert log.transactions is False
+    said = [r for r in caplog.records if "takes no transactional producer" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.INFO], said
+    assert "expected of Tansu" in said[0].getMessage()
