@@ -303,7 +303,7 @@ class CoordinatorRuntime:
             )
         partitions = tuple((t, p) for t in sorted(topics) for p in range(counts[t]))
         existing = self._groups.get(request.group)
-        config = existing.config if existing else self.settings.config_for(request.group)
+        config = existing.config if existing else self.config.config_for(request.group)
         try:
             ends = await self._partition_ends.if_new(request.group, config, existing, partitions)
         except PartitionEndsUnknown as err:
