@@ -38,6 +38,8 @@ FULL: dict[str, Any] = {
         "replicaTimeoutMs": 3_000,
         "assignor": "balanced",
         "groupAssignors": {"orders": "sticky", "audit": "consistent-hash"},
+        "autoOffsetReset": "latest",
+        "groupAutoOffsetResets": {"orders": "earliest", "clicks": "latest"},
         "drainTimeoutMs": 12_345,
         "lostMemberMarginMs": 750,
         "rebalanceThreshold": 1.5,

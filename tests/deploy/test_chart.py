@@ -325,6 +325,16 @@ BAD_VALUES = [
         id="unknown-group-assignor",
     ),
     pytest.param(
+        merged(MINIMAL, {"config": {"autoOffsetReset": "smallest"}}),
+        r"/config/autoOffsetReset': value must be one of",
+        id="unknown-offset-reset",
+    ),
+    pytest.param(
+        merged(MINIMAL, {"config": {"groupAutoOffsetResets": {"orders": "none"}}}),
+        r"/config/groupAutoOffsetResets/orders': value must be one of",
+        id="unknown-group-offset-reset",
+    ),
+    pytest.param(
         merged(MINIMAL, {"replicaCount": -1}),
         r"/replicaCount': minimum: got -1, want 0",
         id="negative-replicas",

@@ -35,7 +35,6 @@ def handled(log: Path) -> list[tuple[str, int, int]]:
 
 @pytest.mark.integration
 @pytest.mark.timeout(240)
-@pytest.mark.xfail(strict=True, reason="needs --embedded-broker-listen")
 def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
     blocks = examples_of("walkthrough")
     assert [b.path.name for b in blocks] == ["getting-started.md"] * len(blocks)
