@@ -33,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import RESULTS  # noqa: E402
 from bench._coord_common import settled  # noqa: E402
 from bench._order import OrderStats, order_stats  # noqa: E402
 from keyshard.local.broker import EmbeddedBroker  # noqa: E402
@@ -525,11 +526,10 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def publish(stem: str, md: str, results: Mapping[int, list[RunResult]]) -> None:
-    """A benchmark's table (`bench/STEM.md`) and every run (`bench/STEM.json`), and the
-    table on stdout."""
-    out = Path(__file__).resolve().parent
-    (out / f"{stem}.md").write_text(md)
-    save_json(out / f"{stem}.json", [r for rs in results.values() for r in rs])
+    """A benchmark's table (`bench/results/STEM.md`) and every run
+    (`bench/results/STEM.json`), and the table on stdout."""
+    (RESULTS / f"{stem}.md").write_text(md)
+    save_json(RESULTS / f"{stem}.json", [r for rs in results.values() for r in rs])
     print(md)
 
 

@@ -44,6 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import RESULTS
 from bench._common import machine
 from bench._coord_common import (
     ROOT,
@@ -566,7 +567,7 @@ def main() -> None:
     parser.add_argument("--quiet", type=float, default=3.0, help="no Stop/Start this long = stable")
     parser.add_argument("--deadline", type=float, default=180.0)
     parser.add_argument("--log-dir", default="/tmp/keyshard-bench-scale")
-    parser.add_argument("--plot", default=str(Path(__file__).with_name("coord_scale.png")))
+    parser.add_argument("--plot", default=str(RESULTS / "coord_scale.png"))
     # worker mode (started by the driver)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)

@@ -54,6 +54,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import RESULTS
 from bench._common import machine
 from bench._coord_common import markdown_table, percentile
 from keyshard.core.model.ranges import EMPTY
@@ -425,10 +426,9 @@ def main() -> None:
     parser.add_argument("--freeze-s", type=float, default=5.0, help="freeze: SIGCONT after")
     parser.add_argument("--replica-timeout-ms", type=int, default=2000)
     parser.add_argument("--out-dir", default="/tmp/keyshard-bench-failover")
-    here = Path(__file__).resolve().parent
-    parser.add_argument("--json", default=str(here / "failover.json"))
-    parser.add_argument("--markdown", default=str(here / "failover.md"))
-    parser.add_argument("--plot", default=str(here / "failover.png"))
+    parser.add_argument("--json", default=str(RESULTS / "failover.json"))
+    parser.add_argument("--markdown", default=str(RESULTS / "failover.md"))
+    parser.add_argument("--plot", default=str(RESULTS / "failover.png"))
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.pre, args.post = 1, 5.0, 12.0

@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from bench import RESULTS
 from bench._common import BROKERS, machine
 from bench._coord_common import (
     ROOT,
@@ -437,7 +438,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=4.0, help="s between steps")
     parser.add_argument("--out-dir", default="/tmp/keyshard-bench-handoff")
     parser.add_argument("--json", default=None, help="also write the raw results here")
-    parser.add_argument("--plot", default=str(Path(__file__).with_name("handoff_pause.png")))
+    parser.add_argument("--plot", default=str(RESULTS / "handoff_pause.png"))
     parser.add_argument("--plot-only", default=None, help="re-plot a --json file, no run")
     parser.add_argument("--broker", choices=BROKERS, default="tansu")
     parser.add_argument(

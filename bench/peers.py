@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import RESULTS
 from bench._common import (
     BROKERS,
     KEYS,
@@ -54,7 +55,6 @@ from bench._common import (
 )
 from bench.throughput import LANES, Size, _pyplot, label, repeat
 
-OUT = Path(__file__).resolve().parent
 FULL = Size(records=600_000, runs=3, warmup_s=11.0, window_s=4.0, filter_records=0)
 QUICK = Size(records=250_000, runs=1, warmup_s=11.0, window_s=2.0, filter_records=0)
 #: (system, producer batching of the topic it reads)
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             stem = "peers" + ("-quick" if args.quick else "")
             stem += "" if args.handlers == "io,cpu" else "-" + args.handlers.replace(",", "-")
             publish(stem, md, results)
-            peers_plot(specs, results, OUT / f"{stem}.png")
+            peers_plot(specs, results, RESULTS / f"{stem}.png")
             print(f"total {time.monotonic() - t0:.0f} s")
     finally:
         cleanup(work)

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from bench import RESULTS
 from bench._common import machine
 from bench._coord_common import ROOT, Coordinator, markdown_table, settled
 from keyshard.local.broker import EmbeddedBroker
@@ -163,7 +164,7 @@ def main() -> None:
     parser.add_argument("--handler-ms", type=float, default=20.0)
     parser.add_argument("--quick", action="store_true", help="6 s of production per case")
     parser.add_argument("--out-dir", default="/tmp/keyshard-bench-sigterm")
-    parser.add_argument("--json", default=str(ROOT / "bench" / "sigterm_handoff.json"))
+    parser.add_argument("--json", default=str(RESULTS / "sigterm_handoff.json"))
     args = parser.parse_args()
     if args.quick:
         args.seconds = 6.0

@@ -23,7 +23,7 @@ result depends on the order. keyshard: `mapPartitions` straight over each range'
 `sortWithinPartitions("key", "offset")`, then the same `mapPartitions` (a shuffle: the
 source's tasks split keys). Every per-key result is checked against keyshard at 1 range.
 
-Writes bench/spark_source[-kafka].md, .json and .png (matplotlib).
+Writes bench/results/spark_source[-kafka].md, .json and .png (matplotlib).
 Run: bash scripts/bench.sh spark [--broker kafka] [--quick] [--records N] [--threads T]
 """
 
@@ -52,6 +52,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 from aiokafka import AIOKafkaProducer  # noqa: E402
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
 
+from bench import RESULTS  # noqa: E402
 from bench._common import cleanup, machine, markdown_table, workdir  # noqa: E402
 from bench._spark_kafka import connector_version, spark_kafka_jars  # noqa: E402
 from keyshard.core.model.positions import Position  # noqa: E402
@@ -67,7 +68,6 @@ TASKS = (1, 4, 16)
 SOURCES = ("keyshard", "spark")
 LABEL = {"keyshard": "keyshard, ranges", "spark": "Spark kafka, minPartitions"}
 TOPIC = "bench.source"
-OUT = Path(__file__).resolve().parent
 
 
 async def preload(bootstrap: str, records: int, keys: int) -> None:
@@ -368,14 +368,14 @@ def report(
     )
     print(text)
     stem = "spark_source" + ("-kafka" if meta["broker"] == "kafka" else "")
-    (OUT / f"{stem}.md").write_text(text)
-    (OUT / f"{stem}.json").write_text(
+    (RESULTS / f"{stem}.md").write_text(text)
+    (RESULTS / f"{stem}.json").write_text(
         json.dumps(
             {**meta, "read_s": read, "order": orders, "stateful_s": step, "order_kept": correct},
             indent=1,
         )
     )
-    plot(OUT / f"{stem}.png", meta, medians, step)
+    plot(RESULTS / f"{stem}.png", meta, medians, step)
 
 
 def plot(

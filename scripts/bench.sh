@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command per benchmark, on a fresh machine too: sets up what the part needs, runs
-# it, and it writes its table (Markdown), JSON and plot into bench/ as always.
+# it, and it writes its table (Markdown), JSON and plot into bench/results/.
 #
 #   bash scripts/bench.sh PART [--quick] [--broker tansu|kafka] [more options of the script]
 #
