@@ -25,8 +25,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from bench import RESULTS
 from keyshard.coordinator.strategies.base import AssignmentSpec, Assignor, MemberSpec, slots_moved
 from keyshard.coordinator.strategies.load_aware import LoadAwareAssignor

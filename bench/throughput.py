@@ -33,11 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from bench import RESULTS
 from bench._common import (
-    BROKERS,
     KEYS,
     Cluster,
     RunResult,
@@ -46,14 +43,14 @@ from bench._common import (
     cleanup,
     load_topic,
     machine,
-    markdown_table,
-    median,
     peer_missing,
     run,
     save_json,
     workdir,
 )
 from bench._worker import PROCESS_WORKERS
+from harness import markdown_table, median
+from harness.brokers import BROKER_KINDS
 
 LANES = 64  # keyshard's default max_concurrency
 
@@ -398,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("part", choices=["slow", "cpu", "filter", "amplification", "churn", "all"])
     parser.add_argument("--quick", action="store_true", help="fewer records, one run each")
     parser.add_argument("--runs", type=int, help="runs per configuration (default 3, quick 1)")
-    parser.add_argument("--broker", choices=BROKERS, default="tansu")
+    parser.add_argument("--broker", choices=BROKER_KINDS, default="tansu")
     parser.add_argument("--tag", default="", help="appended to the output files' names")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
