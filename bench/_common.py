@@ -1,6 +1,6 @@
 """Shared machinery of the throughput benchmarks: broker, coordinator, data, runs, tables.
 
-A *run* starts N worker processes of one system (`bench/_worker.py`), waits until all of
+A *run* starts N worker processes of one system (`bench._worker`), waits until all of
 them have imported and built their clients, releases them at once (the go file), and
 measures from the first completed handler call on: throughput over a fixed time window
 (after a short warm-up, so group formation and the first rebalance are not averaged in),
@@ -17,12 +17,10 @@ import os
 import platform
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -30,25 +28,23 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from bench._coord_common import settled  # noqa: E402
-from bench._order import OrderStats, order_stats  # noqa: E402
-from keyshard.local.broker import EmbeddedBroker  # noqa: E402
-from keyshard.local.processes import free_port, stop_process  # noqa: E402
-from tests.brokers.kafka import KafkaBroker, cache_root  # noqa: E402
+from bench import RESULTS
+from bench._worker import BUCKET_S, burn
+from harness import CoordinatorProcess, OrderStats, is_settled, order_stats
+from harness.brokers import new_broker, stop_broker
+from harness.brokers.kafka import cache_root
+from keyshard.local.processes import stop_process
 
 KEYS = 10_000  # distinct record keys in every benchmark topic
 
-WORKER = ROOT / "bench" / "_worker.py"
+#: The repository root: worker processes run `python -m bench._worker` from here (the
+#: peers' interpreters have neither keyshard nor the harness installed).
+ROOT = Path(__file__).resolve().parent.parent
 # Each peer in its own virtualenv under the project's cache, made by scripts/bench.sh
 # (Pyrallel declares Python >= 3.12 and brings its own confluent-kafka).
 PEERS = cache_root() / "peers"
 PYRALLEL_PYTHON = Path(os.environ.get("PYRALLEL_PYTHON", PEERS / "pyrallel" / "bin" / "python"))
 CONFLUENT_PYTHON = Path(os.environ.get("CONFLUENT_PYTHON", PEERS / "confluent" / "bin" / "python"))
-BUCKET_S = 0.01  # must match _worker.BUCKET_S
-BROKERS = ("tansu", "kafka")
 
 
 def peer_python(system: str) -> Path:
@@ -99,8 +95,6 @@ def machine() -> str:
 
 def calibrate_cpu_loops(target_s: float = 0.001) -> int:
     """Loop count of `_worker.burn` that takes `target_s` here (best of several tries)."""
-    from bench._worker import burn
-
     loops = 20_000
     best = float("inf")
     for _ in range(30):
@@ -114,61 +108,42 @@ def calibrate_cpu_loops(target_s: float = 0.001) -> int:
 
 
 class Cluster:
-    """A broker (the embedded Tansu, or Apache Kafka from the test fixture's jars) and a
-    coordinator daemon process, for one benchmark invocation."""
+    """A broker (the embedded Tansu, or an Apache Kafka node) and a coordinator daemon
+    process, for one benchmark invocation."""
 
     def __init__(self, work: Path, broker: str = "tansu") -> None:
         self.work = work
-        self.broker: EmbeddedBroker | KafkaBroker = (
-            KafkaBroker(workdir=work / "kafka") if broker == "kafka" else EmbeddedBroker()
-        )
-        self.coordinator_proc: subprocess.Popen[bytes] | None = None
-        self.coordinator = ""
-        self.admin_url = ""
+        self.broker = new_broker(broker, work / "kafka")
+        self.coordinator: CoordinatorProcess | None = None
 
     def __enter__(self) -> Cluster:
         self.broker.start()
-        listen, admin = free_port(), free_port()
-        self.coordinator = f"127.0.0.1:{listen}"
-        self.admin_url = f"http://127.0.0.1:{admin}"
-        log = open(self.work / "coordinator.log", "wb")
-        self.coordinator_proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "keyshard", "--log-level", "INFO",
-                "coordinator", "--bootstrap-servers", self.bootstrap, "--listen",
-                self.coordinator, "--admin-listen", f"127.0.0.1:{admin}",
-            ],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env(),
-        )  # fmt: skip
-        log.close()
-        deadline = time.monotonic() + 30
-        while True:
-            if self.coordinator_proc.poll() is not None:
-                raise RuntimeError((self.work / "coordinator.log").read_text()[-2000:])
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{admin}/readyz", timeout=5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        self.coordinator = CoordinatorProcess(self.bootstrap, self.work)
+        asyncio.run(self.coordinator.start())
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.coordinator_proc is not None:
-            stop_process(self.coordinator_proc)
-        self.broker.stop()
+        if self.coordinator is not None:
+            self.coordinator.stop()
+        stop_broker(self.broker)
 
     @property
     def bootstrap(self) -> str:
         return self.broker.bootstrap_servers
 
+    @property
+    def daemon(self) -> CoordinatorProcess:
+        if self.coordinator is None:
+            raise RuntimeError("the cluster has not been entered")
+        return self.coordinator
 
-def _env(spec: RunSpec | None = None) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if spec is not None and spec.pure_python:
-        env["KEYSHARD_PURE_PYTHON"] = "1"
-    return env
+    def group(self, group: str) -> Any:
+        """The coordinator's view of `group` (None: unknown), from synchronous code."""
+        return asyncio.run(self.daemon.group(group))
+
+
+def _env(spec: RunSpec) -> dict[str, str]:
+    return {**os.environ, "KEYSHARD_PURE_PYTHON": "1"} if spec.pure_python else dict(os.environ)
 
 
 #: The producer's batching: (linger ms, max batch bytes). "large" is what these benchmarks
@@ -282,7 +257,7 @@ class RunSpec:
     stagger_s: float = 0.0
     replay_window: int = -1  # keyshard's replay window; -1: its default
     # Workers log (partition, offset, key, start, end) of every handler call, for the
-    # per-key order check (bench/_order.py).
+    # per-key order check (`harness.order_stats`).
     order_log: bool = False
     note: str = ""  # shown after the system's name, e.g. the topic's producer batching
     max_poll_records: int = 0  # share group's max.poll.records; 0: the client's default
@@ -334,9 +309,9 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
     try:
         for i, status in enumerate(statuses):
             cmd = [
-                python, str(WORKER), "--system", spec.system, "--handler", spec.handler,
+                python, "-m", "bench._worker", "--system", spec.system, "--handler", spec.handler,
                 "--cpu-loops", str(spec.cpu_loops), "--bootstrap", cluster.bootstrap,
-                "--topic", spec.topic, "--group", tag, "--coordinator", cluster.coordinator,
+                "--topic", spec.topic, "--group", tag, "--coordinator", cluster.daemon.address,
                 "--name", f"{tag}-w{i}", "--concurrency", str(spec.concurrency),
                 "--replay-window", str(spec.replay_window),
                 "--go", str(gos[i]), "--status", str(status),
@@ -357,7 +332,7 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
         due = [started + i * spec.stagger_s for i in range(len(gos))]
         _touch_due(gos, due)
         if spec.fill_when_settled:
-            _wait(lambda: settled(_group(cluster, tag), spec.processes), procs, 60, work)
+            _wait(lambda: is_settled(cluster.group(tag), spec.processes), procs, 60, work)
             load_topic(cluster.bootstrap, spec.topic, 1, spec.records, KEYS, create=False)
         t_go, t_go_wall = time.monotonic(), time.time()
         first: float | None = None
@@ -403,7 +378,7 @@ def _moves(
 ) -> tuple[list[tuple[float, str, int]], list[tuple[float, str]]]:
     """What moved ranges after the go, before the workers stop: the group's handoffs (the
     coordinator's monotonic clock is this process's) and its logged rebalance reasons."""
-    view = _group(cluster, group) or {"handoffs": []}
+    view = cluster.group(group) or {"handoffs": []}
     moves = sorted(
         (h["started_at"] - t_go, h["kind"], sum(b - a + 1 for a, b in h["ranges"]))
         for h in view["handoffs"]
@@ -411,7 +386,7 @@ def _moves(
     )
     marker = f"group {group}: rebalancing: "
     reasons = []
-    for line in (cluster.work / "coordinator.log").read_text(errors="replace").splitlines():
+    for line in cluster.daemon.read_log().splitlines():
         if marker in line:
             at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() - t_go_wall
             reasons.append((at, line.split(marker, 1)[1]))
@@ -448,14 +423,6 @@ def _touch_due(gos: list[Path], due: list[float]) -> None:
     for go, at in zip(gos, due, strict=True):
         if at <= now and not go.exists():
             go.touch()
-
-
-def _group(cluster: Cluster, group: str) -> Any:
-    try:
-        with urllib.request.urlopen(f"{cluster.admin_url}/v1/groups/{group}", timeout=5) as r:
-            return json.load(r)
-    except OSError:
-        return None
 
 
 def _wait(cond: Any, procs: list[subprocess.Popen[bytes]], timeout: float, work: Path) -> None:
@@ -514,22 +481,11 @@ def _measure(spec: RunSpec, t_go: float, finals: list[dict[str, Any]]) -> RunRes
 # ---- reporting ----------------------------------------------------------------------------
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def publish(stem: str, md: str, results: Mapping[int, list[RunResult]]) -> None:
-    """A benchmark's table (`bench/STEM.md`) and every run (`bench/STEM.json`), and the
-    table on stdout."""
-    out = Path(__file__).resolve().parent
-    (out / f"{stem}.md").write_text(md)
-    save_json(out / f"{stem}.json", [r for rs in results.values() for r in rs])
+    """A benchmark's table (`bench/results/STEM.md`) and every run
+    (`bench/results/STEM.json`), and the table on stdout."""
+    (RESULTS / f"{stem}.md").write_text(md)
+    save_json(RESULTS / f"{stem}.json", [r for rs in results.values() for r in rs])
     print(md)
 
 

@@ -1,4 +1,4 @@
-"""Coordinator replicas for bench/coord_scale.py: start them, learn where each group is
+"""Coordinator replicas for bench.coord_scale: start them, learn where each group is
 served, split the simulated consumers over worker processes, check every group settled.
 
 Replicas share a state topic of their own (one per run) and are started together; groups
@@ -12,59 +12,33 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 
-from bench._coord_common import Coordinator, settled
+from harness import CoordinatorProcess, ReplicaSet, is_settled, unsettled_reason
 
 SERVED_BY = "x-keyshard-served-by"  # api/forward.py
 
 
-def start_replicas(
-    bootstrap: str, replicas: int, log_dir: Path, stamp: str, extra: list[str]
-) -> list[Coordinator]:
-    """`replicas` coordinator processes r0, r1, ... on a fresh state topic, all ready."""
-    state_topic = f"__keyshard_state.scale-{uuid.uuid4().hex[:8]}"
-    coords = [
-        Coordinator(
-            bootstrap,
-            log_dir / f"coordinator-{stamp}-r{i}.log",
-            ["--state-topic", state_topic, "--replica-id", f"r{i}", *extra],
-        )
-        for i in range(replicas)
-    ]
-    for c in coords:
-        c.launch()
-    for c in coords:
-        c.wait_ready()
-    return coords
-
-
-async def _ready(coord: Coordinator, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient(timeout=10) as client:
-        while time.monotonic() < deadline:
-            try:
-                if (await client.get(f"{coord.admin_url}/readyz")).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass  # not listening yet
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"the coordinator was not ready within {timeout:.0f} s")
+async def start_replicas(
+    bootstrap: str, replicas: int, log_dir: Path, extra: list[str]
+) -> list[CoordinatorProcess]:
+    """`replicas` coordinator processes r0, r1, ... on a fresh state topic, all ready
+    (each logs under `log_dir/<replica id>/`)."""
+    replica_set = ReplicaSet(bootstrap, log_dir, extra=extra)
+    await replica_set.start(*(f"r{i}" for i in range(replicas)))
+    return list(replica_set.replicas.values())
 
 
 async def placed_groups(
-    coords: list[Coordinator], groups: list[str], timeout: float = 90
-) -> dict[str, Coordinator]:
+    coords: list[CoordinatorProcess], groups: list[str], timeout: float = 90
+) -> dict[str, CoordinatorProcess]:
     """Which replica serves each group, once every replica is ready and two answers a
     second apart agree (the replicas' own placement has settled)."""
-    if len(coords) == 1:  # ready once it owns the state partitions: registers succeed
-        await _ready(coords[0], timeout)
+    if len(coords) == 1:  # started ready, owning the state partitions: registers succeed
         return dict.fromkeys(groups, coords[0])
-    by_id = {f"r{i}": c for i, c in enumerate(coords)}
+    by_id = {c.replica_id: c for c in coords}
     previous: dict[str, str] | None = None
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient(timeout=10) as client:
@@ -91,7 +65,7 @@ async def placed_groups(
 
 
 def worker_plans(
-    sizes: dict[str, int], owners: dict[str, Coordinator], per_process: int
+    sizes: dict[str, int], owners: dict[str, CoordinatorProcess], per_process: int
 ) -> list[list[tuple[str, str, int]]]:
     """The simulated consumers, `per_process` to a worker process: per process a list of
     (group, address of the replica serving it, clients)."""
@@ -113,28 +87,12 @@ def worker_plans(
     return plans
 
 
-async def groups_settled(owners: dict[str, Coordinator], sizes: dict[str, int]) -> list[str]:
+async def groups_settled(owners: dict[str, CoordinatorProcess], sizes: dict[str, int]) -> list[str]:
     """The groups that are not settled as the replica serving each shows it (settled: all
     members, every slot running, nothing moving or pending), each with what it shows."""
-    async with httpx.AsyncClient(timeout=60) as client:
-
-        async def view(group: str) -> Any:
-            response = await client.get(f"{owners[group].admin_url}/v1/groups/{group}")
-            return response.json() if response.status_code == 200 else None
-
-        views = await asyncio.gather(*(view(g) for g in sizes))
+    views = await asyncio.gather(*(owners[g].group(g, timeout=60) for g in sizes))
     return [
-        f"{g}: {_summary(v)}" for g, v in zip(sizes, views, strict=True) if not settled(v, sizes[g])
+        f"{g}: {unsettled_reason(v)}"
+        for g, v in zip(sizes, views, strict=True)
+        if not is_settled(v, sizes[g])
     ]
-
-
-def _summary(view: Any) -> str:
-    if view is None:
-        return "no view"
-    members = view["members"]
-    return (
-        f"{len(members)} members, unowned {view['unowned']}, target_pending "
-        f"{view['target_pending']}, quarantined {view['quarantined']}, draining "
-        f"{sum(1 for m in members if m['draining'])}, starting "
-        f"{sum(1 for m in members if m['starting'])}"
-    )

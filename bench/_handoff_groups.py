@@ -1,4 +1,4 @@
-"""The Kafka groups the handoff benchmark (bench/handoff_pause.py) sets against keyshard.
+"""The Kafka groups the handoff benchmark (bench.handoff_pause) sets against keyshard.
 
 - `plain`: an aiokafka `subscribe()` group (classic protocol, eager rebalance), records
   one at a time per process, on a 6-partition topic;
@@ -7,8 +7,9 @@
 - `share`: a KIP-932 share group (confluent_kafka.ShareConsumer, implicit acks), each
   poll's records with up to 64 handlers at once, on a 1-partition topic like keyshard's.
 
-Each member is a worker process (this file run as a script, in the group's client
-virtualenv: it imports only the standard library at the top) that logs one JSON line per
+Each member is a worker process (this module run as `python -m bench._handoff_groups`
+from the repository root, in the group's client virtualenv: it imports only the
+standard library and `bench._worker`, which does too, at the top) that logs one JSON line per
 handled record, {"p", "o", "t0"} (CLOCK_MONOTONIC ns at the handler's start), and
 "started" / "leaving" events. `analyse_group` turns a group's logs into the same
 measures for every group: per join/leave the largest extra record delay and the time
@@ -22,13 +23,12 @@ import argparse
 import asyncio
 import json
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from bench._worker import set_share_group_earliest
 
 
 @dataclass(frozen=True)
@@ -47,11 +47,12 @@ PEER_GROUPS = {
 
 
 def worker_command(group: PeerGroup, bootstrap: str, out: Path, handler_ms: float) -> list[str]:
-    sys.path.insert(0, str(HERE.parent))
+    """One member's command line, to run from the repository root (the driver's side)."""
+    # Imported here: bench._common needs what the peers' virtualenvs lack (aiokafka, ...).
     from bench._common import peer_python
 
     return [
-        str(peer_python(group.name)), str(HERE / "_handoff_groups.py"), "--group", group.name,
+        str(peer_python(group.name)), "-m", "bench._handoff_groups", "--group", group.name,
         "--bootstrap", bootstrap, "--out", str(out), "--handler-ms", str(handler_ms),
     ]  # fmt: skip
 
@@ -131,10 +132,7 @@ async def _kip848(args: Any, group: PeerGroup, handle: Any, event: Any, stop: An
 
 
 async def _share(args: Any, group: PeerGroup, handle: Any, event: Any, stop: Any) -> None:
-    sys.path.insert(0, str(HERE.parent))
     from confluent_kafka import ShareConsumer
-
-    from bench._worker import set_share_group_earliest
 
     set_share_group_earliest(args.bootstrap, group.name)
     consumer = ShareConsumer({"bootstrap.servers": args.bootstrap, "group.id": group.name})

@@ -1,7 +1,7 @@
 """Spark's own Kafka source (`spark.read.format("kafka")`) for the benchmarks.
 
-`spark-kafka-pom.xml` beside this file names the connector; the test fixture's Maven code
-(`tests.brokers.kafka.collect_jars`) collects it with its dependencies once into the
+`spark-kafka-pom.xml` beside this file names the connector; the harness's Maven code
+(`harness.brokers.kafka.collect_jars`) collects it with its dependencies once into the
 project's cache ($KEYSHARD_CACHE, default ~/.cache/keyshard). `spark_kafka_jars()` gives
 the jars for `spark.jars`, without those PySpark already ships (matched by artifact name,
 whatever their version): a second scala-library or an slf4j-api 1.7 beside PySpark's 2.0
@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.brokers.kafka import collect_jars
+from harness.brokers.kafka import collect_jars
 
 POM = Path(__file__).with_name("spark-kafka-pom.xml")
 #: The version is the last `-<digit>...` part, with an optional `-M2`/`-jre`-like tail.

@@ -12,8 +12,8 @@ with `slot_for_key`), member count (capacity 1 each) and strategy:
   share of the load, against the minimum any strategy must move: what the joiner ends up
   owning / what the leaver owned. "x" = moved / minimum (1.00 = nothing else moved).
 
-A second table sweeps load-aware's `tolerance`. Writes bench/balance.md and
-bench/balance.png (needs matplotlib) and prints the tables.
+A second table sweeps load-aware's `tolerance`. Writes bench/results/balance.md
+and bench/results/balance.png (needs matplotlib) and prints the tables.
 Run: bash scripts/bench.sh balance
 """
 
@@ -25,8 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench import RESULTS
 from keyshard.coordinator.strategies.base import AssignmentSpec, Assignor, MemberSpec, slots_moved
 from keyshard.coordinator.strategies.load_aware import LoadAwareAssignor
 from keyshard.coordinator.strategies.measures import achievable_imbalance, imbalance
@@ -41,7 +40,6 @@ TOLERANCES = (0.02, 0.05, 0.10, 0.25)
 KEYS = 100_000
 TRIALS = 8
 SEED = 20240601
-OUT = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -229,8 +227,8 @@ def main() -> None:
         + "\n### load-aware: tolerance sweep\n\n"
         + table(sweep, label="tolerance")
     )
-    (OUT / "balance.md").write_text(text)
-    plotted = plot(rows, OUT / "balance.png")
+    (RESULTS / "balance.md").write_text(text)
+    plotted = plot(rows, RESULTS / "balance.png")
     print(text)
     print(
         f"{len(rows) + len(sweep)} configurations, {TRIALS} joins + {TRIALS} leaves each, "

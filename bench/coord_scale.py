@@ -1,12 +1,12 @@
 """Coordinator scale: 1,000 and 5,000 simulated consumers registering at once.
 
-    python bench/coord_scale.py            # 1,000 and 5,000 members, 3 runs each
-    python bench/coord_scale.py --quick    # 1,000 and 5,000 members, 1 run each, short windows
-    python bench/coord_scale.py --replicas 3 --groups 150 --members 15000   # 3 replicas
+    python -m bench.coord_scale            # 1,000 and 5,000 members, 3 runs each
+    python -m bench.coord_scale --quick    # 1,000 and 5,000 members, 1 run each, short windows
+    python -m bench.coord_scale --replicas 3 --groups 150 --members 15000   # 3 replicas
 
 With `--replicas N` the coordinator runs as N replicas on one state topic (fresh per run)
 and the members are split over `--groups` groups; each group's consumers connect to the
-replica serving it (bench/_coord_replicas.py) and CPU is reported per replica. The
+replica serving it (bench._coord_replicas) and CPU is reported per replica. The
 simulated consumers do not follow a takeover (no lease, no re-registration elsewhere):
 a replica taken over during a run leaves its groups' consumers unserved, and the run
 does not settle.
@@ -42,18 +42,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._common import machine
-from bench._coord_common import (
-    ROOT,
-    Coordinator,
+from bench import RESULTS
+from bench._common import ROOT, machine
+from bench._coord_replicas import groups_settled, placed_groups, start_replicas, worker_plans
+from harness import (
+    CoordinatorProcess,
     cpu_seconds,
+    create_topic,
     markdown_table,
     median,
     rss_mib,
 )
-from bench._coord_replicas import groups_settled, placed_groups, start_replicas, worker_plans
 from keyshard.core.model.addresses import parse_host_port
 from keyshard.core.model.hashing import SLOT_COUNT
 from keyshard.core.model.positions import Position, RangePositionMap
@@ -75,7 +74,6 @@ from keyshard.core.protocol.wire import positions_from_wire, positions_to_wire, 
 from keyshard.local.broker import EmbeddedBroker
 
 TOPIC = "scale.events"
-SCRIPT = str(Path(__file__).resolve())
 
 # ---- the simulated consumers (worker processes) -------------------------------------
 
@@ -298,15 +296,13 @@ async def one_run(
     limit = ["--max-connections-per-peer", str(members + 100)]
     if replica_timeout_ms is not None:
         limit += ["--replica-timeout-ms", str(replica_timeout_ms)]
+    run_dir = log_dir / stamp
+    run_dir.mkdir(parents=True)
     if replicas == 1:
-        coords = [
-            Coordinator(
-                broker.bootstrap_servers, log_dir / f"coordinator-{members}-{run}.log", limit
-            )
-        ]
-        coords[0].start()
+        coords = [CoordinatorProcess(broker.bootstrap_servers, run_dir, extra=limit)]
+        await coords[0].start()
     else:
-        coords = start_replicas(broker.bootstrap_servers, replicas, log_dir, stamp, limit)
+        coords = await start_replicas(broker.bootstrap_servers, replicas, run_dir, limit)
     procs: list[WorkerProc] = []
     try:
         owners = await placed_groups(coords, names)
@@ -315,7 +311,7 @@ async def one_run(
         sizes = {g: members // groups + (k < members % groups) for k, g in enumerate(names)}
         for index, plan in enumerate(worker_plans(sizes, owners, per_process)):
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, SCRIPT, "--worker", "--index", str(index),
+                sys.executable, "-m", "bench.coord_scale", "--worker", "--index", str(index),
                 "--plan", json.dumps(plan), "--session-timeout-ms", str(session_timeout_ms),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=ROOT,
             )  # fmt: skip
@@ -402,17 +398,6 @@ async def one_run(
             c.stop()
 
 
-async def create_topic(bootstrap: str, partitions: int) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(TOPIC, partitions, 1)])
-    finally:
-        await admin.close()
-
-
 async def driver(args: argparse.Namespace) -> list[RunResult]:
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before the runs
@@ -420,7 +405,7 @@ async def driver(args: argparse.Namespace) -> list[RunResult]:
     broker.start()
     results = []
     try:
-        await create_topic(broker.bootstrap_servers, args.partitions)
+        await create_topic(broker.bootstrap_servers, TOPIC, args.partitions)
         for members in args.members:
             for run in range(args.runs):
                 r = await one_run(
@@ -566,7 +551,7 @@ def main() -> None:
     parser.add_argument("--quiet", type=float, default=3.0, help="no Stop/Start this long = stable")
     parser.add_argument("--deadline", type=float, default=180.0)
     parser.add_argument("--log-dir", default="/tmp/keyshard-bench-scale")
-    parser.add_argument("--plot", default=str(Path(__file__).with_name("coord_scale.png")))
+    parser.add_argument("--plot", default=str(RESULTS / "coord_scale.png"))
     # worker mode (started by the driver)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
@@ -583,7 +568,7 @@ def main() -> None:
     table = summarize(results, args) if args.replicas == 1 else summarize_replicas(results)
     print()
     print(
-        f"command: python bench/coord_scale.py {' '.join(sys.argv[1:])}  "
+        f"command: python -m bench.coord_scale {' '.join(sys.argv[1:])}  "
         f"({time.monotonic() - started:.0f} s)"
     )
     print(table)

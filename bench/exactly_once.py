@@ -1,9 +1,9 @@
 """Exactly-once cost: records/s of one read-process-write app, exactly-once against
 at-least-once with the same handler, and the transaction commit interval.
 
-One Apache Kafka node (tests/brokers/kafka.py), one coordinator, and for every mode a
+One Apache Kafka node (harness.brokers.kafka), one coordinator, and for every mode a
 fresh input topic (2 partitions, keys `key-0..`), output topic and group, consumed by one
-`tests.integration.eos_app` process (64 keys at once; the handler waits `--handler-ms` and
+`harness.eos_app` process (64 keys at once; the handler waits `--handler-ms` and
 burns `--cpu-ms` of CPU, then writes one output: at-least-once through a plain producer,
 awaited until Kafka has it; exactly-once through `Outputs.send`). Throughput: a backlog of
 `--records` inputs, counted from the 10th to the last percent of the outputs that a
@@ -11,7 +11,7 @@ read_committed reader sees (so exactly-once pays its commit latency too). Delay:
 `--paced` inputs at `--rate`/s, each output's arrival at that reader after its input was
 produced. Modes run interleaved, `--rounds` times; the table shows medians.
 
-    .venv/bin/python bench/exactly_once.py            # ~8 min; prints a Markdown table
+    .venv/bin/python -m bench.exactly_once            # ~8 min; prints a Markdown table
 """
 
 from __future__ import annotations
@@ -21,21 +21,18 @@ import asyncio
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
-
-from keyshard.local.processes import stop_process  # noqa: E402
-from tests.brokers.kafka import KafkaBroker  # noqa: E402
-from tests.integration.harness import CoordinatorProcess, create_topic  # noqa: E402
+from bench._common import ROOT
+from harness import CoordinatorProcess, create_topic, median, percentile
+from harness.brokers import running_broker
+from keyshard.local.processes import stop_process
 
 OUTPUT_PARTITIONS = 3
 
@@ -106,7 +103,7 @@ def spawn(
     with open(log_dir / f"{name}.log", "wb") as log:
         return subprocess.Popen(
             [
-                sys.executable, "-m", "tests.integration.eos_app", "--group", f"bench-{name}",
+                sys.executable, "-m", "harness.eos_app", "--group", f"bench-{name}",
                 "--input", topic_in, "--output", topic_out, "--coordinator",
                 coordinator.address, "--bootstrap", coordinator.bootstrap, "--name", name,
                 "--handler-ms", str(args.handler_ms), "--cpu-ms", str(args.cpu_ms),
@@ -141,11 +138,10 @@ async def run_mode(
     finally:
         stop_process(proc)
         await outputs.stop()
-    delays = sorted(outputs.delays_ms)
     return {
         "rate": (args.records - args.records // 10) / (t_end - t10),
-        "p50_ms": delays[len(delays) // 2],
-        "p99_ms": delays[int(len(delays) * 0.99)],
+        "p50_ms": percentile(outputs.delays_ms, 50),
+        "p99_ms": percentile(outputs.delays_ms, 99),
     }
 
 
@@ -154,11 +150,12 @@ async def main(args: argparse.Namespace) -> None:
     for interval in args.intervals:
         label = f"exactly-once, commit every {interval} ms"
         modes.append((f"eos{interval}", label, ["--interval-ms", str(interval)]))
-    with tempfile.TemporaryDirectory(prefix="keyshard-bench-eos-") as tmp:
-        broker = KafkaBroker()
-        broker.start()
+    results: dict[str, list[dict[str, float]]] = {label: [] for _, label, _ in modes}
+    with (
+        tempfile.TemporaryDirectory(prefix="keyshard-bench-eos-") as tmp,
+        running_broker("kafka") as broker,
+    ):
         coordinator = CoordinatorProcess(broker.bootstrap_servers, Path(tmp))
-        results: dict[str, list[dict[str, float]]] = {label: [] for _, label, _ in modes}
         try:
             await coordinator.start()
             for round_ in range(args.rounds):  # modes interleaved: a noisy minute hits all
@@ -168,12 +165,10 @@ async def main(args: argparse.Namespace) -> None:
                     print(f"{label}: {result}", file=sys.stderr)
         finally:
             coordinator.stop()
-            broker.stop()
-    median = {
-        label: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        for label, runs in results.items()
+    medians = {
+        label: {k: median([r[k] for r in runs]) for k in runs[0]} for label, runs in results.items()
     }
-    base = median[modes[0][1]]["rate"]
+    base = medians[modes[0][1]]["rate"]
     print(
         f"\n{args.records} records backlog + {args.paced} at {args.rate:g}/s, {args.keys} keys, "
         f"handler {args.handler_ms:g} ms wait + {args.cpu_ms:g} ms CPU, 1 consumer process "
@@ -182,7 +177,7 @@ async def main(args: argparse.Namespace) -> None:
     )
     print("| mode | records/s | vs at-least-once | output delay p50 | p99 |")
     print("|---|---|---|---|---|")
-    for label, m in median.items():
+    for label, m in medians.items():
         rate = m["rate"]
         print(
             f"| {label} | {rate:.0f} | {rate / base:.2f}x | {m['p50_ms']:.0f} ms "

@@ -1,15 +1,15 @@
 """Coordinator failover under load: what consumers see when the replica serving them goes.
 
-    PYTHONPATH=. .venv/bin/python bench/failover.py                  # 2 rounds, Tansu
-    PYTHONPATH=. .venv/bin/python bench/failover.py --quick          # 1 round, shorter
-    PYTHONPATH=. .venv/bin/python bench/failover.py --broker kafka   # Apache Kafka 4.x
+    .venv/bin/python -m bench.failover                  # 2 rounds, Tansu
+    .venv/bin/python -m bench.failover --quick          # 1 round, shorter
+    .venv/bin/python -m bench.failover --broker kafka   # Apache Kafka 4.x
 
-One broker (the embedded Tansu, or the Apache Kafka node of tests/brokers/kafka.py) and,
+One broker (the embedded Tansu, or the Apache Kafka node of harness.brokers.kafka) and,
 per scenario, fresh coordinator processes on a state topic of their own, 4 real consumer
 processes (`keyshard.local.demo_worker`, session timeout 10 s, given every replica's address as
 a headless Service would) and steady keyed traffic. The processes, the traffic and the
-contract check are the integration tests' (tests/integration/harness.py,
-coordinator/local/verify.py). Scenarios, one after another in the same run:
+contract check are the integration tests' (the harness,
+keyshard/local/verify.py). Scenarios, one after another in the same run:
 
 - kill: `kill -9` of the replica serving the group (3 replicas);
 - sigterm: SIGTERM of it (a rolling update: it hands its partitions over, then exits);
@@ -44,30 +44,29 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench import RESULTS
 from bench._common import machine
-from bench._coord_common import markdown_table, percentile
-from keyshard.core.model.ranges import EMPTY
-from keyshard.local.verify import Processed, Produced, check
-from tests.brokers import Broker
-from tests.integration.harness import (
+from harness import (
     CoordinatorProcess,
     ReplicaSet,
     Workers,
     create_topic,
+    markdown_table,
     owned_ranges,
+    percentile,
     produce,
     wait_for,
 )
+from harness.brokers import BROKER_KINDS, Broker, running_broker
+from keyshard.core.model.ranges import EMPTY
+from keyshard.local.verify import Processed, Produced, check
 
 SCENARIOS = ("kill", "sigterm", "freeze", "restart-1", "none")
 LABELS = {
@@ -110,28 +109,6 @@ class Outcome:
     handoffs: dict[str, int] = field(default_factory=dict)  # by kind, as the last owner has them
     load: str = ""
     notes: list[str] = field(default_factory=list)
-
-
-@contextmanager
-def started_broker(kind: str) -> Iterator[Broker]:
-    if kind == "kafka":
-        from tests.brokers.kafka import KafkaBroker
-
-        kafka = KafkaBroker()
-        kafka.start()
-        try:
-            yield kafka
-        finally:
-            kafka.stop()
-        return
-    from keyshard.local.broker import EmbeddedBroker
-
-    tansu = EmbeddedBroker()
-    tansu.start()
-    try:
-        yield tansu
-    finally:
-        tansu.stop()
 
 
 async def _view(client: httpx.AsyncClient, replica: CoordinatorProcess, group: str) -> Any:
@@ -403,7 +380,7 @@ def _ms(seconds: float | None) -> float | None:
 async def run_all(args: argparse.Namespace) -> list[Outcome]:
     work = Path(args.out_dir)
     results: list[Outcome] = []
-    with started_broker(args.broker) as broker:
+    with running_broker(args.broker) as broker:
         for rnd in range(args.rounds):
             for scenario in args.scenarios:
                 print(f"round {rnd + 1}, {scenario} (load {_loadavg()[0]:.1f})", flush=True)
@@ -416,7 +393,7 @@ async def run_all(args: argparse.Namespace) -> list[Outcome]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 round, shorter traffic")
-    parser.add_argument("--broker", choices=("tansu", "kafka"), default="tansu")
+    parser.add_argument("--broker", choices=BROKER_KINDS, default="tansu")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--rate", type=float, default=800.0, help="records/s, over 200 keys")
@@ -425,10 +402,9 @@ def main() -> None:
     parser.add_argument("--freeze-s", type=float, default=5.0, help="freeze: SIGCONT after")
     parser.add_argument("--replica-timeout-ms", type=int, default=2000)
     parser.add_argument("--out-dir", default="/tmp/keyshard-bench-failover")
-    here = Path(__file__).resolve().parent
-    parser.add_argument("--json", default=str(here / "failover.json"))
-    parser.add_argument("--markdown", default=str(here / "failover.md"))
-    parser.add_argument("--plot", default=str(here / "failover.png"))
+    parser.add_argument("--json", default=str(RESULTS / "failover.json"))
+    parser.add_argument("--markdown", default=str(RESULTS / "failover.md"))
+    parser.add_argument("--plot", default=str(RESULTS / "failover.png"))
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.pre, args.post = 1, 5.0, 12.0
@@ -437,7 +413,7 @@ def main() -> None:
     print(header, flush=True)
     results = asyncio.run(run_all(args))
     command = (
-        f"PYTHONPATH=. .venv/bin/python bench/failover.py {' '.join(sys.argv[1:])}".strip()
+        f".venv/bin/python -m bench.failover {' '.join(sys.argv[1:])}".strip()
         + f"  ({time.monotonic() - began:.0f} s; broker {args.broker}, {args.rate:.0f} records/s, "
         f"{args.pre:.0f} s before and {args.post:.0f} s after the failure, replica timeout "
         f"{args.replica_timeout_ms} ms, session timeout 10 s)"

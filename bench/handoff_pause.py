@@ -11,7 +11,7 @@ writing the same records to one topic per group, and in the same run:
   processed one at a time per process, as a plain consumer loop does) on a 6-partition
   topic;
 - on Kafka also a KIP-848 group (6 partitions) and a share group (1 partition), 3
-  processes each (bench/_handoff_groups.py).
+  processes each (bench._handoff_groups).
 Then, several times: a 4th consumer joins every group, they settle, the 4th leaves every
 group (SIGTERM: graceful close) and they settle.
 
@@ -34,34 +34,34 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from bench._common import BROKERS, machine
-from bench._coord_common import (
-    ROOT,
-    Coordinator,
+from bench import RESULTS
+from bench._common import ROOT, machine
+from bench._handoff_groups import PEER_GROUPS, analyse_group, started_at
+from bench._handoff_groups import worker_command as peer_command
+from harness import (
+    TOPIC,
+    CoordinatorProcess,
+    Workers,
+    create_topic,
     markdown_table,
     median,
     percentile,
-    settled,
+    wait_for,
 )
-from bench._handoff_groups import PEER_GROUPS, analyse_group, started_at
-from bench._handoff_groups import worker_command as peer_command
+from harness.brokers import BROKER_KINDS, running_broker
 from keyshard.core.model.ranges import RangeSet
-from keyshard.local.broker import EmbeddedBroker
-from keyshard.local.demo import GROUP, TOPIC, worker_command
 from keyshard.local.processes import stop_process
 from keyshard.local.verify import read_processed
 
@@ -128,89 +128,58 @@ def read_jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return rows
 
 
-async def wait_until(probe: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = probe()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"timed out waiting for {what}")
-
-
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before the run
     for old in [*out.glob("*.jsonl"), *out.glob("*.err")]:  # noqa: ASYNC240
         old.unlink()
-    groups = [PEER_GROUPS[name] for name in args.groups.split(",")]
-    broker: Any
-    if args.broker == "kafka":
-        from tests.brokers.kafka import KafkaBroker
+    with running_broker(args.broker) as broker:
+        return await run_on(broker.bootstrap_servers, args, out)
 
-        broker = KafkaBroker()
-    else:
-        broker = EmbeddedBroker()
-    broker.start()
-    coord = Coordinator(
-        broker.bootstrap_servers, out / "coordinator.log", ["--drain-timeout-ms", "5000"]
-    )
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+
+async def run_on(bootstrap: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    groups = [PEER_GROUPS[name] for name in args.groups.split(",")]
+    coord = CoordinatorProcess(bootstrap, out, extra=["--drain-timeout-ms", "5000"])
+    keyshard = Workers(coord, out)
+    peers: dict[str, subprocess.Popen[bytes]] = {}
     # (join|leave, monotonic ns) per group: a join when the joiner said "started"
     events: dict[str, list[tuple[str, int]]] = {g.name: [] for g in groups}
 
-    def spawn_keyshard(name: str) -> None:
-        cmd = worker_command(
-            name=name, coordinator=coord.address, bootstrap=broker.bootstrap_servers,
-            out=out / f"{name}.jsonl", extra=["--handler-ms", str(args.handler_ms)],
-        )  # fmt: skip
-        with open(out / f"{name}.err", "wb") as err:
-            procs[name] = subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT, cwd=ROOT)
-
-    def spawn_peers(name: str) -> None:
+    def spawn(name: str) -> None:
+        """A keyshard consumer and a member of every other group, each called `name`."""
+        keyshard.spawn(name, "--handler-ms", str(args.handler_ms))
         for g in groups:
-            log = out / f"{g.name}-{name}.jsonl"
-            cmd = peer_command(g, broker.bootstrap_servers, log, args.handler_ms)
+            cmd = peer_command(g, bootstrap, out / f"{g.name}-{name}.jsonl", args.handler_ms)
             with open(out / f"{g.name}-{name}.err", "wb") as err:
-                procs[f"{g.name}-{name}"] = subprocess.Popen(
+                peers[f"{g.name}-{name}"] = subprocess.Popen(
                     cmd, stdout=err, stderr=subprocess.STDOUT, cwd=ROOT
                 )
 
     def peers_started(name: str) -> bool:
         return all(started_at(out / f"{g.name}-{name}.jsonl") for g in groups)
 
-    def is_settled(members: int) -> Any:
-        async def probe() -> bool:
-            return settled(await asyncio.to_thread(coord.group, GROUP), members)
-
-        return probe
+    def settled(members: int) -> Callable[[], Awaitable[dict[str, Any] | None]]:
+        # Every 0.1 s: the admin API is asked while the handoffs being measured run.
+        return lambda: coord.settled(members)
 
     topics = [TOPIC, *(g.topic for g in groups)]
-    producer = Producer(broker.bootstrap_servers, args.rate, args.keys, topics)
+    producer = Producer(bootstrap, args.rate, args.keys, topics)
     producing: asyncio.Task[None] | None = None
     try:
-        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
-        await admin.start()
-        await admin.create_topics(
-            [NewTopic(TOPIC, 1, 1), *(NewTopic(g.topic, g.partitions, 1) for g in groups)]
-        )
-        await admin.close()
-        coord.start()
+        for topic, partitions in [(TOPIC, 1), *((g.topic, g.partitions) for g in groups)]:
+            await create_topic(bootstrap, topic, partitions)
+        await coord.start()
         for i in range(3):
-            spawn_keyshard(f"c{i}")
-            spawn_peers(f"c{i}")
-        await wait_until(lambda: settled(coord.group(GROUP), 3), 60, "3 keyshard members")
-        await wait_until(lambda: all(peers_started(f"c{i}") for i in range(3)), 60, "groups")
+            spawn(f"c{i}")
+        await wait_for(settled(3), 60, "3 keyshard members", interval=0.1)
+        await wait_for(lambda: all(peers_started(f"c{i}") for i in range(3)), 60, "groups")
         producing = asyncio.ensure_future(producer.run())
         await asyncio.sleep(args.settle)  # both groups consuming at a steady state
         for cycle in range(args.cycles):
             name = f"j{cycle}"
-            spawn_keyshard(name)
-            spawn_peers(name)
-            await wait_until(is_settled(4), 60, "4th keyshard member")
-            await wait_until(lambda n=name: peers_started(n), 60, "4th members")
+            spawn(name)
+            await wait_for(settled(4), 60, "4th keyshard member", interval=0.1)
+            await wait_for(functools.partial(peers_started, name), 60, "4th members")
             for g in groups:
                 events[g.name].append(("join", started_at(out / f"{g.name}-{name}.jsonl") or 0))
             await asyncio.sleep(args.settle)
@@ -218,15 +187,15 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 events[g.name].append(("leave", time.monotonic_ns()))
             # In threads: the producer shares this loop and must not stall.
             await asyncio.gather(
-                asyncio.to_thread(stop_process, procs[name]),
-                *(asyncio.to_thread(stop_process, procs[f"{g.name}-{name}"]) for g in groups),
+                asyncio.to_thread(keyshard.stop, name),
+                *(asyncio.to_thread(stop_process, peers[f"{g.name}-{name}"]) for g in groups),
             )
-            await wait_until(is_settled(3), 60, "3 keyshard members")
+            await wait_for(settled(3), 60, "3 keyshard members", interval=0.1)
             await asyncio.sleep(args.settle)
         producer.stopping.set()
         await producing
         await asyncio.sleep(3)  # let both groups drain what was produced last
-        view = coord.group(GROUP)
+        view = await coord.group()
         assert view is not None
         result = analyse(
             producer.sent,
@@ -247,10 +216,10 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         if producing is not None and not producing.done():
             producer.stopping.set()
             producing.cancel()
-        for proc in procs.values():
+        keyshard.stop_all()
+        for proc in peers.values():
             stop_process(proc)
         coord.stop()
-        broker.stop()
 
 
 def analyse(
@@ -437,9 +406,9 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=4.0, help="s between steps")
     parser.add_argument("--out-dir", default="/tmp/keyshard-bench-handoff")
     parser.add_argument("--json", default=None, help="also write the raw results here")
-    parser.add_argument("--plot", default=str(Path(__file__).with_name("handoff_pause.png")))
+    parser.add_argument("--plot", default=str(RESULTS / "handoff_pause.png"))
     parser.add_argument("--plot-only", default=None, help="re-plot a --json file, no run")
-    parser.add_argument("--broker", choices=BROKERS, default="tansu")
+    parser.add_argument("--broker", choices=BROKER_KINDS, default="tansu")
     parser.add_argument(
         "--groups", help="groups beside keyshard (default: plain; on kafka plain,kip848,share)"
     )

@@ -17,7 +17,7 @@ of awaited I/O; ~1 ms of CPU), N processes of each system, every configuration r
 - keyshard (64 lanes per process).
 
 Every handler call is logged (partition, offset, key, start, end) and per-key order is
-judged from those logs (bench/_order.py), over the whole run. Throughput is the fixed
+judged from those logs (`harness.order_stats`), over the whole run. Throughput is the fixed
 window of bench/_common.py, here after an 11 s warm-up from the first completed record:
 in a KIP-848 group the first member gets every partition and the others theirs on later
 heartbeats (5 s apart by default: the 4th of 4 members started consuming ~10 s after the
@@ -34,10 +34,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench import RESULTS
 from bench._common import (
-    BROKERS,
     KEYS,
     Cluster,
     RunResult,
@@ -46,15 +44,14 @@ from bench._common import (
     cleanup,
     load_topic,
     machine,
-    markdown_table,
-    median,
     peer_missing,
     publish,
     workdir,
 )
 from bench.throughput import LANES, Size, _pyplot, label, repeat
+from harness import markdown_table, median
+from harness.brokers import BROKER_KINDS
 
-OUT = Path(__file__).resolve().parent
 FULL = Size(records=600_000, runs=3, warmup_s=11.0, window_s=4.0, filter_records=0)
 QUICK = Size(records=250_000, runs=1, warmup_s=11.0, window_s=2.0, filter_records=0)
 #: (system, producer batching of the topic it reads)
@@ -169,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="fewer records, one run each")
     parser.add_argument("--runs", type=int, help="runs per configuration (default 3, quick 1)")
-    parser.add_argument("--broker", choices=BROKERS, default="kafka")
+    parser.add_argument("--broker", choices=BROKER_KINDS, default="kafka")
     parser.add_argument("--processes", default="4", help="comma-separated N, default 4")
     parser.add_argument("--handlers", default="io,cpu", help="io, cpu or both")
     args = parser.parse_args(argv)
@@ -210,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             stem = "peers" + ("-quick" if args.quick else "")
             stem += "" if args.handlers == "io,cpu" else "-" + args.handlers.replace(",", "-")
             publish(stem, md, results)
-            peers_plot(specs, results, OUT / f"{stem}.png")
+            peers_plot(specs, results, RESULTS / f"{stem}.png")
             print(f"total {time.monotonic() - t0:.0f} s")
     finally:
         cleanup(work)

@@ -18,7 +18,7 @@ A run lasts until each of the 8,000 records was handled at least once, or 90 s a
 go (a timeout, reported as such). Measured from every handler call's log row: go -> first
 record completed, first -> last record (the drain: the last record's first completed
 handling), go -> last (end to end), per-key inversions and same-key overlaps
-(bench/_order.py), duplicates (handler calls for a record already handled), and handler
+(`harness.order_stats`), duplicates (handler calls for a record already handled), and handler
 calls per member (max / mean). Every configuration runs `--runs` times round-robin.
 
 It measures the keyshard of this checkout (coordinator/ and consumer_client/ as they are).
@@ -34,10 +34,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from bench._common import (
-    BROKERS,
     Cluster,
     RunResult,
     RunSpec,
@@ -45,13 +42,13 @@ from bench._common import (
     draw_keys,
     load_topic,
     machine,
-    markdown_table,
-    median,
     peer_missing,
     publish,
     run,
     workdir,
 )
+from harness import markdown_table, median
+from harness.brokers import BROKER_KINDS
 
 RECORDS = 8_000
 KEYS = 1_000
@@ -232,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         help="concurrency 1, uniform and Zipf 0.8, small batches, one run",
     )  # fmt: skip
     parser.add_argument("--runs", type=int, help="runs per configuration (default 1)")
-    parser.add_argument("--broker", choices=BROKERS, default="kafka")
+    parser.add_argument("--broker", choices=BROKER_KINDS, default="kafka")
     parser.add_argument(
         "--slow-first", type=float, default=1.0, metavar="FACTOR",
         help="the first process's handler takes FACTOR x 5 ms (a slower pod); default 1",

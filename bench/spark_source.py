@@ -23,7 +23,7 @@ result depends on the order. keyshard: `mapPartitions` straight over each range'
 `sortWithinPartitions("key", "offset")`, then the same `mapPartitions` (a shuffle: the
 source's tasks split keys). Every per-key result is checked against keyshard at 1 range.
 
-Writes bench/spark_source[-kafka].md, .json and .png (matplotlib).
+Writes bench/results/spark_source[-kafka].md, .json and .png (matplotlib).
 Run: bash scripts/bench.sh spark [--broker kafka] [--quick] [--records N] [--threads T]
 """
 
@@ -34,7 +34,6 @@ import asyncio
 import hashlib
 import json
 import os
-import statistics
 import sys
 import time
 from collections import Counter
@@ -42,32 +41,25 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-# Spark's Python workers import spark_jobs too: give them the checkout.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
-)
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from aiokafka import AIOKafkaProducer  # noqa: E402
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
-
-from bench._common import cleanup, machine, markdown_table, workdir  # noqa: E402
-from bench._spark_kafka import connector_version, spark_kafka_jars  # noqa: E402
-from keyshard.core.model.positions import Position  # noqa: E402
-from keyshard.core.model.ranges import SlotRange  # noqa: E402
-from keyshard.local.broker import EmbeddedBroker  # noqa: E402
-from keyshard.spark_jobs.kafka_io import SparkKafka, read_slice, read_watermarks  # noqa: E402
-from keyshard.spark_jobs.planning import ReadSlice  # noqa: E402
-from keyshard.spark_jobs.session import local_session  # noqa: E402
-from keyshard.spark_jobs.source import register  # noqa: E402
-from tests.brokers.kafka import KafkaBroker  # noqa: E402
+from bench import RESULTS
+from bench._common import ROOT, cleanup, machine, workdir
+from bench._spark_kafka import connector_version, spark_kafka_jars
+from harness import markdown_table, median
+from harness.brokers import BROKER_KINDS, new_broker, stop_broker
+from keyshard.core.model.positions import Position
+from keyshard.core.model.ranges import SlotRange
+from keyshard.spark_jobs.kafka_io import SparkKafka, read_slice, read_watermarks
+from keyshard.spark_jobs.planning import ReadSlice
+from keyshard.spark_jobs.session import local_session
+from keyshard.spark_jobs.source import register
 
 TASKS = (1, 4, 16)
 SOURCES = ("keyshard", "spark")
 LABEL = {"keyshard": "keyshard, ranges", "spark": "Spark kafka, minPartitions"}
 TOPIC = "bench.source"
-OUT = Path(__file__).resolve().parent
 
 
 async def preload(bootstrap: str, records: int, keys: int) -> None:
@@ -202,7 +194,7 @@ def stateful(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="20,000 records, 1 round")
-    parser.add_argument("--broker", choices=("tansu", "kafka"), default="tansu")
+    parser.add_argument("--broker", choices=BROKER_KINDS, default="tansu")
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--keys", type=int, default=5_000)
     parser.add_argument("--runs", type=int, default=3, help="rounds of the read table")
@@ -217,8 +209,12 @@ def main() -> None:
     rounds = calibrate(args.work_ms)
     print(f"{where}; {rounds} SHA-256 rounds per record ~ {args.work_ms} ms", flush=True)
 
+    # Spark's Python workers import spark_jobs too: give them the checkout.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+    )
     work = workdir()
-    broker = KafkaBroker(workdir=work / "kafka") if args.broker == "kafka" else EmbeddedBroker()
+    broker = new_broker(args.broker, work / "kafka")
     read: dict[str, list[float]] = {}
     orders: dict[str, dict[str, int]] = {}
     step: dict[str, list[float]] = {}
@@ -263,7 +259,7 @@ def main() -> None:
         finally:
             spark.stop()
     finally:
-        broker.stop()
+        stop_broker(broker)
         cleanup(work)
     meta = {
         "machine": where,
@@ -305,7 +301,7 @@ def report(
     correct: dict[str, str],
 ) -> None:
     records = int(meta["records"])
-    medians = {name: statistics.median(times) for name, times in read.items()}
+    medians = {name: median(times) for name, times in read.items()}
     rows1 = []
     for n in TASKS:
         for source in SOURCES:
@@ -344,7 +340,7 @@ def report(
     for n in TASKS:
         for source in SOURCES:
             name = f"{source}:{n}"
-            secs = statistics.median(step[name])
+            secs = median(step[name])
             plan = "mapPartitions" if source == "keyshard" else "shuffle by key + sort + same"
             runs_text = ", ".join(f"{t:.1f}" for t in step[name])
             rate = f"{records / secs:,.0f}"
@@ -368,14 +364,14 @@ def report(
     )
     print(text)
     stem = "spark_source" + ("-kafka" if meta["broker"] == "kafka" else "")
-    (OUT / f"{stem}.md").write_text(text)
-    (OUT / f"{stem}.json").write_text(
+    (RESULTS / f"{stem}.md").write_text(text)
+    (RESULTS / f"{stem}.json").write_text(
         json.dumps(
             {**meta, "read_s": read, "order": orders, "stateful_s": step, "order_kept": correct},
             indent=1,
         )
     )
-    plot(OUT / f"{stem}.png", meta, medians, step)
+    plot(RESULTS / f"{stem}.png", meta, medians, step)
 
 
 def plot(
@@ -397,7 +393,7 @@ def plot(
         left.plot(xs, [records / medians[f"{source}:{n}"] for n in xs], marker="o", label=label)
         right.plot(
             xs,
-            [records / statistics.median(step[f"{source}:{n}"]) for n in xs],
+            [records / median(step[f"{source}:{n}"]) for n in xs],
             marker="o",
             label=label,
         )

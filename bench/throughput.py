@@ -1,6 +1,6 @@
 """Throughput of keyshard against what a user would pick instead, side by side in one run.
 
-Subcommands (each writes bench/throughput-<name>.md, .json and .png and prints its table):
+Subcommands (each writes bench/results/throughput-<name>.md, .json and .png and prints its table):
 
 - `slow`   — handler = 5 ms of awaited I/O; 1- and 4-partition topics, 10,000 keys; plain
              aiokafka subscribe() group, Pyrallel Consumer 1.0.0 (key_hash, async engine)
@@ -33,10 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+from bench import RESULTS
 from bench._common import (
-    BROKERS,
     KEYS,
     Cluster,
     RunResult,
@@ -45,16 +43,15 @@ from bench._common import (
     cleanup,
     load_topic,
     machine,
-    markdown_table,
-    median,
     peer_missing,
     run,
     save_json,
     workdir,
 )
 from bench._worker import PROCESS_WORKERS
+from harness import markdown_table, median
+from harness.brokers import BROKER_KINDS
 
-OUT = Path(__file__).resolve().parent
 LANES = 64  # keyshard's default max_concurrency
 
 
@@ -398,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("part", choices=["slow", "cpu", "filter", "amplification", "churn", "all"])
     parser.add_argument("--quick", action="store_true", help="fewer records, one run each")
     parser.add_argument("--runs", type=int, help="runs per configuration (default 3, quick 1)")
-    parser.add_argument("--broker", choices=BROKERS, default="tansu")
+    parser.add_argument("--broker", choices=BROKER_KINDS, default="tansu")
     parser.add_argument("--tag", default="", help="appended to the output files' names")
     args = parser.parse_args(argv)
     size = QUICK if args.quick else FULL
@@ -433,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"-{x}" for x in (args.broker if args.broker != "tansu" else "", args.tag) if x
                 )
                 md = _run_part(part, cluster, size, header, stem)
-                (OUT / f"{stem}.md").write_text(md)
+                (RESULTS / f"{stem}.md").write_text(md)
                 print(md)
             print(f"total {time.monotonic() - t0:.0f} s")
     finally:
@@ -446,25 +443,25 @@ def _run_part(part: str, cluster: Cluster, size: Size, header: str, stem: str) -
     if part == "slow":
         specs, results = scale_out(cluster, size, "io", (1, 4), 0, print)
         table = scale_table(specs, results)
-        scale_plot(specs, results, "5 ms async I/O handler", OUT / f"{stem}.png")
+        scale_plot(specs, results, "5 ms async I/O handler", RESULTS / f"{stem}.png")
     elif part == "cpu":
         loops = calibrate_cpu_loops()
         print(f"cpu handler: {loops} loop iterations ~ 1 ms here")
         specs, results = scale_out(cluster, size, "cpu", (1, 2, 4), loops, print)
         table = scale_table(specs, results) + f"\n\nCPU handler: {loops} loop iterations (~1 ms).\n"
-        scale_plot(specs, results, "~1 ms CPU handler", OUT / f"{stem}.png")
+        scale_plot(specs, results, "~1 ms CPU handler", RESULTS / f"{stem}.png")
     elif part == "filter":
         specs, results = filter_overhead(cluster, size, print)
         table = filter_table(specs, results)
-        filter_plot(specs, results, OUT / f"{stem}.png")
+        filter_plot(specs, results, RESULTS / f"{stem}.png")
     elif part == "churn":
         specs, results = churn(cluster, size, print)
         table = churn_table(specs, results)
     else:
         specs, results = amplification(cluster, size, print)
         table = amp_table(specs, results)
-        amp_plot(specs, results, OUT / f"{stem}.png")
-    save_json(OUT / f"{stem}.json", [r for rs in results.values() for r in rs])
+        amp_plot(specs, results, RESULTS / f"{stem}.png")
+    save_json(RESULTS / f"{stem}.json", [r for rs in results.values() for r in rs])
     return f"{header}\n{table}\n"
 
 

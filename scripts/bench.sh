@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # One command per benchmark, on a fresh machine too: sets up what the part needs, runs
-# it, and it writes its table (Markdown), JSON and plot into bench/ as always.
+# it, and it writes its table (Markdown), JSON and plot into bench/results/.
 #
 #   bash scripts/bench.sh PART [--quick] [--broker tansu|kafka] [more options of the script]
 #
-# PART: slow | cpu | filter | amplification | churn | all   (bench/throughput.py)
+# PART: slow | cpu | filter | amplification | churn | all   (bench.throughput)
 #       peers          keyshard vs share group, KIP-848 group, Pyrallel, plain group
-#                      (bench/peers.py; on Apache Kafka unless --broker tansu)
-#       handoff        bench/handoff_pause.py      coord-scale    bench/coord_scale.py
-#       balance        bench/balance.py            spark          bench/spark_source.py
-#       filter-breakdown   bench/filter_breakdown.py
-#       failover       bench/failover.py           exactly-once   bench/exactly_once.py
-#       sigterm-handoff    bench/sigterm_handoff.py
+#                      (bench.peers; on Apache Kafka unless --broker tansu)
+#       handoff        bench.handoff_pause         coord-scale    bench.coord_scale
+#       balance        bench.balance               spark          bench.spark_source
+#       filter-breakdown   bench.filter_breakdown
+#       failover       bench.failover              exactly-once   bench.exactly_once
+#       sigterm-handoff    bench.sigterm_handoff
 #       skewed-backlog     keyshard vs share group, KIP-848 group on a skewed backlog
-#                          (bench/skewed_backlog.py; on Apache Kafka unless --broker tansu)
+#                          (bench.skewed_backlog; on Apache Kafka unless --broker tansu)
 #
 # What it sets up (each step idempotent, cached):
 # - the project's .venv with keyshard[bench] (server, spark, matplotlib);
@@ -21,10 +21,11 @@
 #   ($KEYSHARD_CACHE, default ~/.cache/keyshard): peers/pyrallel (Pyrallel Consumer 1.0.0,
 #   which declares Python >= 3.12 but runs on 3.11) and peers/confluent (confluent-kafka
 #   2.16.1: the KIP-848 consumer and the share consumer);
-# - for --broker kafka, Apache Kafka's jars from Maven Central, as the test fixture
-#   (tests/brokers/kafka.py) collects them; Java 17 and Maven from Debian if missing;
+# - for --broker kafka, Apache Kafka's jars from Maven Central, as the tests' broker
+#   (harness/brokers/kafka.py) collects them; Java 17 and Maven from Debian if missing;
 # - for spark, Spark's own Kafka source (spark-sql-kafka-0-10, the baseline) and its
 #   dependencies from Maven Central the same way (bench/spark-kafka-pom.xml).
+# Each benchmark runs as a module from the repository root: `python -m bench.NAME ...`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
@@ -45,23 +46,23 @@ while [ $# -gt 0 ]; do
 done
 
 case "$part" in
-  slow|cpu|filter|amplification|churn|all) script=bench/throughput.py; args=("$part" "${args[@]}"); peers=1 ;;
-  peers) script=bench/peers.py; peers=1; broker="${broker:-kafka}" ;;
-  handoff) script=bench/handoff_pause.py; peers=1 ;;
-  coord-scale) script=bench/coord_scale.py; peers=0 ;;
-  balance) script=bench/balance.py; peers=0 ;;
-  spark) script=bench/spark_source.py; peers=0; spark_kafka=1 ;;
-  filter-breakdown) script=bench/filter_breakdown.py; peers=0 ;;
-  failover) script=bench/failover.py; peers=0 ;;
-  exactly-once) script=bench/exactly_once.py; peers=0; broker=kafka ;;  # needs transactions
-  sigterm-handoff) script=bench/sigterm_handoff.py; peers=0 ;;
-  skewed-backlog) script=bench/skewed_backlog.py; peers=1; broker="${broker:-kafka}" ;;
+  slow|cpu|filter|amplification|churn|all) module=bench.throughput; args=("$part" "${args[@]}"); peers=1 ;;
+  peers) module=bench.peers; peers=1; broker="${broker:-kafka}" ;;
+  handoff) module=bench.handoff_pause; peers=1 ;;
+  coord-scale) module=bench.coord_scale; peers=0 ;;
+  balance) module=bench.balance; peers=0 ;;
+  spark) module=bench.spark_source; peers=0; spark_kafka=1 ;;
+  filter-breakdown) module=bench.filter_breakdown; peers=0 ;;
+  failover) module=bench.failover; peers=0 ;;
+  exactly-once) module=bench.exactly_once; peers=0; broker=kafka ;;  # needs transactions
+  sigterm-handoff) module=bench.sigterm_handoff; peers=0 ;;
+  skewed-backlog) module=bench.skewed_backlog; peers=1; broker="${broker:-kafka}" ;;
   *) echo "unknown part '$part' (see: bash scripts/bench.sh)" >&2; exit 2 ;;
 esac
-case "$script:$broker" in
-  *:|*:tansu|bench/throughput.py:kafka|bench/peers.py:kafka|bench/handoff_pause.py:kafka) ;;
-  bench/failover.py:kafka|bench/exactly_once.py:kafka|bench/spark_source.py:kafka) ;;
-  bench/skewed_backlog.py:kafka) ;;
+case "$module:$broker" in
+  *:|*:tansu|bench.throughput:kafka|bench.peers:kafka|bench.handoff_pause:kafka) ;;
+  bench.failover:kafka|bench.exactly_once:kafka|bench.spark_source:kafka) ;;
+  bench.skewed_backlog:kafka) ;;
   *) echo "$part has no --broker $broker (on Kafka: the throughput parts, peers, handoff, failover, spark, skewed-backlog)" >&2; exit 2 ;;
 esac
 
@@ -99,10 +100,9 @@ if [ "$broker" = kafka ] || [ "$spark_kafka" = 1 ]; then
   fi
 fi
 if [ "$broker" = kafka ]; then
-  .venv/bin/python -c 'from tests.brokers.kafka import ensure_jars; print("Apache Kafka jars:", ensure_jars())'
+  .venv/bin/python -c 'from harness.brokers.kafka import ensure_jars; print("Apache Kafka jars:", ensure_jars())'
 fi
 if [ "$spark_kafka" = 1 ]; then
-  PYTHONPATH=. .venv/bin/python bench/_spark_kafka.py
+  .venv/bin/python -m bench._spark_kafka
 fi
-# The scripts import the test fixtures (tests.brokers, tests.integration.harness) too.
-PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" exec .venv/bin/python "$script" "${args[@]}"
+exec .venv/bin/python -m "$module" "${args[@]}"

@@ -12,7 +12,7 @@ if [ "$(id -u)" = 0 ]; then
 fi
 # Apache Kafka for the tests that run on it too, from Maven Central (cached after the
 # first run). Without Java or Maven those tests skip, except under CI=true.
-.venv/bin/python -m tests.brokers.kafka
+.venv/bin/python -m harness.brokers.kafka
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

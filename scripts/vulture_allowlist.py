@@ -60,3 +60,9 @@ _.dlq_enabled, _.ordering_mode, _.max_in_flight, _.process_count
 _.do_GET, _.log_message, _.daemon_threads, _.converter
 # Public API of the consumer library: exactly-once runs are the user's.
 _.run_exactly_once
+
+# The harness serves tests/ too, which vulture does not read: `keyshard worker` processes
+# (tests/integration/test_worker.py) and the SASL_SSL Kafka node with its ACLs
+# (tests/conftest.py).
+_.spawn_cli
+_.secured_broker, _.run_tool

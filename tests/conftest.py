@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,9 +10,9 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from keyshard.local.broker import EmbeddedBroker
-from tests.brokers import Broker
-from tests.brokers.kafka import (
+from harness import CoordinatorProcess, Workers
+from harness.brokers import Broker, running_broker
+from harness.brokers.kafka import (
     SASL_SSL,
     KafkaBroker,
     KafkaUnavailable,
@@ -22,7 +20,7 @@ from tests.brokers.kafka import (
     run_tool,
     secured_broker,
 )
-from tests.integration.harness import CoordinatorProcess, Workers
+from keyshard.local.broker import EmbeddedBroker
 from tests.tls_files import TlsFiles, make_tls_files
 
 #: Brokers a test using the `broker` fixture runs on, unless marked `brokers(...)`.
@@ -33,18 +31,6 @@ DEFAULT_BROKERS = ("tansu", "kafka")
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
-
-
-def _stop_broker(broker: EmbeddedBroker) -> None:
-    """Stop politely, and if anything goes wrong make sure the pid is gone anyway."""
-    pid = broker.pid
-    try:
-        broker.stop()
-    finally:
-        if pid is not None and broker.running:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            broker.kill()  # reaps
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -192,12 +178,8 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
     if request.param == "kafka":
         yield request.getfixturevalue("kafka")
         return
-    b = EmbeddedBroker()
-    try:
-        b.start()
-        yield b
-    finally:
-        _stop_broker(b)
+    with running_broker("tansu") as tansu:
+        yield tansu
 
 
 @pytest.fixture

@@ -8,10 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from keyshard.core.model.hashing import slot_for_key
-from keyshard.local.broker import EmbeddedBroker
-from tests.api.conftest import ADMIN_ARGS, ADMIN_TOKEN
-from tests.integration.harness import (
+from harness import (
     GROUP,
     TOPIC,
     CoordinatorProcess,
@@ -20,6 +17,9 @@ from tests.integration.harness import (
     produce,
     wait_for,
 )
+from keyshard.core.model.hashing import slot_for_key
+from keyshard.local.broker import EmbeddedBroker
+from tests.api.conftest import ADMIN_ARGS, ADMIN_TOKEN
 
 pytestmark = [pytest.mark.integration, pytest.mark.coordinator_args(*ADMIN_ARGS)]
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

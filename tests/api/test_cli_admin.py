@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from harness import GROUP, CoordinatorProcess, Workers, create_topic, wait_for
 from keyshard.local.processes import free_port
 from tests.api.conftest import ADMIN_ARGS, ADMIN_TOKEN
-from tests.integration.harness import GROUP, CoordinatorProcess, Workers, create_topic, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

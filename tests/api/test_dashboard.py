@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import CoordinatorProcess, Workers, create_topic, wait_for
 from tests.api.conftest import ADMIN_ARGS
-from tests.integration.harness import CoordinatorProcess, Workers, create_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.coordinator_args(*ADMIN_ARGS)]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from harness import create_topic, produce, wait_for
 from keyshard.local.processes import free_port, stop_process
 from keyshard.local.verify import read_processed
-from tests.integration.harness import create_topic, produce, wait_for
 
 pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -18,12 +18,12 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from harness import wait_for
 from keyshard.consumer_client import CoordinatedConsumer
 from keyshard.consumer_client._datapath.lanes import KeyLanes
 from keyshard.core.model.hashing import slot_for_key
 from keyshard.core.model.positions import Position
 from keyshard.core.model.ranges import RangeSet, SlotRange
-from tests.integration.harness import wait_for
 
 TP = ("t", 0)
 GIVE_UP_AFTER = 100_000  # batches: seconds of work, far past the first 20 ms

@@ -13,6 +13,7 @@ from types import ModuleType
 
 import pytest
 
+from harness import CoordinatorProcess
 from keyshard.local.processes import free_port
 from tests.deploy.chart import ROOT
 from tests.deploy.dockerfile import (
@@ -22,7 +23,6 @@ from tests.deploy.dockerfile import (
     ignored,
     parse_dockerfile,
 )
-from tests.integration.harness import CoordinatorProcess
 
 DOCKERFILE = ROOT / "Dockerfile"
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from harness import CoordinatorProcess
 from keyshard.local.broker import EmbeddedBroker
 from tests.docs.blocks import examples_of
 from tests.docs.running import create_topic_and_produce, kill_group, wait_until
-from tests.integration.harness import CoordinatorProcess
 
 KEYS = 10
 PER_KEY = 5

@@ -25,6 +25,14 @@ from typing import Any
 import httpx
 import pytest
 
+from harness import (
+    GROUP,
+    CoordinatorProcess,
+    Workers,
+    create_topic,
+    produce,
+    wait_for,
+)
 from keyshard.consumer_client import ConsumerError, CoordinatedConsumer
 from keyshard.core.protocol.codec import PROTOCOL_VERSION, FrameDecoder, encode
 from keyshard.core.protocol.messages import (
@@ -38,14 +46,6 @@ from keyshard.core.protocol.messages import (
 from keyshard.local.broker import EmbeddedBroker
 from keyshard.local.processes import free_port
 from keyshard.local.verify import check
-from tests.integration.harness import (
-    GROUP,
-    CoordinatorProcess,
-    Workers,
-    create_topic,
-    produce,
-    wait_for,
-)
 
 pytestmark = pytest.mark.integration
 

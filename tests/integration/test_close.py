@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from harness import CoordinatorProcess, create_topic, produce, wait_for
 from keyshard.consumer_client import CoordinatedConsumer
-from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for
 
 pytestmark = pytest.mark.integration
 

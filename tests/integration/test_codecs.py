@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 from keyshard.local.verify import check
-from tests.integration.harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 
 pytestmark = pytest.mark.integration
 CODECS = ("gzip", "snappy", "lz4", "zstd")

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 from keyshard.core.model.hashing import slot_for_key
 from keyshard.local.verify import Processed, check
-from tests.integration.harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 
 pytestmark = pytest.mark.integration
 NAMES = ("c0", "c1", "c2", "c3")

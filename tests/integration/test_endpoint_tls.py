@@ -25,11 +25,11 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from harness import CoordinatorProcess, create_topic, produce, wait_for
 from keyshard.consumer_client import ClientTls, ConsumerError, CoordinatedConsumer
 from keyshard.local.broker import EmbeddedBroker
 from keyshard.local.processes import free_port
 from tests.deploy.dockerfile import parse_dockerfile
-from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for
 from tests.tls_files import TlsFiles, make_tls_files
 
 pytestmark = pytest.mark.integration

@@ -1,7 +1,7 @@
 """Exactly-once read-process-write on Apache Kafka (Tansu has no transactions: Kafka only,
 except the test that exactly-once on Tansu fails with a clear error).
 
-An app (`tests.integration.eos_app`) reads `input`, and for each record writes one output
+An app (`harness.eos_app`) reads `input`, and for each record writes one output
 record (same key, the input's key and sequence in the value) through the transaction the
 consumer owns. While inputs arrive, consumers join, leave gracefully, are killed with
 SIGKILL or frozen with SIGSTOP (their slots move and their transactional ids are fenced),
@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from harness import CoordinatorProcess, ReplicaSet, create_topic, wait_for
 from keyshard.consumer_client import ConsumerError, CoordinatedConsumer, Outputs
 from keyshard.local.processes import stop_process
-from tests.integration.harness import CoordinatorProcess, ReplicaSet, create_topic, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.brokers("kafka")]
 
@@ -49,7 +49,7 @@ class Apps:
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115
         self.procs[name] = subprocess.Popen(
             [
-                sys.executable, "-m", "tests.integration.eos_app", "--group", GROUP,
+                sys.executable, "-m", "harness.eos_app", "--group", GROUP,
                 "--input", INPUT, "--output", OUTPUT, "--coordinator",
                 self.address, "--bootstrap", self.bootstrap,
                 "--name", name, *extra,

@@ -18,9 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from keyshard.core.model.ranges import RangeSet
-from keyshard.local.verify import Processed, Produced, check
-from tests.integration.harness import (
+from harness import (
     CoordinatorProcess,
     ReplicaSet,
     Workers,
@@ -28,6 +26,8 @@ from tests.integration.harness import (
     produce,
     wait_for,
 )
+from keyshard.core.model.ranges import RangeSet
+from keyshard.local.verify import Processed, Produced, check
 
 pytestmark = pytest.mark.integration
 # The product's default session: a member's lease after it last heard from a coordinator.
@@ -191,7 +191,7 @@ async def _all_produced(replicas: ReplicaSet) -> list[Produced]:
     from aiokafka import AIOKafkaConsumer
     from aiokafka import TopicPartition as KafkaTP
 
-    from tests.integration.harness import TOPIC
+    from harness import TOPIC
 
     reader = AIOKafkaConsumer(bootstrap_servers=replicas.bootstrap, enable_auto_commit=False)
     await reader.start()

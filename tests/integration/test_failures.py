@@ -11,14 +11,7 @@ from typing import Any
 
 import pytest
 
-from keyshard.coordinator.storage.base import partition_of
-from keyshard.coordinator.storage.kafka_log import read_state
-from keyshard.core.kafka.settings import KafkaSettings
-from keyshard.core.model.hashing import slot_for_key
-from keyshard.core.model.ranges import RangeSet
-from keyshard.local.broker import EmbeddedBroker
-from keyshard.local.verify import check
-from tests.integration.harness import (
+from harness import (
     GROUP,
     CoordinatorProcess,
     Workers,
@@ -26,6 +19,13 @@ from tests.integration.harness import (
     produce,
     wait_for,
 )
+from keyshard.coordinator.storage.base import partition_of
+from keyshard.coordinator.storage.kafka_log import read_state
+from keyshard.core.kafka.settings import KafkaSettings
+from keyshard.core.model.hashing import slot_for_key
+from keyshard.core.model.ranges import RangeSet
+from keyshard.local.broker import EmbeddedBroker
+from keyshard.local.verify import check
 
 pytestmark = pytest.mark.integration
 SESSION = ("--session-timeout-ms", "3000")

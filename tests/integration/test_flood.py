@@ -23,18 +23,18 @@ from pathlib import Path
 
 import pytest
 
-from keyshard.coordinator.server.admission import DEFAULT_REGISTER_TIMEOUT_MS
-from keyshard.core.protocol.codec import FrameDecoder, ProtocolError, encode
-from keyshard.core.protocol.messages import ErrorCode, ErrorResponse, MetadataRequest
-from keyshard.local.broker import EmbeddedBroker
-from keyshard.local.verify import Produced, check
-from tests.integration.harness import (
+from harness import (
     CoordinatorProcess,
     Workers,
     create_topic,
     produce,
     wait_for,
 )
+from keyshard.coordinator.server.admission import DEFAULT_REGISTER_TIMEOUT_MS
+from keyshard.core.protocol.codec import FrameDecoder, ProtocolError, encode
+from keyshard.core.protocol.messages import ErrorCode, ErrorResponse, MetadataRequest
+from keyshard.local.broker import EmbeddedBroker
+from keyshard.local.verify import Produced, check
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,7 @@ import time
 
 import pytest
 
-from keyshard.core.model.hashing import MAX_SLOT
-from keyshard.core.model.ranges import RangeSet
-from keyshard.local.verify import check
-from tests.integration.harness import (
+from harness import (
     CoordinatorProcess,
     Workers,
     create_topic,
@@ -19,6 +16,9 @@ from tests.integration.harness import (
     produce,
     wait_for,
 )
+from keyshard.core.model.hashing import MAX_SLOT
+from keyshard.core.model.ranges import RangeSet
+from keyshard.local.verify import check
 
 pytestmark = pytest.mark.integration
 

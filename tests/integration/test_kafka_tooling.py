@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.brokers.kafka import run_tool
-from tests.integration.harness import (
+from harness import (
     GROUP,
     TOPIC,
     CoordinatorProcess,
@@ -19,6 +18,7 @@ from tests.integration.harness import (
     produce,
     wait_for,
 )
+from harness.brokers.kafka import run_tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.brokers("kafka")]
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 from keyshard.core.model.hashing import slot_for_key
 from keyshard.local.broker import EmbeddedBroker
 from keyshard.local.verify import Processed, check
-from tests.integration.harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 
 pytestmark = pytest.mark.integration
 SECOND = 1_000_000_000

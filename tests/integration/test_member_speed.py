@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 from keyshard.local.verify import check
-from tests.integration.harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 from tests.integration.test_demand_balance import per_member
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 from keyshard.local.verify import Processed, Produced
-from tests.integration.harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 
 pytestmark = [
     pytest.mark.integration,

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 from keyshard.consumer_client import ConsumerError, CoordinatedConsumer
 from keyshard.local.processes import free_port
 from keyshard.local.verify import check
 from tests.conftest import SECURED_PREFIX, SecuredKafka
-from tests.integration.harness import CoordinatorProcess, Workers, create_topic, produce, wait_for
 
 pytestmark = pytest.mark.integration
 SESSION = ("--session-timeout-ms", "3000")

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from keyshard.local.verify import Produced, check
-from tests.integration.harness import (
+from harness import (
     GROUP,
     TOPIC,
     CoordinatorProcess,
@@ -23,6 +22,7 @@ from tests.integration.harness import (
     create_topic,
     wait_for,
 )
+from keyshard.local.verify import Produced, check
 
 pytestmark = [pytest.mark.integration, pytest.mark.brokers("kafka")]
 

@@ -20,13 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from keyshard.consumer_client import ConsumerError, CoordinatedConsumer
-from keyshard.core.model.ranges import RangeSet
-from keyshard.local.processes import free_port, stop_process
-from keyshard.local.verify import check
-from tests.deploy.chart import DASHBOARD
-from tests.deploy.test_kubernetes_doc import dashboard_metric_names
-from tests.integration.harness import (
+from harness import (
     CoordinatorProcess,
     ReplicaSet,
     Workers,
@@ -35,6 +29,12 @@ from tests.integration.harness import (
     produce,
     wait_for,
 )
+from keyshard.consumer_client import ConsumerError, CoordinatedConsumer
+from keyshard.core.model.ranges import RangeSet
+from keyshard.local.processes import free_port, stop_process
+from keyshard.local.verify import check
+from tests.deploy.chart import DASHBOARD
+from tests.deploy.test_kubernetes_doc import dashboard_metric_names
 
 pytestmark = pytest.mark.integration
 SESSION_MS = 20_000  # long: a handoff that waited for it would stand out

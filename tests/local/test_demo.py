@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from tests.brokers.kafka import KAFKA_INTERNAL_TOPICS, KafkaBroker
+from harness.brokers.kafka import KAFKA_INTERNAL_TOPICS, KafkaBroker
 
 pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from harness import create_topic, produce
+from harness.brokers import Broker
 from keyshard.core.model.hashing import SLOT_COUNT, slot_for_key
 from keyshard.spark_jobs.source import register
-from tests.brokers import Broker
 from tests.conftest import SECURED_PREFIX, SecuredKafka
-from tests.integration.harness import create_topic, produce
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

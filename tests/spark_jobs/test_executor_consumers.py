@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from harness import CoordinatorProcess, create_topic, produce, wait_for
 from keyshard.core.model.ranges import RangeSet
 from keyshard.local.processes import stop_process
 from keyshard.local.verify import Processed, check, read_processed
-from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for
 from tests.spark_jobs.handlers import OUT_ENV
 
 pytestmark = [pytest.mark.integration, pytest.mark.brokers("tansu", "kafka")]

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from harness.brokers import Broker
 from keyshard.local.processes import free_port
 from keyshard.spark_jobs import clickstream
 from keyshard.spark_jobs.pipeline import run_pipeline
 from keyshard.spark_jobs.sessionize import parse_click, reference_sessions
-from tests.brokers import Broker
 from tests.spark_jobs.test_sessionize import _as_rows, session_rows
 
 if TYPE_CHECKING:

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 import pytest
 from pyspark.errors import AnalysisException, StreamingQueryException
 
+from harness import CoordinatorProcess, create_topic, wait_for
+from harness.brokers import Broker
 from keyshard.local.processes import free_port
 from keyshard.spark_jobs.source import register
-from tests.brokers import Broker
-from tests.integration.harness import CoordinatorProcess, create_topic, wait_for
 from tests.tls_files import make_tls_files
 
 if TYPE_CHECKING:

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.dataset as ds
 import pytest
 
+from harness import CoordinatorProcess, create_topic, produce, wait_for
+from harness.brokers import Broker
 from keyshard.consumer_client import CoordinatedConsumer
 from keyshard.local.verify import Produced
 from keyshard.spark_jobs.source import register
-from tests.brokers import Broker
-from tests.integration.harness import CoordinatorProcess, create_topic, produce, wait_for
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -17,6 +17,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from harness import create_topic, produce, wait_for
+from harness.brokers import Broker
 from keyshard.coordinator.storage import kafka_cluster
 from keyshard.coordinator.storage.base import DEFAULT_STATE_TOPIC, StoreError
 from keyshard.coordinator.storage.kafka_cluster import KafkaCluster, ensure_state_topic
@@ -30,8 +32,6 @@ from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.hashing import SLOT_COUNT
 from keyshard.core.model.positions import Position, RangePositionMap
 from keyshard.core.model.ranges import SlotRange
-from tests.brokers import Broker
-from tests.integration.harness import create_topic, produce, wait_for
 
 pytestmark = pytest.mark.integration
 

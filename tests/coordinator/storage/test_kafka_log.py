@@ -14,13 +14,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from harness import wait_for
+from harness.brokers import Broker
 from keyshard.coordinator.storage.base import Fenced
 from keyshard.coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
 from keyshard.coordinator.storage.log_format import MemberRecord, encode
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.ranges import RangeSet
-from tests.brokers import Broker
-from tests.integration.harness import wait_for
 
 pytestmark = pytest.mark.integration
 TOPIC = "__keyshard_state"

@@ -1,6 +1,6 @@
-"""The per-key order check of the benchmarks (bench/_order.py) on hand-made logs."""
+"""The per-key order check of the benchmarks (`harness.order_stats`) on hand-made logs."""
 
-from bench._order import order_stats
+from harness import order_stats
 
 
 def test_records_of_a_key_one_after_another_are_in_order() -> None:

@@ -1,7 +1,10 @@
-"""Real processes for integration tests: a coordinator daemon and consumer workers.
+"""Real processes for tests and benchmarks: coordinator daemons (one, or replicas on one
+state topic) and consumer workers.
 
-Everything is started on free loopback ports and stopped by pid, whatever the outcome.
-Waiting is always on a condition with a deadline (`wait_for`), never a bare sleep.
+Everything is started on free loopback ports and stopped by pid, whatever the outcome
+(`keyshard.local.processes`, which the demo uses too). Waiting is always on a condition
+with a deadline (`wait_for`), never a bare sleep. CPU and memory of a process are read from
+/proc (Linux), the same numbers `top` shows.
 """
 
 from __future__ import annotations
@@ -12,63 +15,45 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any
 
 import httpx
-from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from keyshard.core.kafka.settings import KafkaSettings
-from keyshard.core.model.ranges import RangeSet
-from keyshard.local.demo import worker_command
+from harness._groups import is_settled
+from harness._waiting import wait_for
+from keyshard.local.demo import GROUP, TOPIC, worker_command
 from keyshard.local.processes import free_port, stop_process
-from keyshard.local.verify import Processed, Produced, read_processed
+from keyshard.local.verify import Processed, read_processed
 
-T = TypeVar("T")
-GROUP = "demo"  # the worker command's group
-TOPIC = "demo.events"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-# Two signatures so a coroutine probe's result type survives (one union of `Awaitable[T] | T`
-# infers T as Never for coroutine functions). Only a truthy result is returned, so a probe
-# that answers `X | None` gives an `X`.
-@overload
-async def wait_for(
-    probe: Callable[[], Awaitable[T | None]], timeout: float, what: str, interval: float = 0.05
-) -> T: ...
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` so far, in seconds (/proc/<pid>/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-@overload
-async def wait_for(
-    probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05
-) -> T: ...
-
-
-async def wait_for(
-    probe: Callable[[], object], timeout: float, what: str, interval: float = 0.05
-) -> Any:
-    """Poll `probe` until it returns something truthy; fail naming `what` on timeout."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        result = probe()
-        if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return result
-        last = result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
-        await asyncio.sleep(interval)
+def rss_mib(pid: int) -> float:
+    """Resident memory of `pid` now, in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
 @dataclass
 class CoordinatorProcess:
+    """A coordinator daemon process (`keyshard coordinator`) on free loopback ports; each
+    start logs to `log_dir/coordinator-<n>.log`."""
+
     bootstrap: str
     log_dir: Path
     listen_port: int = field(default_factory=free_port)
@@ -89,6 +74,12 @@ class CoordinatorProcess:
     @property
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError("the coordinator has not been started")
+        return self.proc.pid
 
     async def start(self) -> None:
         self.starts += 1
@@ -143,8 +134,8 @@ class CoordinatorProcess:
         served_by: str | None = response.headers.get("x-keyshard-served-by")
         return served_by
 
-    async def group(self, group: str = GROUP) -> dict[str, Any] | None:
-        async with self.client() as client:
+    async def group(self, group: str = GROUP, timeout: float = 5) -> dict[str, Any] | None:
+        async with self.client(timeout) as client:
             response = await client.get(f"{self.admin_url}/v1/groups/{group}")
         return response.json() if response.status_code == 200 else None
 
@@ -179,6 +170,10 @@ class CoordinatorProcess:
 
 @dataclass
 class Workers:
+    """Consumer worker processes of one group: `keyshard demo-worker` (`spawn`) or
+    `keyshard worker TARGET` (`spawn_cli`), each logging what it processed to
+    `out_dir/<name>.jsonl`."""
+
     coordinator: CoordinatorProcess
     out_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -214,7 +209,8 @@ class Workers:
     ) -> subprocess.Popen[bytes]:  # fmt: skip
         """`keyshard worker TARGET` (keyshard.cli.worker) as a user runs it, configured
         through KEYSHARD_* variables and flags; stdout (its log) in NAME.log, stderr in
-        NAME.err, its records in NAME.jsonl."""
+        NAME.err, its records in NAME.jsonl. TARGET defaults to the integration tests' app,
+        which writes those records."""
         variables = {
             **os.environ,
             "KEYSHARD_GROUP": self.group,
@@ -252,79 +248,6 @@ class Workers:
     def stop_all(self) -> None:
         for proc in self.procs.values():
             stop_process(proc)
-
-
-async def create_topic(
-    bootstrap: str,
-    topic: str = TOPIC,
-    partitions: int = 1,
-    kafka_config: Mapping[str, str] | None = None,
-) -> None:
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap, **KafkaSettings.parse(kafka_config).admin_options()
-    )
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
-    finally:
-        await admin.close()
-
-
-async def produce(
-    bootstrap: str,
-    count: int,
-    keys: int,
-    *,
-    topic: str = TOPIC,
-    start: int = 0,
-    rate: float | None = None,
-    key_of: Callable[[int], str] | None = None,
-    kafka_config: Mapping[str, str] | None = None,
-    compression: str | None = None,
-    sent_ns: list[int] | None = None,
-) -> list[Produced]:
-    """Produce `count` keyed records (key = record index mod `keys`, or `key_of(index)`),
-    optionally paced to `rate` records per second, with Kafka settings and a codec.
-    `sent_ns`, if given, gets each record's send time (CLOCK_MONOTONIC ns, as the
-    handlers log theirs), in the order of the list returned."""
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        linger_ms=2,
-        compression_type=compression,
-        **KafkaSettings.parse(kafka_config).client_options(),
-    )
-    await producer.start()
-    try:
-        began = time.monotonic()
-        sent = []
-        for i in range(start, start + count):
-            key = key_of(i) if key_of is not None else f"key-{i % keys}"
-            if sent_ns is not None:
-                sent_ns.append(time.monotonic_ns())
-            sent.append((key, await producer.send(topic, key=key.encode(), value=str(i).encode())))
-            if rate is not None and i % 50 == 0:
-                await asyncio.sleep(max(0.0, began + (i - start) / rate - time.monotonic()))
-        out = []
-        for key, fut in sent:
-            meta = await fut
-            out.append(Produced(meta.partition, meta.offset, key))
-        return out
-    finally:
-        await producer.stop()
-
-
-def owned_ranges(view: dict[str, Any]) -> dict[str, RangeSet]:
-    return {m["member_id"]: RangeSet.from_pairs(m["ranges"]) for m in view["members"]}
-
-
-def is_settled(view: dict[str, Any] | None, members: int) -> bool:
-    """Exactly `members` members, every slot owned, nothing draining or starting, and no
-    recompute pending (a join the coordinator has not placed yet moves slots soon)."""
-    if view is None or len(view["members"]) != members:
-        return False
-    if view["quarantined"] or view["unowned"] or view["target_pending"]:
-        return False
-    return all(not m["draining"] and not m["starting"] for m in view["members"])
 
 
 @dataclass

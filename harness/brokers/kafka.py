@@ -430,7 +430,7 @@ async def _empty_cluster(bootstrap: str, timeout: float) -> None:
 
 
 def main() -> int:
-    """`python -m tests.brokers.kafka`: collect the jars now (scripts/test.sh does, so a
+    """`python -m harness.brokers.kafka`: collect the jars now (scripts/test.sh does, so a
     first test run does not pay for it inside a test), or say in one line why not."""
     try:
         print(f"Apache Kafka jars: {ensure_jars()}")

@@ -3,7 +3,7 @@
 Input records carry `key` and the value `"<key>:<seq>"`; the handler waits `--handler-ms`,
 burns `--cpu-ms` of CPU and writes to the output topic, under the same key, the JSON
 `{"k": key, "seq": seq, "p": partition, "o": offset}`. Run as
-`python -m tests.integration.eos_app ...`; SIGTERM closes gracefully, SIGKILL is the crash.
+`python -m harness.eos_app ...`; SIGTERM closes gracefully, SIGKILL is the crash.
 `--at-least-once` runs the same handler without transactions (a plain producer's send,
 awaited until Kafka has it), for the benchmark's comparison.
 """

@@ -1,0 +1,50 @@
+"""What the tests and the benchmarks both run on: real brokers, real processes, and the
+measures and checks their reports share. A development tool of this repository, not a
+part of keyshard: the wheel has only `keyshard`, and nothing in it imports this.
+
+- brokers: `harness.brokers` (Tansu, or Apache Kafka from Maven Central in
+  `harness.brokers.kafka`);
+- processes: `CoordinatorProcess`, `ReplicaSet`, `Workers` (free ports, stopped by pid),
+  `cpu_seconds` and `rss_mib` of a pid; `harness.eos_app`, the exactly-once app;
+- topics and records: `create_topic`, `produce`;
+- waiting: `wait_for`, on a condition with a deadline;
+- groups: `is_settled` (the one settle check), `owned_ranges`, `unsettled_reason`;
+- reports: `order_stats` (per-key order from handler logs), `median`, `percentile`,
+  `markdown_table`.
+"""
+
+from harness._groups import is_settled, owned_ranges, unsettled_reason
+from harness._order import OrderStats, order_stats
+from harness._processes import (
+    CoordinatorProcess,
+    ReplicaSet,
+    Workers,
+    cpu_seconds,
+    rss_mib,
+)
+from harness._stats import median, percentile
+from harness._tables import markdown_table
+from harness._topics import create_topic, produce
+from harness._waiting import wait_for
+from keyshard.local.demo import GROUP, TOPIC
+
+__all__ = [
+    "GROUP",
+    "TOPIC",
+    "CoordinatorProcess",
+    "OrderStats",
+    "ReplicaSet",
+    "Workers",
+    "cpu_seconds",
+    "create_topic",
+    "is_settled",
+    "markdown_table",
+    "median",
+    "order_stats",
+    "owned_ranges",
+    "percentile",
+    "produce",
+    "rss_mib",
+    "unsettled_reason",
+    "wait_for",
+]

@@ -1,0 +1,74 @@
+"""Topics and keyed records on a real broker, through aiokafka and the Kafka settings a
+client of that broker needs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from keyshard.core.kafka.settings import KafkaSettings
+from keyshard.local.demo import TOPIC
+from keyshard.local.verify import Produced
+
+
+async def create_topic(
+    bootstrap: str,
+    topic: str = TOPIC,
+    partitions: int = 1,
+    kafka_config: Mapping[str, str] | None = None,
+) -> None:
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, **KafkaSettings.parse(kafka_config).admin_options()
+    )
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+
+
+async def produce(
+    bootstrap: str,
+    count: int,
+    keys: int,
+    *,
+    topic: str = TOPIC,
+    start: int = 0,
+    rate: float | None = None,
+    key_of: Callable[[int], str] | None = None,
+    kafka_config: Mapping[str, str] | None = None,
+    compression: str | None = None,
+    sent_ns: list[int] | None = None,
+) -> list[Produced]:
+    """Produce `count` keyed records (key = record index mod `keys`, or `key_of(index)`),
+    optionally paced to `rate` records per second, with Kafka settings and a codec.
+    `sent_ns`, if given, gets each record's send time (CLOCK_MONOTONIC ns, as the
+    handlers log theirs), in the order of the list returned."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        linger_ms=2,
+        compression_type=compression,
+        **KafkaSettings.parse(kafka_config).client_options(),
+    )
+    await producer.start()
+    try:
+        began = time.monotonic()
+        sent = []
+        for i in range(start, start + count):
+            key = key_of(i) if key_of is not None else f"key-{i % keys}"
+            if sent_ns is not None:
+                sent_ns.append(time.monotonic_ns())
+            sent.append((key, await producer.send(topic, key=key.encode(), value=str(i).encode())))
+            if rate is not None and i % 50 == 0:
+                await asyncio.sleep(max(0.0, began + (i - start) / rate - time.monotonic()))
+        out = []
+        for key, fut in sent:
+            meta = await fut
+            out.append(Produced(meta.partition, meta.offset, key))
+        return out
+    finally:
+        await producer.stop()
