@@ -17,7 +17,9 @@ from keyshard.consumer_client._consumer import (
 )
 from keyshard.consumer_client._datapath.lanes import RetryPolicy
 from keyshard.consumer_client._exactly_once.transactions import Outputs
-from keyshard.consumer_client._membership.connector import MemberHooks, Membership, PingReport
+from keyshard.consumer_client._membership.connector import Membership
+from keyshard.consumer_client._membership.member_hooks import MemberHooks, PingReport
+from keyshard.consumer_client._membership.state import MemberState, MemberStateMachine
 from keyshard.consumer_client._operations.endpoints import ConsumerEndpoints
 from keyshard.core.security.tls import ClientTls
 
@@ -29,6 +31,8 @@ __all__ = [
     "ConsumerStats",
     "CoordinatedConsumer",
     "MemberHooks",
+    "MemberState",
+    "MemberStateMachine",
     "Membership",
     "Outputs",
     "PingReport",

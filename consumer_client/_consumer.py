@@ -41,6 +41,7 @@ from keyshard.consumer_client._exactly_once.transactions import (
 from keyshard.consumer_client._exactly_once.txn_log import DEFAULT_TOPIC as TXN_LOG_TOPIC
 from keyshard.consumer_client._exactly_once.txn_log import TxnLog
 from keyshard.consumer_client._membership.connector import Membership
+from keyshard.consumer_client._membership.state import MemberStateMachine
 from keyshard.consumer_client._membership.unreachable import Unreachable
 from keyshard.consumer_client._operations.endpoints import ConsumerEndpoints
 from keyshard.consumer_client._operations.metrics import (
@@ -57,6 +58,7 @@ from keyshard.core.kafka.connect import KafkaUnreachable, start_client
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.addresses import parse_host_ports
 from keyshard.core.model.hashing import ORDERING_KEY_HEADER
+from keyshard.core.protocol.channel import Channel
 from keyshard.core.security.tls import ClientTls
 
 log = logging.getLogger(__name__)
@@ -172,6 +174,14 @@ class CoordinatedConsumer:
         self.writer: TransactionalWriter | None = None
         self.progress = ConsumerProgress()
         self.stats = ConsumerStats()
+        self._member = MemberStateMachine[Channel](
+            group=group,
+            topics=self.topics,
+            name=name,
+            session_timeout_ms=session_timeout_ms,
+            capacity=capacity,
+            auth_token=auth_token,
+        )
         self._dispatcher = Dispatcher(
             self.progress,
             self.stats,
@@ -191,13 +201,8 @@ class CoordinatedConsumer:
         self._callbacks = ConsumerHooks(self.progress, self._fetcher, self._dispatcher)
         self._membership = Membership(
             self._callbacks,
-            group=group,
-            topics=self.topics,
+            self._member,
             coordinators=self.coordinators,
-            name=name,
-            session_timeout_ms=session_timeout_ms,
-            capacity=capacity,
-            auth_token=auth_token,
             tls=coordinator_tls,
             connect_timeout_s=connect_timeout_s,
         )
@@ -420,7 +425,7 @@ class CoordinatedConsumer:
             return
         self._closing = True
         self._fetcher.closing = True
-        self._membership.closing = True
+        self._member.begin_closing()
         try:
             lanes = self._dispatcher.lanes
             if lanes is not None:
@@ -446,7 +451,7 @@ class CoordinatedConsumer:
             taken=time.monotonic(),
             # A member riding through a coordinator failover keeps its member id (and
             # its ranges) while its lease lasts: still a member, as readiness should say.
-            registered=self._membership.member_id is not None,
+            registered=self._member.member_id is not None,
             closing=self._closing,
             heard_ago=self._membership.heard_ago(),
             in_flight=len(lanes.in_flight()) if lanes is not None else 0,
@@ -465,16 +470,16 @@ class CoordinatedConsumer:
 
     @property
     def member_id(self) -> str | None:
-        return self._membership.member_id
+        return self._member.member_id
 
     @property
     def epoch(self) -> int:
-        return self._membership.epoch
+        return self._member.epoch
 
     # ---- supervision ----------------------------------------------------------------
 
     def _session(self) -> int:
-        return self._membership.session
+        return self._member.session
 
     def _acked(self) -> None:
         self._fetcher.room.set()

@@ -17,7 +17,7 @@ from collections.abc import Awaitable
 from keyshard.consumer_client._datapath.dispatch import Dispatcher
 from keyshard.consumer_client._datapath.fetcher import Fetcher
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
-from keyshard.consumer_client._membership.connector import PingReport
+from keyshard.consumer_client._membership.member_hooks import PingReport
 from keyshard.core.model.positions import PositionUpdate
 from keyshard.core.model.ranges import RangeSet
 

@@ -22,7 +22,7 @@ from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from keyshard.consumer_client._membership.connector import Fetched
+from keyshard.consumer_client._membership.member_hooks import Fetched
 from keyshard.core.model.hashing import LOAD_BUCKET_COUNT, LOAD_BUCKET_SHIFT
 from keyshard.core.model.positions import Position, PositionUpdate, RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange

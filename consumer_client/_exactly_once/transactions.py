@@ -42,6 +42,7 @@ from keyshard.consumer_client._datapath.dispatch import Dispatcher
 from keyshard.consumer_client._datapath.fetcher import Fetcher
 from keyshard.consumer_client._datapath.hooks import ConsumerHooks
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
+from keyshard.consumer_client._errors import ConsumerError
 from keyshard.consumer_client._exactly_once.txn_log import (
     TxnLog,
     TxnLogError,
@@ -49,7 +50,6 @@ from keyshard.consumer_client._exactly_once.txn_log import (
     merge_positions,
     start_positions,
 )
-from keyshard.consumer_client._membership.connector import ConsumerError
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.positions import PositionUpdate, RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet
