@@ -19,7 +19,7 @@ from keyshard.consumer_client._datapath.lanes import RetryPolicy
 from keyshard.consumer_client._exactly_once.transactions import Outputs
 from keyshard.consumer_client._membership.connector import Membership
 from keyshard.consumer_client._membership.member_hooks import MemberHooks, PingReport
-from keyshard.consumer_client._membership.state import MemberState, MemberStateMachine
+from keyshard.consumer_client._membership.state import MemberState
 from keyshard.consumer_client._operations.endpoints import ConsumerEndpoints
 from keyshard.core.security.tls import ClientTls
 
@@ -32,7 +32,6 @@ __all__ = [
     "CoordinatedConsumer",
     "MemberHooks",
     "MemberState",
-    "MemberStateMachine",
     "Membership",
     "Outputs",
     "PingReport",

@@ -63,11 +63,10 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from keyshard.consumer_client import Membership, MemberStateMachine, PingReport
+from keyshard.consumer_client import Membership, PingReport
 from keyshard.core.model.addresses import parse_host_ports
 from keyshard.core.model.positions import PositionUpdate, TopicPartition
 from keyshard.core.model.ranges import RangeSet
-from keyshard.core.protocol.channel import Channel
 from keyshard.core.protocol.messages import HighWatermark
 from keyshard.spark_jobs.kafka_io import (
     SparkKafka,
@@ -153,18 +152,17 @@ class MemberRuntime:
         ktps = [KafkaTP(*tp) for tp in self.partitions]
         ends = await asyncio.wait_for(consumer.end_offsets(ktps), s.connect_timeout)
         self.high_watermarks = {(k.topic, k.partition): int(v) for k, v in ends.items()}
-        member = MemberStateMachine[Channel](
+        self.membership = Membership(
             group=s.group,
             topics=s.topics,
+            coordinators=s.coordinators,
             name=s.name,
             session_timeout_ms=s.session_timeout_ms,
             capacity=s.capacity,
             auth_token=s.auth_token,
+            tls=s.coordinator_tls,
         )
-        self.membership = Membership(
-            self, member, coordinators=s.coordinators, tls=s.coordinator_tls
-        )
-        self.member_task = asyncio.ensure_future(self.membership.run())
+        self.member_task = asyncio.ensure_future(self.membership.run(self))
         registered = asyncio.ensure_future(self.membership.registered.wait())
         done, _ = await asyncio.wait(
             {self.member_task, registered},

@@ -70,8 +70,7 @@ class ConsumerHooks:
         """Stop dispatching `slots` now; the final positions once they are drained."""
         waiting = self._settle_before_stop(slots)
         self._progress.begin_stop(slots)
-        if self._dispatcher.lanes is not None:
-            self._dispatcher.lanes.drop(slots)
+        self._dispatcher.lanes.drop(slots)
         return self._finish_stop(slots, waiting)
 
     async def _finish_stop(
@@ -79,8 +78,7 @@ class ConsumerHooks:
     ) -> PositionUpdate:
         if waiting:
             await asyncio.gather(*waiting, return_exceptions=True)
-        if self._dispatcher.lanes is not None:
-            await self._dispatcher.lanes.wait_idle(slots)
+        await self._dispatcher.lanes.wait_idle(slots)
         await self._after_drain(slots)
         final = self._progress.finish_stop(slots)
         self._fetcher.pause_idle()
@@ -90,7 +88,6 @@ class ConsumerHooks:
         """docs/protocol.md, §6.1 LOST: stop fetchers, drop queues, forget ownership."""
         self._progress.clear()
         self._fetcher.forget()
-        if self._dispatcher.lanes is not None:
-            await self._dispatcher.lanes.abort()
+        await self._dispatcher.lanes.abort()
         await self._forget_session()
         self._fetcher.room.set()

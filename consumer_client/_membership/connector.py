@@ -3,8 +3,10 @@
 `Membership` is the I/O shell over the member's state machine (`_membership.state`): it
 opens the channels, reads the clock, runs the tasks, and carries out what the machine
 decides — register (with a claim after losing the coordinator), answer Ping,
-StopFetcher and StartFetcher through the member's `MemberHooks`, ask the other addresses
-about a silent coordinator, ride through a lost channel or run the LOST procedure, leave.
+StopFetcher and StartFetcher through the `MemberHooks` given to `run`, ask the other
+addresses about a silent coordinator, ride through a lost channel or run the LOST
+procedure, leave. The member (`member`: id, epochs, lease) is made with the membership
+and outlives its channels; the hooks are what one run does with its ranges.
 
 When the coordinator goes away (its channel closes, or it falls silent and another replica
 says the group is served elsewhere) the member does not stop: it keeps running the ranges
@@ -22,6 +24,7 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable
+from functools import partial
 
 from keyshard.consumer_client._errors import ConsumerError
 from keyshard.consumer_client._membership.member_hooks import MemberHooks
@@ -73,20 +76,29 @@ LEAVE_TIMEOUT_S = 5.0
 
 
 class Membership:
-    """One member's channel to its group's coordinator. `member` is its state (id, epochs,
-    lease), which outlives the channel; `hooks` what its ranges do."""
+    """One member of `group` and its channel to the group's coordinator."""
 
     def __init__(
         self,
-        hooks: MemberHooks,
-        member: MemberStateMachine[Channel],
         *,
+        group: str,
+        topics: list[str],
         coordinators: list[tuple[str, int]],
+        name: str,
+        session_timeout_ms: int,
+        capacity: int,
+        auth_token: str | None = None,
         tls: ClientTls | None = None,
         connect_timeout_s: float | None = None,
     ) -> None:
-        self.hooks = hooks
-        self.member = member
+        self.member = MemberStateMachine[Channel](
+            group=group,
+            topics=topics,
+            name=name,
+            session_timeout_ms=session_timeout_ms,
+            capacity=capacity,
+            auth_token=auth_token,
+        )
         self.coordinators = coordinators
         self.tls = tls
         # Built now: a missing or bad file is a TlsConfigError when the consumer is made.
@@ -108,23 +120,24 @@ class Membership:
     def addresses(self) -> str:
         return ", ".join(f"{host}:{port}" for host, port in self.coordinators)
 
-    async def run(self) -> None:
+    async def run(self, hooks: MemberHooks) -> None:
         """Register, watch, and after a loss register again (with a claim while the lease
-        lasts), until the member closes; a fatal refusal raises `ConsumerError`."""
+        lasts), until the member closes; a fatal refusal raises `ConsumerError`. `hooks`
+        answer the coordinator's requests for this run."""
         try:
-            await self._run()
+            await self._run(hooks)
         except ConsumerError:
             self.member.failed()
             raise
 
-    async def _run(self) -> None:
+    async def _run(self, hooks: MemberHooks) -> None:
         member = self.member
         while not member.closing:
             if (loss := member.lease_ran_out(time.monotonic())) is not None:
-                await self._lose(loss)
+                await self._lose(hooks, loss)
             deadline = member.begin_discovery(time.monotonic())
             try:
-                channel = await asyncio.wait_for(self._register(), deadline)
+                channel = await asyncio.wait_for(self._register(hooks), deadline)
             except ConsumerError:
                 raise
             except (OSError, ChannelClosed, RemoteError, TimeoutError) as err:
@@ -138,7 +151,7 @@ class Membership:
             self.registered.clear()
             match member.disconnected(reason, error, time.monotonic()):
                 case Lose() as loss:
-                    await self._lose(loss)
+                    await self._lose(hooks, loss)
                 case RideThrough(lease_left_s=left):
                     log.warning(
                         "%s: lost the coordinator (%s); running on while the lease lasts "
@@ -149,10 +162,10 @@ class Membership:
         """Seconds since a coordinator last spoke to this member (None: never did)."""
         return self.member.heard_ago(time.monotonic())
 
-    async def _lose(self, loss: Lose) -> None:
+    async def _lose(self, hooks: MemberHooks, loss: Lose) -> None:
         """docs/protocol.md §6.1 LOST (the machine has forgotten the member id already)."""
         log.warning("%s: lost the coordinator (%s); stopping fetchers", self.name, loss.reason)
-        await self.hooks.session_lost()
+        await hooks.session_lost()
 
     async def leave(self, positions: PositionUpdate) -> None:
         """Graceful exit: report exact positions so the next owners start where we stopped."""
@@ -169,7 +182,7 @@ class Membership:
         if self.channel is not None:
             await self.channel.aclose()
 
-    async def _register(self) -> Channel:
+    async def _register(self, hooks: MemberHooks) -> Channel:
         """docs/protocol.md, §6.1 DISCOVER and REGISTER: ask each known address in turn who
         the active coordinator is, connect to it and register; a refusal that
         re-registering cannot fix raises `ConsumerError`, anything else is retried by
@@ -198,7 +211,9 @@ class Membership:
                     target_host, target_port = host, port
                 channel = await self._connect(target_host, target_port, f"{self.name}-connector")
                 try:
-                    await self._register_on(channel, target_host, target_port, meta.coordinator)
+                    await self._register_on(
+                        hooks, channel, target_host, target_port, meta.coordinator
+                    )
                 except BaseException:
                     # Timed out, refused or cancelled (the lease ran out): a channel left
                     # open would answer the coordinator's pings for a member that is gone.
@@ -213,17 +228,19 @@ class Membership:
         # run() names the addresses tried; this is the last error, in words.
         raise ChannelClosed(str(last_error) or type(last_error).__name__)
 
-    async def _register_on(self, channel: Channel, host: str, port: int, served_by: str) -> None:
+    async def _register_on(
+        self, hooks: MemberHooks, channel: Channel, host: str, port: int, served_by: str
+    ) -> None:
         """Register (with a claim, after a loss) on a connected channel and settle."""
         member = self.member
         member.begin_registration()
-        channel.set_request_handler(self._on_request)
+        channel.set_request_handler(partial(self._on_request, hooks))
         channel.start()
         if member.claims and self.tasks:
             # A range still draining is in no claim, so the new owner frees it at once:
             # let its records finish first (the caller bounds this by the lease).
             await asyncio.wait(list(self.tasks))
-        held = self.hooks.held() if member.claims else None
+        held = hooks.held() if member.claims else None
         request = member.register_request(time.monotonic(), held)
         try:
             response = await channel.request(request, timeout=REGISTER_TIMEOUT_S)
@@ -236,26 +253,28 @@ class Membership:
             raise
         if not isinstance(response, RegisterResponse):
             raise ChannelClosed(f"unexpected reply to register: {response.type}")
-        await self._settle(channel, response, served_by)
+        await self._settle(hooks, channel, response, served_by)
 
-    async def _settle(self, channel: Channel, response: RegisterResponse, served_by: str) -> None:
+    async def _settle(
+        self, hooks: MemberHooks, channel: Channel, response: RegisterResponse, served_by: str
+    ) -> None:
         """Take the registration in: with an adopted claim keep what was adopted (and stop
         the rest at once), else start a fresh session. Requests that arrived meanwhile are
         handled after, in order."""
         match self.member.settle(response):
             case Adopted(kept=kept):
-                extra = self.hooks.held()[0] - kept
+                extra = hooks.held()[0] - kept
                 if extra:
-                    await self.hooks.stop_fetcher(extra)  # nobody else has them yet: no report
+                    await hooks.stop_fetcher(extra)  # nobody else has them yet: no report
                 log.info("%s: back as %s, keeping %s", self.name, response.member_id, kept)
             case Fresh(loss=loss):
                 if loss is not None:  # the claim was not taken
-                    await self._lose(loss)
+                    await self._lose(hooks, loss)
                 log.info("%s: registered as %s", self.name, response.member_id)
         held = self.member.registered(response, channel, served_by, time.monotonic())
         self.registered.set()
         for held_channel, message in held:
-            self._on_request(held_channel, message)
+            self._on_request(hooks, held_channel, message)
 
     async def _connect(self, host: str, port: int, name: str) -> Channel:
         """A channel to the coordinator, over TLS when `tls` is set; a handshake failure
@@ -333,7 +352,7 @@ class Membership:
                     return moved
         return False
 
-    def _on_request(self, channel: Channel, message: Message) -> None:
+    def _on_request(self, hooks: MemberHooks, channel: Channel, message: Message) -> None:
         match self.member.on_request(channel, message, time.monotonic()):
             case Hold() | Ignore():
                 return
@@ -342,19 +361,19 @@ class Membership:
             case Unexpected(message=text):
                 channel.fail(ErrorCode.UNEXPECTED_MESSAGE, text, message.correlation_id)
             case Apply():
-                self._apply(channel, message)
+                self._apply(hooks, channel, message)
 
-    def _apply(self, channel: Channel, message: Message) -> None:
+    def _apply(self, hooks: MemberHooks, channel: Channel, message: Message) -> None:
         match message:
             case PingRequest():
-                channel.reply(message, ping_response(message, self.hooks.ping_reply()))
+                channel.reply(message, ping_response(message, hooks.ping_reply()))
             case StartFetcherRequest():
-                self.hooks.start_fetcher(
+                hooks.start_fetcher(
                     ranges_from_wire(message.ranges), positions_from_wire(message.positions)
                 )
                 channel.reply(message, start_response(message))
             case StopFetcherRequest():
-                drained = self.hooks.stop_fetcher(ranges_from_wire(message.ranges))
+                drained = hooks.stop_fetcher(ranges_from_wire(message.ranges))
                 task = asyncio.create_task(self._finish_stop(channel, message, drained))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)

@@ -21,13 +21,11 @@ from keyshard.consumer_client import (
     ConsumerError,
     CoordinatedConsumer,
     Membership,
-    MemberStateMachine,
     PingReport,
 )
 from keyshard.coordinator.server.admission import ConnectionLimits
 from keyshard.core.model.positions import PositionUpdate
 from keyshard.core.model.ranges import EMPTY, RangeSet
-from keyshard.core.protocol.channel import Channel
 from keyshard.core.security.tls import ServerTls, TlsConfigError
 from tests.coordinator.server.inprocess import running_coordinator
 from tests.tls_files import TlsFiles, make_tls_files
@@ -76,11 +74,11 @@ def client(tls: TlsFiles, *, ca: Path | None = None, cert: bool = False) -> Clie
 
 async def outcome(port: int, tls: ClientTls | None, host: str = "127.0.0.1") -> str:
     """`registered`, or the ConsumerError's message."""
-    member = MemberStateMachine[Channel](
-        group="g", topics=["t"], name="c", session_timeout_ms=5000, capacity=1
-    )
-    membership = Membership(Hooks(), member, coordinators=[(host, port)], tls=tls)
-    running = asyncio.create_task(membership.run())
+    membership = Membership(
+        group="g", topics=["t"], coordinators=[(host, port)], name="c",
+        session_timeout_ms=5000, capacity=1, tls=tls,
+    )  # fmt: skip
+    running = asyncio.create_task(membership.run(Hooks()))
     registered = asyncio.create_task(membership.registered.wait())
     try:
         done, _ = await asyncio.wait(
