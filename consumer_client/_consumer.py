@@ -54,6 +54,7 @@ from keyshard.consumer_client._operations.signals import (
     GracefulSignals,
     signals_to_handle,
 )
+from keyshard.consumer_client._renamed import renamed_seconds
 from keyshard.core.kafka.connect import KafkaUnreachable, start_client
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.addresses import parse_host_ports
@@ -78,6 +79,86 @@ __all__ = ["ConsumerAborted", "ConsumerError", "ConsumerStats", "CoordinatedCons
 
 
 class CoordinatedConsumer:
+    """A member of a keyshard group: consumes its share of the group's key-hash ranges,
+    each key by one handler at a time, in offset order.
+
+    Every duration is in milliseconds, as in Kafka's settings. All arguments are keyword
+    arguments.
+
+    Args:
+        group (str): the group's name. Members of one group share its topics' keys; the
+            group's low-watermark positions are also committed to Kafka under this id, so
+            lag shows in the usual tools.
+        topics (list[str]): the topics to consume; at least one.
+        coordinator (str): ``HOST:PORT`` of the coordinator's consumer port (7171 by
+            default), or several, comma-separated (the replicas of a coordinator set: any
+            one names the replica that serves the group). Not the admin (HTTP) port.
+        bootstrap_servers (str): Kafka's ``host:port`` list. Default: ``bootstrap.servers``
+            of `kafka_config`.
+        kafka_config (Mapping[str, str] | KafkaSettings): Kafka client settings in Kafka's
+            own names (``security.protocol``, ``sasl.mechanism``, ``ssl.ca.location``,
+            ``isolation.level``, ...), checked when the consumer is made. Default: none
+            (plaintext, ``read_committed``).
+        kafka_token_provider (AbstractTokenProvider): aiokafka's token provider for
+            ``sasl.mechanism=OAUTHBEARER``. Default: None.
+        name (str): this member's name in the coordinator's views and in log lines.
+            Default: ``"consumer"``.
+        max_concurrency (int): records handled at once, each of a different key (per-key
+            lanes); also the thread pool of `run_sync`. Default: 64.
+        session_timeout_ms (int): the lease. A member that hears nothing from a
+            coordinator for this long stops processing; a coordinator gives a silent
+            member's ranges to others only after it (plus a margin), so no key ever has
+            two owners. Shorter: a crashed member's keys move sooner; longer: pauses
+            (GC, a slow network) are survived. 1000..300000. Default: 10000.
+        capacity (int): this member's weight in the assignment (a member of capacity 2
+            gets about twice the slots of one of capacity 1). 1..100000. Default: 1.
+        auth_token (str): the token the coordinator requires (``--auth-token``), sent at
+            registration. Default: None.
+        coordinator_tls (ClientTls): TLS for the coordinator's channel, when it runs TLS
+            (``--tls-cert-file``). Default: None (plain TCP).
+        dead_letter_topic (str): where a record goes once its handler failed
+            `retry.max_attempts` times, so its key moves on. Default: None (retried until
+            it succeeds; its key waits meanwhile).
+        retry (RetryPolicy): how a failing record is retried. Default: `RetryPolicy()`
+            (50 ms doubling up to 5000 ms, 5 attempts).
+        ordering_header (str): the record header whose value is the ordering key, when
+            present (otherwise the record key). Default: ``"ordering-key"``.
+        max_pending (int): records fetched and not yet acknowledged, at most; fetching
+            pauses at this many. Bounds memory and the work a crash repeats. Default:
+            ``max(1000, 16 * max_concurrency)``.
+        drain_timeout_ms (int): how long `close()` waits for handlers in flight before it
+            leaves the group anyway (the next owners then process those records again).
+            Default: 30000.
+        fetch_max_wait_ms (int): Kafka's ``fetch.max.wait.ms``: how long a fetch waits
+            for records. Some brokers (Tansu) hold a fetch for about half of it even when
+            records are waiting, so it bounds delivery latency there. Default: 100.
+        replay_window (int): records held per partition so that a range granted a little
+            behind the fetch position is replayed from memory rather than fetched again
+            (broker egress). 0 turns it off. Default: 10000.
+        handle_signals (bool): SIGTERM and SIGINT close gracefully (drain, then leave with
+            exact positions), a second one aborts. Taken only in the main thread, and each
+            only when the app has no handler of its own for it (an ignored signal is not
+            one); a signal left alone is said in one INFO log line. Default: True.
+        connect_timeout_ms (int): how long the coordinator or Kafka may stay unreachable
+            before `run()` raises `ConsumerError`. Default: None (retry forever, warning
+            at once and then every 30 s, as a pod waiting for its coordinator should).
+        metrics_listen (str): ``HOST:PORT`` to serve ``/healthz``, ``/readyz`` and
+            ``/metrics`` (Prometheus) on while `run()` runs. Default: None (not served).
+        transactional_id_prefix (str): exactly-once read-process-write: the prefix of
+            this member's Kafka transactional ids (1..100 of ``A-Z a-z 0-9 . _ -``);
+            run with `run_exactly_once`. Default: None.
+        transaction_interval_ms (int): exactly-once: how often the transaction commits.
+            Lower: outputs visible sooner; higher: fewer commits per record. 1..30000.
+            Default: 100.
+        transaction_log_topic (str): exactly-once: the topic recording which
+            transactional id held which slots. Default: ``"__keyshard_transactions"``.
+
+    Deprecated (one release): ``drain_timeout_s`` and ``connect_timeout_s``, the same in
+    seconds; passing one warns (`DeprecationWarning`), passing it with its new name is a
+    `TypeError`.
+    """
+
+    @renamed_seconds(drain_timeout_s="drain_timeout_ms", connect_timeout_s="connect_timeout_ms")
     def __init__(
         self,
         *,
@@ -92,28 +173,21 @@ class CoordinatedConsumer:
         session_timeout_ms: int = 10_000,
         capacity: int = 1,
         auth_token: str | None = None,
-        coordinator_tls: ClientTls | None = None,  # the coordinator's channel runs TLS
+        coordinator_tls: ClientTls | None = None,
         dead_letter_topic: str | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         ordering_header: str = ORDERING_KEY_HEADER,
         max_pending: int | None = None,
-        drain_timeout_s: float = 30.0,
+        drain_timeout_ms: int = 30_000,
         fetch_max_wait_ms: int = 100,
         replay_window: int = 10_000,
         handle_signals: bool = True,
-        connect_timeout_s: float | None = None,
+        connect_timeout_ms: int | None = None,
         metrics_listen: str | None = None,
-        transactional_id_prefix: str | None = None,  # exactly-once: see run_exactly_once
+        transactional_id_prefix: str | None = None,
         transaction_interval_ms: int = DEFAULT_TRANSACTION_INTERVAL_MS,
         transaction_log_topic: str = TXN_LOG_TOPIC,
     ) -> None:
-        """`handle_signals`: SIGTERM/SIGINT close gracefully, a second one aborts
-        (`consumer_client.signals`; only in the main thread, and only when the app has no
-        handlers of its own). `connect_timeout_s`: how long the coordinator or Kafka may
-        stay unreachable before `run()` raises `ConsumerError` (None: retry forever,
-        warning at once and then every 30 s). `metrics_listen`: HOST:PORT to serve
-        /healthz, /readyz and /metrics on while `run()` runs (`consumer_client.endpoints`).
-        """
         if not topics:
             raise ValueError("topics must name at least one topic")
         if max_concurrency < 1:
@@ -124,6 +198,8 @@ class CoordinatedConsumer:
             raise ValueError(f"capacity={capacity} is outside 1..100000")
         if replay_window < 0:
             raise ValueError(f"replay_window={replay_window} must be >= 0 (0 turns it off)")
+        if drain_timeout_ms < 0:
+            raise ValueError(f"drain_timeout_ms={drain_timeout_ms} must be >= 0")
         if transactional_id_prefix is not None and not _TXID_PREFIX.fullmatch(
             transactional_id_prefix
         ):
@@ -160,13 +236,11 @@ class CoordinatedConsumer:
         self.retry = retry
         self.ordering_header = ordering_header
         self.max_pending = max_pending or max(1000, 16 * max_concurrency)
-        self.drain_timeout_s = drain_timeout_s
-        # Some brokers (Tansu) hold a fetch for about half of this even when records are
-        # waiting, so it bounds delivery latency; on Kafka it only matters when idle.
+        self.drain_timeout_ms = drain_timeout_ms
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.replay_window = replay_window
         self.handle_signals = handle_signals
-        self.connect_timeout_s = connect_timeout_s
+        self.connect_timeout_ms = connect_timeout_ms
         self.transactional_id_prefix = transactional_id_prefix
         self.transaction_interval_ms = transaction_interval_ms
         self.transaction_log_topic = transaction_log_topic
@@ -191,18 +265,18 @@ class CoordinatedConsumer:
             capacity=capacity,
             auth_token=auth_token,
             tls=coordinator_tls,
-            connect_timeout_s=connect_timeout_s,
+            connect_timeout_ms=connect_timeout_ms,
         )
         # What `run` is made of once Kafka is reached (None before, and when it did not).
         self._running: _Running | None = None
-        self._kafka_unreachable = Unreachable(log, "Kafka", connect_timeout_s=connect_timeout_s)
+        self._kafka_unreachable = Unreachable(log, "Kafka", connect_timeout_ms=connect_timeout_ms)
         self.metrics: ConsumerMetrics | None = None
         self.endpoints: ConsumerEndpoints | None = None
         if metrics_listen is not None:
             self.metrics = ConsumerMetrics()
             self.metrics.prime(self.topics)
             self.endpoints = ConsumerEndpoints(
-                self.metrics, self.snapshot, session_timeout_ms / 1000, metrics_listen
+                self.metrics, self.snapshot, session_timeout_ms, metrics_listen
             )
         self._closing = False
         self._close_task: asyncio.Task[None] | None = None
@@ -282,7 +356,7 @@ class CoordinatedConsumer:
                 running.path.fetcher.closing = True
                 self.progress.begin_stop(self.progress.owned)
                 running.path.lanes.drop()
-                await running.path.lanes.wait_idle(timeout=self.drain_timeout_s)
+                await running.path.lanes.wait_idle(timeout=self.drain_timeout_ms / 1000)
                 if running.writer is not None:
                     # Commit what is done and claim nothing more: the Leave reports
                     # committed positions only. A failed writer leaves no report (the
@@ -441,7 +515,7 @@ class CoordinatedConsumer:
     ) -> AIOKafkaConsumer:
         """The started Kafka consumer (and dead-letter and transactional producers),
         retried while Kafka cannot be reached (warned about at once, then every 30 s)
-        until `connect_timeout_s`; a lasting problem (bad credentials, TLS) is a
+        until `connect_timeout_ms`; a lasting problem (bad credentials, TLS) is a
         `ConsumerError` at once."""
         while True:
             kafka = AIOKafkaConsumer(

@@ -39,7 +39,7 @@ class DataPathSettings:
     replay_window: int = 10_000
     ordering_header: str = ORDERING_KEY_HEADER
     retry: RetryPolicy = DEFAULT_RETRY
-    read_committed: bool = False
+    read_committed: bool = True
 
 
 @dataclass(frozen=True, slots=True)

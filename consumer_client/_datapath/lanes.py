@@ -27,6 +27,7 @@ from time import monotonic
 from types import CoroutineType
 from typing import Any, Literal
 
+from keyshard.consumer_client._renamed import renamed_seconds
 from keyshard.core.model.positions import TopicPartition
 from keyshard.core.model.ranges import RangeSet
 
@@ -46,13 +47,32 @@ class WorkItem:
     session: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class RetryPolicy:
-    initial_backoff_s: float = 0.05
-    max_backoff_s: float = 5.0
-    # Attempts before dead-lettering; without a dead-letter topic a record is retried
-    # until it succeeds or its range moves away (its key stays blocked meanwhile).
-    max_attempts: int = 5
+    """How a record whose handler raised is retried, in its own lane (other keys go on).
+
+    Args:
+        initial_backoff_ms: the wait before the second attempt, doubled after each
+            further failure. Default: 50.
+        max_backoff_ms: the longest wait between two attempts. Default: 5000.
+        max_attempts: attempts before the record is sent to the consumer's
+            `dead_letter_topic`; without one a record is retried until it succeeds or its
+            range moves away (its key stays blocked meanwhile). Default: 5.
+
+    `initial_backoff_s` and `max_backoff_s` (seconds) are deprecated names of the first two.
+    """
+
+    initial_backoff_ms: int
+    max_backoff_ms: int
+    max_attempts: int
+
+    @renamed_seconds(initial_backoff_s="initial_backoff_ms", max_backoff_s="max_backoff_ms")
+    def __init__(
+        self, *, initial_backoff_ms: int = 50, max_backoff_ms: int = 5000, max_attempts: int = 5
+    ) -> None:
+        object.__setattr__(self, "initial_backoff_ms", initial_backoff_ms)
+        object.__setattr__(self, "max_backoff_ms", max_backoff_ms)
+        object.__setattr__(self, "max_attempts", max_attempts)
 
 
 DEFAULT_RETRY = RetryPolicy()
@@ -451,7 +471,7 @@ class KeyLanes:
         failing key does not take a lane away from the others. `first`, when given, is the
         first attempt already started inline.
         """
-        backoff = self._retry.initial_backoff_s
+        backoff = self._retry.initial_backoff_ms / 1000
         attempt = 0
         holding = True
         try:
@@ -497,7 +517,7 @@ class KeyLanes:
                     self._busy_workers += 1
                 if lane.abandoned:
                     return False
-                backoff = min(backoff * 2, self._retry.max_backoff_s)
+                backoff = min(backoff * 2, self._retry.max_backoff_ms / 1000)
         finally:
             if holding:
                 self._limit.give()

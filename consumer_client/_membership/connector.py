@@ -48,6 +48,7 @@ from keyshard.consumer_client._membership.state import (
 )
 from keyshard.consumer_client._membership.tls_errors import closed_problem, handshake_problem
 from keyshard.consumer_client._membership.unreachable import Unreachable
+from keyshard.consumer_client._renamed import renamed_seconds
 from keyshard.core.model.addresses import parse_host_port
 from keyshard.core.model.positions import PositionUpdate
 from keyshard.core.protocol.channel import Channel, ChannelClosed, RemoteError
@@ -76,8 +77,25 @@ LEAVE_TIMEOUT_S = 5.0
 
 
 class Membership:
-    """One member of `group` and its channel to the group's coordinator."""
+    """One member of `group` and its channel to the group's coordinator.
 
+    Args:
+        group, topics: the group to join and the topics it consumes.
+        coordinators: the coordinator addresses to ask (any replica, or all of them).
+        name: this member's name in the group's views and logs.
+        session_timeout_ms: the lease: without a request from a coordinator for this long
+            the member stops everything, and a coordinator may give its ranges to others
+            (docs/protocol.md §7.1).
+        capacity: this member's weight in the assignment.
+        auth_token: the coordinator's static token, when it requires one.
+        tls: the coordinator channel's TLS settings (None: plain TCP).
+        connect_timeout_ms: how long the coordinator may stay unreachable before `run`
+            raises `ConsumerError` (None: retry forever, warning at once and every 30 s).
+
+    `connect_timeout_s` (seconds) is a deprecated name of `connect_timeout_ms`.
+    """
+
+    @renamed_seconds(connect_timeout_s="connect_timeout_ms")
     def __init__(
         self,
         *,
@@ -89,7 +107,7 @@ class Membership:
         capacity: int,
         auth_token: str | None = None,
         tls: ClientTls | None = None,
-        connect_timeout_s: float | None = None,
+        connect_timeout_ms: int | None = None,
     ) -> None:
         self.member = MemberStateMachine[Channel](
             group=group,
@@ -105,7 +123,9 @@ class Membership:
         self._ssl = tls.context() if tls is not None else None
         self.registered = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()  # StopFetcher drains in progress
-        self.unreachable = Unreachable(log, "the coordinator", connect_timeout_s=connect_timeout_s)
+        self.unreachable = Unreachable(
+            log, "the coordinator", connect_timeout_ms=connect_timeout_ms
+        )
 
     @property
     def name(self) -> str:

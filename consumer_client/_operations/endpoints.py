@@ -45,7 +45,7 @@ class ConsumerEndpoints:
         self,
         metrics: ConsumerMetrics,
         snapshot: Callable[[], ConsumerSnapshot],
-        session_timeout_s: float,
+        session_timeout_ms: int,
         listen: str,
     ) -> None:
         try:
@@ -54,7 +54,7 @@ class ConsumerEndpoints:
             raise ValueError(f"metrics_listen {err}") from None
         self.metrics = metrics
         self._snapshot = snapshot
-        self.session_timeout_s = session_timeout_s
+        self.session_timeout_s = session_timeout_ms / 1000
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None

@@ -141,17 +141,18 @@ def build_consumer(args: argparse.Namespace, environ: Mapping[str, str]) -> Coor
         coordinator_tls=_tls(args),
         dead_letter_topic=args.dead_letter_topic,
         retry=RetryPolicy(
-            initial_backoff_s=int(args.retry_initial_backoff_ms) / 1000,
-            max_backoff_s=int(args.retry_max_backoff_ms) / 1000,
+            initial_backoff_ms=int(args.retry_initial_backoff_ms),
+            max_backoff_ms=int(args.retry_max_backoff_ms),
             max_attempts=int(args.retry_max_attempts),
         ),
-        drain_timeout_s=int(args.drain_timeout_ms) / 1000,
-        connect_timeout_s=timeout,
+        drain_timeout_ms=int(args.drain_timeout_ms),
+        connect_timeout_ms=timeout,
         metrics_listen=metrics,
     )
 
 
-def _connect_timeout(value: object) -> float | None:
+def _connect_timeout(value: object) -> int | None:
+    """--connect-timeout-s in the consumer's unit, milliseconds."""
     if value is None:
         return None
     try:
@@ -160,7 +161,7 @@ def _connect_timeout(value: object) -> float | None:
         raise WorkerUsageError(f"--connect-timeout-s {value!r} is not a number") from None
     if not seconds > 0:
         raise WorkerUsageError(f"--connect-timeout-s {value!r} must be > 0")
-    return seconds
+    return max(1, round(seconds * 1000))
 
 
 def _tls(args: argparse.Namespace) -> ClientTls | None:

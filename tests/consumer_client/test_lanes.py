@@ -16,7 +16,7 @@ from keyshard.consumer_client._datapath.lanes import KeyLanes, RetryPolicy, Work
 from keyshard.core.model.ranges import RangeSet
 
 TP = ("t", 0)
-FAST = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.002, max_attempts=3)
+FAST = RetryPolicy(initial_backoff_ms=1, max_backoff_ms=2, max_attempts=3)
 TIMEOUT = 5.0
 
 
@@ -186,7 +186,7 @@ async def test_dead_letter_after_max_attempts() -> None:
 
 
 async def test_drop_gives_up_retries_and_queued_records() -> None:
-    h = Harness(max_concurrency=4, retry=RetryPolicy(0.001, 0.002, max_attempts=3))
+    h = Harness(max_concurrency=4, retry=FAST)
     h.fail_until["bad"] = asyncio.Event()
     h.open("bad")
     for offset in range(3):

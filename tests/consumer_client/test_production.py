@@ -56,7 +56,7 @@ def test_unreachable_warns_at_once_then_at_most_every_30_s(
 
 def test_unreachable_raises_past_connect_timeout_and_resets_on_success() -> None:
     clock = FakeClock()
-    seen = Unreachable(logging.getLogger("t"), "Kafka", connect_timeout_s=5, clock=clock)
+    seen = Unreachable(logging.getLogger("t"), "Kafka", connect_timeout_ms=5000, clock=clock)
     seen.failed("k:9092", "refused")
     clock.now += 4
     seen.failed("k:9092", "refused")
@@ -65,13 +65,15 @@ def test_unreachable_raises_past_connect_timeout_and_resets_on_success() -> None
     clock.now += 100
     seen.failed("k:9092", "refused")  # a new run of failures: its own 5 s
     clock.now += 5
-    with pytest.raises(ConsumerError, match=r"Kafka at k:9092 within connect_timeout_s=5: refused"):
+    with pytest.raises(
+        ConsumerError, match=r"Kafka at k:9092 within the connect timeout \(5 s\): refused"
+    ):
         seen.failed("k:9092", "refused")
 
 
 def test_connect_timeout_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="connect_timeout_s"):
-        Unreachable(logging.getLogger("t"), "Kafka", connect_timeout_s=0)
+    with pytest.raises(ValueError, match="connect_timeout_ms"):
+        Unreachable(logging.getLogger("t"), "Kafka", connect_timeout_ms=0)
 
 
 def test_signals_are_taken_only_in_the_main_thread_and_only_when_default() -> None:
@@ -173,7 +175,7 @@ def _snapshot(**changes: Any) -> ConsumerSnapshot:
 
 def test_readiness_follows_registration_contact_and_closing() -> None:
     metrics = ConsumerMetrics()
-    endpoints = ConsumerEndpoints(metrics, _snapshot, 10.0, "127.0.0.1:9")
+    endpoints = ConsumerEndpoints(metrics, _snapshot, 10_000, "127.0.0.1:9")
     assert endpoints.readiness() == (503, "not started")
     metrics.snapshot = _snapshot()
     assert endpoints.readiness() == (200, "ready") and endpoints.health() == (200, "ok")
@@ -202,7 +204,7 @@ def test_gauges_come_from_the_snapshot() -> None:
 
 def test_a_bad_metrics_address_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="metrics_listen"):
-        ConsumerEndpoints(ConsumerMetrics(), _snapshot, 10.0, "nope")
+        ConsumerEndpoints(ConsumerMetrics(), _snapshot, 10_000, "nope")
 
 
 async def test_an_unreachable_kafka_is_warned_about_then_connect_timeout_raises(
@@ -216,9 +218,9 @@ async def test_an_unreachable_kafka_is_warned_about_then_connect_timeout_raises(
     kafka = f"127.0.0.1:{free_port()}"
     consumer = CoordinatedConsumer(
         group="g", topics=["t"], coordinator=f"127.0.0.1:{free_port()}",
-        bootstrap_servers=kafka, connect_timeout_s=2.5, handle_signals=False,
+        bootstrap_servers=kafka, connect_timeout_ms=2500, handle_signals=False,
     )  # fmt: skip
-    expected = f"Kafka at {kafka} within connect_timeout_s=2.5"
+    expected = rf"Kafka at {kafka} within the connect timeout \(2.5 s\)"
     with (
         caplog.at_level(logging.WARNING, logger="keyshard.consumer_client._consumer"),
         pytest.raises(Error, match=expected),
