@@ -3,7 +3,7 @@
 For each record: the ordering key (header or record key), its slot, the fetch filter of
 the grant that owns the slot (`PartitionProgress.accept`), then `KeyLanes.dispatch`,
 which starts it inline when its key is idle. `dispatch_records` is the reference
-implementation of that loop; the C fast path (`consumer_client.fastpath`) does the same
+implementation of that loop; the C fast path (`_datapath.fastpath`) does the same
 for the common case and hands it every record it does not handle.
 """
 
@@ -44,7 +44,7 @@ class Dispatcher:
         # The C fast path, or None for the Python loop only.
         self.native: ModuleType | None = fastpath.NATIVE
         # Handler completions per load bucket since the last Ping: an int64 array, not a
-        # Counter (`counter[b] += 1` cost more than the fetch filter), which the C fast
+        # Counter (`counter[b] += 1` costs more than the fetch filter), which the C fast
         # path increments in place.
         self.load = bucket_counts()
         self._session = session  # the current registration: older work is stale

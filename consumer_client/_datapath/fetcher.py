@@ -142,8 +142,8 @@ class Fetcher:
                     self.start()
                     return suspended
                 # While records are buffered getmany does not suspend, and handlers that
-                # finish inline do not either: without this nothing else would ever run
-                # (the connector left Pings unanswered). At most a batch past 20 ms.
+                # finish inline do not either: without this nothing else would run (the
+                # connector would leave Pings unanswered). At most a batch past 20 ms.
                 if clock() - turn >= _MAX_TURN_S:
                     await asyncio.sleep(0)
                     turn = clock()
@@ -207,9 +207,9 @@ class Fetcher:
 
     def _fit_batch(self, took: float) -> None:
         """Handlers that finish inline run synchronously, a whole batch in one turn of the
-        event loop: with 1 ms of CPU each, 2,000 records blocked it for 2 s (Pings and
-        StopFetchers waited). Halve the batch while one takes longer than a turn should,
-        grow it back while they are quick."""
+        event loop: with 1 ms of CPU each, 2,000 records would block it for 2 s (Pings
+        and StopFetchers waiting). Halve the batch while one takes longer than a turn
+        should, grow it back while they are quick."""
         if took > _MAX_TURN_S:
             self._batch = max(_MIN_BATCH, self._batch // 2)
         elif took < _MAX_TURN_S / 4:

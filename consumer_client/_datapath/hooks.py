@@ -1,8 +1,8 @@
-"""What the coordinator's requests do to a consumer (`membership.MemberHooks`).
+"""What the coordinator's requests do to a consumer (`_membership.member_hooks.MemberHooks`).
 
 One class for both kinds of consumer. A plain consumer reports the positions it has, runs
 what it is granted at once, and drains what it is asked to stop. An exactly-once consumer
-(`consumer_client.transactions.TransactionalHooks`) differs at four points only, the
+(`_exactly_once.transactions.TransactionalHooks`) differs at four points only, the
 hooks below: it reports committed positions, takes slots over before running them, waits
 for a take-over still under way and commits before a stopped range is given back, and
 drops its open transaction when the session is lost. Everything else (the order of the
@@ -46,7 +46,7 @@ class ConsumerHooks:
     async def _forget_session(self) -> None:
         """The session is lost and the lanes are aborted; before fetching may resume."""
 
-    # -- membership.MemberHooks --------------------------------------------------------
+    # -- MemberHooks --------------------------------------------------------
 
     def ping_reply(self) -> PingReport:
         return PingReport(

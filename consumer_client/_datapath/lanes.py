@@ -182,7 +182,7 @@ class _Lane:
     scheduled: bool = False  # waiting in the ready queue or being run by a worker
     abandoned: bool = False
     # Created only when a record of this lane backs off: most lanes never need it, and an
-    # Event per lane was a tenth of the dispatch cost.
+    # Event per lane costs a tenth of a dispatch.
     wake: asyncio.Event | None = None
 
     def abandon(self) -> None:

@@ -12,7 +12,7 @@ reason. The loop proves it is alive by taking a `ConsumerSnapshot` every
   consumer rides through a coordinator failover while its lease lasts, so a failover
   alone does not make it unready); 503 with the reason otherwise, and from the first
   SIGTERM on (it is leaving).
-- `/metrics`: `consumer_client.metrics`, Prometheus text format.
+- `/metrics`: `_operations.metrics`, Prometheus text format.
 """
 
 from __future__ import annotations
