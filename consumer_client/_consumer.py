@@ -409,11 +409,14 @@ class CoordinatedConsumer:
         loop = self._loop = asyncio.get_running_loop()
         aborted: asyncio.Future[None] = loop.create_future()
         signals = None
-        if self.handle_signals and (wanted := signals_to_handle()):
+        choice = signals_to_handle(self.handle_signals)
+        if (left := choice.explain()) is not None:
+            log.info("%s: %s", self.name, left)
+        if choice.take:
             signals = GracefulSignals(
                 loop, self.name, close=self.request_stop, abort=lambda: _abort(aborted)
             )
-            signals.install(wanted)
+            signals.install(choice.take)
         try:
             if self.endpoints is not None:
                 await self.endpoints.start()

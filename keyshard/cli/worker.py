@@ -22,6 +22,7 @@ import inspect
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -60,6 +61,7 @@ def run_worker_command(args: argparse.Namespace) -> int:
     except (WorkerUsageError, KafkaConfigError, TlsConfigError, ValueError) as err:
         print(f"keyshard worker: {err}", file=sys.stderr)
         return EXIT_USAGE
+    _own_signals()
     log = logging.getLogger("keyshard.worker")
     log.info("worker %s: group %s, topics %s, coordinator %s", consumer.name, consumer.group,
              ",".join(consumer.topics), args.coordinator)  # fmt: skip
@@ -79,6 +81,14 @@ def run_worker_command(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     log.info("worker %s stopped", consumer.name)
     return 0
+
+
+def _own_signals() -> None:
+    """The worker owns its process: SIGTERM and SIGINT are the consumer's (a graceful
+    close, then an abort), whatever the launcher set (a shell starts a background job
+    with SIGINT ignored) or the handler's module installed when it was imported."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 async def _run_async(consumer: CoordinatedConsumer, handler: Callable[..., Any]) -> None:
