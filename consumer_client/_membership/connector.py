@@ -46,8 +46,12 @@ from keyshard.consumer_client._membership.state import (
     start_response,
     stop_response,
 )
-from keyshard.consumer_client._membership.tls_errors import closed_problem, handshake_problem
 from keyshard.consumer_client._membership.unreachable import Unreachable
+from keyshard.consumer_client._membership.wrong_settings import (
+    closed_problem,
+    handshake_problem,
+    wrong_port_problem,
+)
 from keyshard.consumer_client._renamed import renamed_seconds
 from keyshard.core.model.addresses import parse_host_port
 from keyshard.core.model.positions import PositionUpdate
@@ -312,8 +316,11 @@ class Membership:
 
     def _check_refusal(self, channel: Channel, host: str, port: int) -> None:
         """`channel` closed before answering: raise `ConsumerError` when that says our
-        settings are wrong. A close right after the TLS handshake must happen twice in a
-        row: once, it may be a coordinator shutting down at that moment."""
+        settings are wrong (the address, TLS). A close right after the TLS handshake must
+        happen twice in a row: once, it may be a coordinator shutting down at that moment."""
+        wrong_port = wrong_port_problem(channel, f"{host}:{port}")
+        if wrong_port is not None:
+            raise ConsumerError(wrong_port)
         problem = closed_problem(channel, self.tls, f"{host}:{port}")
         if problem is None:
             return

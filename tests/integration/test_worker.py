@@ -340,6 +340,23 @@ async def test_connect_timeout_raises_in_the_library(coordinator: CoordinatorPro
         await asyncio.wait_for(consumer.run(lambda record: asyncio.sleep(0)), 60)
 
 
+async def test_the_admin_port_given_as_the_coordinator_is_one_line_and_exit_1(
+    coordinator: CoordinatorProcess, workers: Workers
+) -> None:
+    """The admin API answers in HTTP: said at once, naming the consumer port, not retried
+    as a frame of 1213486160 bytes."""
+    await create_topic(coordinator.bootstrap)
+    admin = f"127.0.0.1:{coordinator.admin_port}"
+    proc = workers.spawn_cli("w0", env={"KEYSHARD_COORDINATOR": admin})
+    await wait_for(lambda: proc.poll() is not None, 60, "the worker to exit")
+    assert proc.returncode == 1
+    err = workers.output("w0", "err").strip().splitlines()
+    assert len(err) == 1, err
+    assert f"{admin} answers in HTTP: it is keyshard's admin API" in err[0]
+    assert "consumers connect to the consumer port (7171 by default" in err[0]
+    assert "FRAME_TOO_LARGE" not in workers.output("w0")
+
+
 async def test_an_unknown_topic_is_one_line_and_exit_1(
     coordinator: CoordinatorProcess, workers: Workers
 ) -> None:
