@@ -36,6 +36,19 @@ log = logging.getLogger(__name__)
 Handler = Callable[[Any], Awaitable[None]]
 DeadLetter = Callable[[Any, BaseException], Awaitable[None]]
 
+#: A key in a log line: at most this many characters of it.
+KEY_LOG_CHARS = 64
+
+
+def key_for_log(key: object) -> str:
+    """A record's key as a log line names it: printable (escaped), truncated. Never the
+    value: a key identifies a record, a value is the user's data."""
+    if key is None:
+        return "no key"
+    text = key.decode("utf-8", "backslashreplace") if isinstance(key, bytes) else str(key)
+    shown = repr(text[:KEY_LOG_CHARS])
+    return f"key {shown}..." if len(text) > KEY_LOG_CHARS else f"key {shown}"
+
 
 @dataclass(slots=True)
 class WorkItem:
@@ -495,14 +508,16 @@ class KeyLanes:
                 holding = False
                 if self._dead_letter is not None and attempt >= self._retry.max_attempts:
                     log.error(
-                        "record %s@%d failed %d times, dead-lettering: %r",
-                        item.tp, item.offset, attempt, error,
+                        "record %s@%d (%s) failed %d times, dead-lettering: %r",
+                        item.tp, item.offset, key_for_log(getattr(item.record, "key", None)),
+                        attempt, error,
                     )  # fmt: skip
                     await self._dead_letter(item.record, error)
                     return True
                 log.warning(
-                    "record %s@%d failed (attempt %d): %r", item.tp, item.offset, attempt, error
-                )
+                    "record %s@%d (%s) failed (attempt %d): %r", item.tp, item.offset,
+                    key_for_log(getattr(item.record, "key", None)), attempt, error,
+                )  # fmt: skip
                 if lane.wake is None:
                     lane.wake = asyncio.Event()
                 if lane.abandoned:
