@@ -2,11 +2,12 @@
 
 `CoordinatedConsumer` is the consumer. `Membership`, `MemberHooks` and `PingReport` are
 for members that fetch on their own terms (the Spark streaming source is one): the
-member's side of the protocol without the consumer's data path.
+member's side of the protocol without the consumer's data path; `MemberState` is where a
+member is in it (`Membership.member.state`).
 
-Everything else is private, grouped by concern: `_membership` (the coordinator channel),
-`_datapath` (fetch, filter, per-key lanes, positions), `_exactly_once` (transactions),
-`_operations` (signals, probes, metrics).
+Everything else is private, grouped by concern: `_membership` (the coordinator channel
+and the member's sans-I/O state machine), `_datapath` (fetch, filter, per-key lanes,
+positions), `_exactly_once` (transactions), `_operations` (signals, probes, metrics).
 """
 
 from keyshard.consumer_client._consumer import (
