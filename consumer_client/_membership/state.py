@@ -188,6 +188,20 @@ class Registration:
 
 
 class MemberStateMachine(Generic[C]):
+    """One member's side of the protocol. The connector drives it so:
+
+    - before each round of registration attempts: `lease_ran_out` (a `Lose` to carry
+      out, or None), then `begin_discovery` (how long the round may take);
+    - on a connected channel: `begin_registration`, `register_request`; with the answer
+      `settle` (an `Adopted` or a `Fresh` to carry out), then `registered` (the requests
+      held meanwhile, to apply); on a failure `abandon_registration`, and `retry_delay`
+      once every address failed;
+    - while registered: `on_request` for each request, `watch` about the silence, `moved`
+      for each probe's answer, `released` for each stop drained, `disconnected` when the
+      channel is gone (a `Lose` or a `RideThrough`);
+    - at the end: `leave_request`.
+    """
+
     def __init__(
         self,
         *,
