@@ -20,10 +20,11 @@ from typing import Any
 
 from aiokafka.structs import ConsumerRecord
 
-from keyshard.consumer_client import CoordinatedConsumer
+from keyshard.consumer_client._datapath.assembly import DataPath, DataPathSettings
 from keyshard.consumer_client._datapath.chunk import Chunk
 from keyshard.consumer_client._datapath.lanes import KeyLanes
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
+from keyshard.consumer_client._datapath.stats import ConsumerStats
 from keyshard.core.model.hashing import slot_for_key
 from keyshard.core.model.positions import Position
 from keyshard.core.model.ranges import RangeSet, SlotRange
@@ -96,19 +97,20 @@ async def main(n: int, passes: int) -> None:
         for r in recs:
             run(TP, r.offset, 7, r.key, r, 1)
 
-    consumer = CoordinatedConsumer(
-        group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
+    # The consumer's own data path, as `CoordinatedConsumer.run` builds it; dispatching
+    # makes no Kafka call.
+    progress = ConsumerProgress()
+    path = DataPath.build(
+        noop, object(), progress, ConsumerStats(), DataPathSettings(), session=lambda: 0
     )
-    dispatcher, fetcher = consumer._dispatcher, consumer._fetcher
-    dispatcher.lanes = lanes
-    fetcher.kafka = object()  # only checked for None here
+    dispatcher, fetcher = path.dispatcher, path.fetcher
 
     native = dispatcher.native
 
     def whole() -> None:
-        consumer.progress.partitions.clear()
-        consumer.progress.partitions.update(owning_everything().partitions)
-        fetcher.dispatch([Chunk(TP, 0, consumer._session(), recs)])
+        progress.partitions.clear()
+        progress.partitions.update(owning_everything().partitions)
+        fetcher.dispatch([Chunk(TP, 0, 0, recs)])
 
     def whole_python() -> None:
         dispatcher.native = None

@@ -2,11 +2,12 @@
 
 `CoordinatedConsumer` is the consumer. `Membership`, `MemberHooks` and `PingReport` are
 for members that fetch on their own terms (the Spark streaming source is one): the
-member's side of the protocol without the consumer's data path.
+member's side of the protocol without the consumer's data path; `MemberState` is where a
+member is in it (`Membership.member.state`).
 
-Everything else is private, grouped by concern: `_membership` (the coordinator channel),
-`_datapath` (fetch, filter, per-key lanes, positions), `_exactly_once` (transactions),
-`_operations` (signals, probes, metrics).
+Everything else is private, grouped by concern: `_membership` (the coordinator channel
+and the member's sans-I/O state machine), `_datapath` (fetch, filter, per-key lanes,
+positions), `_exactly_once` (transactions), `_operations` (signals, probes, metrics).
 """
 
 from keyshard.consumer_client._consumer import (
@@ -17,7 +18,9 @@ from keyshard.consumer_client._consumer import (
 )
 from keyshard.consumer_client._datapath.lanes import RetryPolicy
 from keyshard.consumer_client._exactly_once.transactions import Outputs
-from keyshard.consumer_client._membership.connector import MemberHooks, Membership, PingReport
+from keyshard.consumer_client._membership.connector import Membership
+from keyshard.consumer_client._membership.member_hooks import MemberHooks, PingReport
+from keyshard.consumer_client._membership.state import MemberState
 from keyshard.consumer_client._operations.endpoints import ConsumerEndpoints
 from keyshard.core.security.tls import ClientTls
 
@@ -29,6 +32,7 @@ __all__ = [
     "ConsumerStats",
     "CoordinatedConsumer",
     "MemberHooks",
+    "MemberState",
     "Membership",
     "Outputs",
     "PingReport",

@@ -1,13 +1,14 @@
 """`CoordinatedConsumer`: the lightweight consumer of docs/protocol.md, over aiokafka.
 
 This class is the public API and the supervisor. Three activities run under it (`run`):
-the *connector* (`consumer_client.membership`: find the coordinator, register, answer
+the *connector* (`_membership.connector`: find the coordinator, register, answer
 Ping/StopFetcher/StartFetcher, notice a silent or lost coordinator), the *fetcher*
-(`consumer_client.fetcher`: one aiokafka consumer with manual assignment, its records
-filtered by owned slots in `consumer_client.dispatch`), and the *lanes*
-(`consumer_client.lanes`: the user's handler, per key). What the connector's requests do
-to the fetcher and the lanes is `consumer_client.callbacks`, kept off the user's class. The
-lost-connection procedure is docs/protocol.md's (§6.1 'Consumer', state LOST): stop every
+(`_datapath.fetcher`: one aiokafka consumer with manual assignment, its records filtered
+by owned slots in `_datapath.dispatch`), and the *lanes* (`_datapath.lanes`: the user's
+handler, per key). What the connector's requests do to the fetcher and the lanes is
+`_datapath.hooks`, kept off the user's class. The data path is built whole once Kafka is
+reached (`_datapath.assembly`); the membership, which outlives it, when the consumer is
+made. The lost-connection procedure is docs/protocol.md's (§6.1, state LOST): stop every
 fetcher, drop every queue, find the coordinator again, register again.
 """
 
@@ -20,16 +21,16 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.abc import AbstractTokenProvider
 
+from keyshard.consumer_client._datapath.assembly import DataPath, DataPathSettings
 from keyshard.consumer_client._datapath.dead_letters import DeadLetters
-from keyshard.consumer_client._datapath.dispatch import Dispatcher
-from keyshard.consumer_client._datapath.fetcher import Fetcher
 from keyshard.consumer_client._datapath.hooks import ConsumerHooks
-from keyshard.consumer_client._datapath.lanes import DEFAULT_RETRY, KeyLanes, RetryPolicy
+from keyshard.consumer_client._datapath.lanes import DEFAULT_RETRY, RetryPolicy
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
 from keyshard.consumer_client._datapath.stats import ConsumerStats
 from keyshard.consumer_client._errors import ConsumerError
@@ -53,6 +54,7 @@ from keyshard.consumer_client._operations.signals import (
     GracefulSignals,
     signals_to_handle,
 )
+from keyshard.consumer_client._renamed import renamed_seconds
 from keyshard.core.kafka.connect import KafkaUnreachable, start_client
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.addresses import parse_host_ports
@@ -62,6 +64,7 @@ from keyshard.core.security.tls import ClientTls
 log = logging.getLogger(__name__)
 
 AsyncHandler = Callable[[Any], Awaitable[None]]
+_T = TypeVar("_T")
 CLIENT_STOP_TIMEOUT_S = 10.0
 KAFKA_START_TIMEOUT_S = 30.0
 #: Exactly-once: how often a member commits its transaction. Lower: outputs visible
@@ -76,6 +79,86 @@ __all__ = ["ConsumerAborted", "ConsumerError", "ConsumerStats", "CoordinatedCons
 
 
 class CoordinatedConsumer:
+    """A member of a keyshard group: consumes its share of the group's key-hash ranges,
+    each key by one handler at a time, in offset order.
+
+    Every duration is in milliseconds, as in Kafka's settings. All arguments are keyword
+    arguments.
+
+    Args:
+        group (str): the group's name. Members of one group share its topics' keys; the
+            group's low-watermark positions are also committed to Kafka under this id, so
+            lag shows in the usual tools.
+        topics (list[str]): the topics to consume; at least one.
+        coordinator (str): ``HOST:PORT`` of the coordinator's consumer port (7171 by
+            default), or several, comma-separated (the replicas of a coordinator set: any
+            one names the replica that serves the group). Not the admin (HTTP) port.
+        bootstrap_servers (str): Kafka's ``host:port`` list. Default: ``bootstrap.servers``
+            of `kafka_config`.
+        kafka_config (Mapping[str, str] | KafkaSettings): Kafka client settings in Kafka's
+            own names (``security.protocol``, ``sasl.mechanism``, ``ssl.ca.location``,
+            ``isolation.level``, ...), checked when the consumer is made. Default: none
+            (plaintext, ``read_committed``).
+        kafka_token_provider (AbstractTokenProvider): aiokafka's token provider for
+            ``sasl.mechanism=OAUTHBEARER``. Default: None.
+        name (str): this member's name in the coordinator's views and in log lines.
+            Default: ``"consumer"``.
+        max_concurrency (int): records handled at once, each of a different key (per-key
+            lanes); also the thread pool of `run_sync`. Default: 64.
+        session_timeout_ms (int): the lease. A member that hears nothing from a
+            coordinator for this long stops processing; a coordinator gives a silent
+            member's ranges to others only after it (plus a margin), so no key ever has
+            two owners. Shorter: a crashed member's keys move sooner; longer: pauses
+            (GC, a slow network) are survived. 1000..300000. Default: 10000.
+        capacity (int): this member's weight in the assignment (a member of capacity 2
+            gets about twice the slots of one of capacity 1). 1..100000. Default: 1.
+        auth_token (str): the token the coordinator requires (``--auth-token``), sent at
+            registration. Default: None.
+        coordinator_tls (ClientTls): TLS for the coordinator's channel, when it runs TLS
+            (``--tls-cert-file``). Default: None (plain TCP).
+        dead_letter_topic (str): where a record goes once its handler failed
+            `retry.max_attempts` times, so its key moves on. Default: None (retried until
+            it succeeds; its key waits meanwhile).
+        retry (RetryPolicy): how a failing record is retried. Default: `RetryPolicy()`
+            (50 ms doubling up to 5000 ms, 5 attempts).
+        ordering_header (str): the record header whose value is the ordering key, when
+            present (otherwise the record key). Default: ``"ordering-key"``.
+        max_pending (int): records fetched and not yet acknowledged, at most; fetching
+            pauses at this many. Bounds memory and the work a crash repeats. Default:
+            ``max(1000, 16 * max_concurrency)``.
+        drain_timeout_ms (int): how long `close()` waits for handlers in flight before it
+            leaves the group anyway (the next owners then process those records again).
+            Default: 30000.
+        fetch_max_wait_ms (int): Kafka's ``fetch.max.wait.ms``: how long a fetch waits
+            for records. Some brokers (Tansu) hold a fetch for about half of it even when
+            records are waiting, so it bounds delivery latency there. Default: 100.
+        replay_window (int): records held per partition so that a range granted a little
+            behind the fetch position is replayed from memory rather than fetched again
+            (broker egress). 0 turns it off. Default: 10000.
+        handle_signals (bool): SIGTERM and SIGINT close gracefully (drain, then leave with
+            exact positions), a second one aborts. Taken only in the main thread, and each
+            only when the app has no handler of its own for it (an ignored signal is not
+            one); a signal left alone is said in one INFO log line. Default: True.
+        connect_timeout_ms (int): how long the coordinator or Kafka may stay unreachable
+            before `run()` raises `ConsumerError`. Default: None (retry forever, warning
+            at once and then every 30 s, as a pod waiting for its coordinator should).
+        metrics_listen (str): ``HOST:PORT`` to serve ``/healthz``, ``/readyz`` and
+            ``/metrics`` (Prometheus) on while `run()` runs. Default: None (not served).
+        transactional_id_prefix (str): exactly-once read-process-write: the prefix of
+            this member's Kafka transactional ids (1..100 of ``A-Z a-z 0-9 . _ -``);
+            run with `run_exactly_once`. Default: None.
+        transaction_interval_ms (int): exactly-once: how often the transaction commits.
+            Lower: outputs visible sooner; higher: fewer commits per record. 1..30000.
+            Default: 100.
+        transaction_log_topic (str): exactly-once: the topic recording which
+            transactional id held which slots. Default: ``"__keyshard_transactions"``.
+
+    Deprecated (one release): ``drain_timeout_s`` and ``connect_timeout_s``, the same in
+    seconds; passing one warns (`DeprecationWarning`), passing it with its new name is a
+    `TypeError`.
+    """
+
+    @renamed_seconds(drain_timeout_s="drain_timeout_ms", connect_timeout_s="connect_timeout_ms")
     def __init__(
         self,
         *,
@@ -90,28 +173,21 @@ class CoordinatedConsumer:
         session_timeout_ms: int = 10_000,
         capacity: int = 1,
         auth_token: str | None = None,
-        coordinator_tls: ClientTls | None = None,  # the coordinator's channel runs TLS
+        coordinator_tls: ClientTls | None = None,
         dead_letter_topic: str | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         ordering_header: str = ORDERING_KEY_HEADER,
         max_pending: int | None = None,
-        drain_timeout_s: float = 30.0,
+        drain_timeout_ms: int = 30_000,
         fetch_max_wait_ms: int = 100,
         replay_window: int = 10_000,
         handle_signals: bool = True,
-        connect_timeout_s: float | None = None,
+        connect_timeout_ms: int | None = None,
         metrics_listen: str | None = None,
-        transactional_id_prefix: str | None = None,  # exactly-once: see run_exactly_once
+        transactional_id_prefix: str | None = None,
         transaction_interval_ms: int = DEFAULT_TRANSACTION_INTERVAL_MS,
         transaction_log_topic: str = TXN_LOG_TOPIC,
     ) -> None:
-        """`handle_signals`: SIGTERM/SIGINT close gracefully, a second one aborts
-        (`consumer_client.signals`; only in the main thread, and only when the app has no
-        handlers of its own). `connect_timeout_s`: how long the coordinator or Kafka may
-        stay unreachable before `run()` raises `ConsumerError` (None: retry forever,
-        warning at once and then every 30 s). `metrics_listen`: HOST:PORT to serve
-        /healthz, /readyz and /metrics on while `run()` runs (`consumer_client.endpoints`).
-        """
         if not topics:
             raise ValueError("topics must name at least one topic")
         if max_concurrency < 1:
@@ -122,6 +198,8 @@ class CoordinatedConsumer:
             raise ValueError(f"capacity={capacity} is outside 1..100000")
         if replay_window < 0:
             raise ValueError(f"replay_window={replay_window} must be >= 0 (0 turns it off)")
+        if drain_timeout_ms < 0:
+            raise ValueError(f"drain_timeout_ms={drain_timeout_ms} must be >= 0")
         if transactional_id_prefix is not None and not _TXID_PREFIX.fullmatch(
             transactional_id_prefix
         ):
@@ -158,39 +236,27 @@ class CoordinatedConsumer:
         self.retry = retry
         self.ordering_header = ordering_header
         self.max_pending = max_pending or max(1000, 16 * max_concurrency)
-        self.drain_timeout_s = drain_timeout_s
-        # Some brokers (Tansu) hold a fetch for about half of this even when records are
-        # waiting, so it bounds delivery latency; on Kafka it only matters when idle.
+        self.drain_timeout_ms = drain_timeout_ms
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.replay_window = replay_window
         self.handle_signals = handle_signals
-        self.connect_timeout_s = connect_timeout_s
+        self.connect_timeout_ms = connect_timeout_ms
         self.transactional_id_prefix = transactional_id_prefix
         self.transaction_interval_ms = transaction_interval_ms
         self.transaction_log_topic = transaction_log_topic
-        # The exactly-once writer, made by `run_exactly_once` (it needs the running loop).
-        self.writer: TransactionalWriter | None = None
         self.progress = ConsumerProgress()
         self.stats = ConsumerStats()
-        self._dispatcher = Dispatcher(
-            self.progress,
-            self.stats,
-            ordering_header=ordering_header,
-            session=self._session,
-            acked=self._acked,
-        )
-        self._fetcher = Fetcher(
-            self.progress,
-            self.stats,
-            self._dispatcher,
+        self._settings = DataPathSettings(
             name=name,
+            max_concurrency=max_concurrency,
             max_pending=self.max_pending,
             replay_window=replay_window,
-            session=self._session,
+            ordering_header=ordering_header,
+            retry=retry,
+            read_committed=self.kafka.isolation_level == "read_committed",
         )
-        self._callbacks = ConsumerHooks(self.progress, self._fetcher, self._dispatcher)
+        # Made now: a missing or bad TLS file is a TlsConfigError here, not when running.
         self._membership = Membership(
-            self._callbacks,
             group=group,
             topics=self.topics,
             coordinators=self.coordinators,
@@ -199,18 +265,19 @@ class CoordinatedConsumer:
             capacity=capacity,
             auth_token=auth_token,
             tls=coordinator_tls,
-            connect_timeout_s=connect_timeout_s,
+            connect_timeout_ms=connect_timeout_ms,
         )
-        self._kafka_unreachable = Unreachable(log, "Kafka", connect_timeout_s=connect_timeout_s)
+        # What `run` is made of once Kafka is reached (None before, and when it did not).
+        self._running: _Running | None = None
+        self._kafka_unreachable = Unreachable(log, "Kafka", connect_timeout_ms=connect_timeout_ms)
         self.metrics: ConsumerMetrics | None = None
         self.endpoints: ConsumerEndpoints | None = None
         if metrics_listen is not None:
             self.metrics = ConsumerMetrics()
             self.metrics.prime(self.topics)
             self.endpoints = ConsumerEndpoints(
-                self.metrics, self.snapshot, session_timeout_ms / 1000, metrics_listen
+                self.metrics, self.snapshot, session_timeout_ms, metrics_listen
             )
-        self._dead_letters: DeadLetters | None = None
         self._closing = False
         self._close_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
@@ -232,7 +299,7 @@ class CoordinatedConsumer:
             raise ValueError(
                 "this consumer has a transactional_id_prefix: run it with run_exactly_once"
             )
-        await self._serve(handler)
+        await self._serve(handler, None)
 
     async def run_exactly_once(self, handler: ExactlyOnceHandler) -> None:
         """Exactly-once read-process-write: `await handler(record, outputs)`, where every
@@ -242,7 +309,7 @@ class CoordinatedConsumer:
         as for `run`."""
         if self.transactional_id_prefix is None:
             raise ValueError("run_exactly_once needs transactional_id_prefix=...")
-        self.writer = TransactionalWriter(
+        writer = TransactionalWriter(
             progress=self.progress,
             txn_log=TxnLog(
                 bootstrap=self.bootstrap_servers,
@@ -256,140 +323,7 @@ class CoordinatedConsumer:
             name=self.name,
             interval_ms=self.transaction_interval_ms,
         )
-        self._membership.hooks = TransactionalHooks(
-            self.writer, self.progress, self._fetcher, self._dispatcher
-        )
-        await self._serve(self.writer.wrap(handler))
-
-    async def _serve(self, handler: AsyncHandler) -> None:
-        """Signals and endpoints around `_run`."""
-        loop = self._loop = asyncio.get_running_loop()
-        aborted: asyncio.Future[None] = loop.create_future()
-        signals = None
-        if self.handle_signals and (wanted := signals_to_handle()):
-            signals = GracefulSignals(
-                loop, self.name, close=self.request_stop, abort=lambda: _abort(aborted)
-            )
-            signals.install(wanted)
-        try:
-            if self.endpoints is not None:
-                await self.endpoints.start()
-            await self._run(handler, aborted)
-        finally:
-            if signals is not None:
-                signals.remove()
-            aborted.cancel()
-            close_task = self._close_task
-            if close_task is not None and not close_task.done():
-                close_task.cancel()  # aborted mid-drain
-                with contextlib.suppress(asyncio.CancelledError):
-                    await close_task
-            if self.endpoints is not None:
-                await self.endpoints.stop()
-
-    async def _run(self, handler: AsyncHandler, aborted: asyncio.Future[None]) -> None:
-        dead_letter: DeadLetter | None = None
-        if self.dead_letter_topic:
-            self._dead_letters = DeadLetters(
-                self.bootstrap_servers, self.dead_letter_topic, self.kafka.client_options()
-            )
-            dead_letter = self._dead_letters.send
-        if self.metrics is not None:
-            handler = self.metrics.wrap(handler)
-            if dead_letter is not None:
-                dead_letter = self.metrics.wrap_dead_letter(dead_letter)
-        self._dispatcher.lanes = KeyLanes(
-            handler,
-            max_concurrency=self.max_concurrency,
-            on_done=self._dispatcher.on_done,
-            retry=self.retry,
-            dead_letter=dead_letter,
-        )
-        try:
-            started = await self._until_stopped(self._start_kafka(), aborted)
-        except BaseException:  # refused (credentials, no transactions) or aborted
-            await self._shutdown_clients()
-            raise
-        if not started:
-            await self._shutdown_clients()  # stopped before Kafka was reached
-            return
-        connector = asyncio.create_task(self._membership.run(), name=f"{self.name}-connector")
-        self._fetcher.start()
-        assert self._fetcher.failed is not None
-        fetch_failed = self._fetcher.failed
-        stopped: asyncio.Future[Any] = asyncio.create_task(self._stopped.wait())
-        waits = {connector, fetch_failed, stopped}
-        if self.writer is not None:
-            waits.add(self.writer.failed)
-        try:
-            done, _ = await asyncio.wait(waits | {aborted}, return_when=asyncio.FIRST_COMPLETED)
-            for finished in done:
-                if finished is not stopped and finished.exception() is not None:
-                    raise finished.exception()  # type: ignore[misc]
-        finally:
-            fetch_failed.cancel()
-            tasks = [connector, stopped, *self._fetcher.tasks()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self._shutdown_clients()
-
-    async def _until_stopped(self, step: Awaitable[None], aborted: asyncio.Future[None]) -> bool:
-        """Run `step` unless a close or an abort comes first (a SIGTERM while Kafka is
-        still being retried must not wait for Kafka): True when it completed."""
-        running = asyncio.ensure_future(step)
-        stopped: asyncio.Future[Any] = asyncio.ensure_future(self._stopped.wait())
-        waiters: set[asyncio.Future[Any]] = {running, stopped, aborted}
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (running, stopped):
-                if not task.done():
-                    task.cancel()
-            await asyncio.gather(running, stopped, return_exceptions=True)
-        if aborted.done():
-            aborted.result()  # raises ConsumerAborted
-        if running.cancelled():
-            return False
-        running.result()  # raises what the step raised
-        return True
-
-    async def _start_kafka(self) -> None:
-        """Start the Kafka clients, retrying while Kafka cannot be reached (warned about
-        at once, then every 30 s) until `connect_timeout_s`; a lasting problem (bad
-        credentials, TLS) is a `ConsumerError` at once."""
-        self._fetcher.read_committed = self.kafka.isolation_level == "read_committed"
-        while True:
-            kafka = self._fetcher.kafka = AIOKafkaConsumer(
-                bootstrap_servers=self.bootstrap_servers,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                fetch_max_wait_ms=self.fetch_max_wait_ms,
-                **self.kafka.consumer_options(),
-            )
-            try:
-                await start_client(
-                    kafka, self.bootstrap_servers, self.kafka, "consumer", KAFKA_START_TIMEOUT_S
-                )
-                if self._dead_letters is not None:
-                    await self._dead_letters.start()
-                if self.writer is not None:
-                    await self.writer.start()
-            except KafkaUnreachable as err:
-                # The consumer may have started before a later client failed: stop it.
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(kafka.stop(), CLIENT_STOP_TIMEOUT_S)
-                self._fetcher.kafka = None
-                if err.lasting:
-                    raise ConsumerError(str(err)) from None
-                # The diagnosis says "consumer: cannot reach Kafka at X: why": keep the why.
-                detail = str(err).removeprefix("consumer: ")
-                detail = detail.removeprefix(f"cannot reach Kafka at {self.bootstrap_servers}: ")
-                self._kafka_unreachable.failed(self.bootstrap_servers, detail)
-                await asyncio.sleep(KAFKA_RETRY_S)
-                continue
-            self._kafka_unreachable.succeeded()
-            return
+        await self._serve(writer.wrap(handler), writer)
 
     def run_sync(self, fn: Callable[[Any], None]) -> None:
         """Blocking variant for plain functions, run in a pool of `max_concurrency` threads."""
@@ -408,10 +342,6 @@ class CoordinatedConsumer:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._begin_close)
 
-    def _begin_close(self) -> None:
-        if self._close_task is None:
-            self._close_task = asyncio.ensure_future(self.close())
-
     async def close(self) -> None:
         """Graceful: stop dispatching, let in-flight records finish, report exact positions
         in a Leave so the next owners start where this one stopped (no duplicates)."""
@@ -419,40 +349,41 @@ class CoordinatedConsumer:
             await self._stopped.wait()
             return
         self._closing = True
-        self._fetcher.closing = True
-        self._membership.closing = True
+        self._membership.member.begin_closing()
+        running = self._running
         try:
-            lanes = self._dispatcher.lanes
-            if lanes is not None:
+            if running is not None:
+                running.path.fetcher.closing = True
                 self.progress.begin_stop(self.progress.owned)
-                lanes.drop()
-                await lanes.wait_idle(timeout=self.drain_timeout_s)
-            if self.writer is not None:
-                # Commit what is done and claim nothing more: the Leave reports committed
-                # positions only. A failed writer leaves no report (the coordinator keeps
-                # the committed positions it had).
-                try:
-                    await self.writer.commit(releasing=self.writer.owned(), force=True)
-                except ConsumerError:
-                    return
+                running.path.lanes.drop()
+                await running.path.lanes.wait_idle(timeout=self.drain_timeout_ms / 1000)
+                if running.writer is not None:
+                    # Commit what is done and claim nothing more: the Leave reports
+                    # committed positions only. A failed writer leaves no report (the
+                    # coordinator keeps the committed positions it had).
+                    try:
+                        await running.writer.commit(releasing=running.writer.owned(), force=True)
+                    except ConsumerError:
+                        return
             await self._membership.leave(self.progress.positions())
         finally:
             self._stopped.set()
 
     def snapshot(self) -> ConsumerSnapshot:
         """What this consumer holds now (the endpoints take one a second, on the loop)."""
-        lanes = self._dispatcher.lanes
+        running = self._running
+        lanes = running.path.lanes if running is not None else None
         return ConsumerSnapshot(
             taken=time.monotonic(),
             # A member riding through a coordinator failover keeps its member id (and
             # its ranges) while its lease lasts: still a member, as readiness should say.
-            registered=self._membership.member_id is not None,
+            registered=self.member_id is not None,
             closing=self._closing,
             heard_ago=self._membership.heard_ago(),
             in_flight=len(lanes.in_flight()) if lanes is not None else 0,
             busy_lanes=len(lanes.busy_keys) if lanes is not None else 0,
             owned_slots=self.progress.owned.size,
-            lag=self._fetcher.fetch_lag(),
+            lag=running.path.fetcher.fetch_lag() if running is not None else {},
             reads=self.stats.as_dict(),
         )
 
@@ -465,34 +396,200 @@ class CoordinatedConsumer:
 
     @property
     def member_id(self) -> str | None:
-        return self._membership.member_id
+        return self._membership.member.member_id
 
     @property
     def epoch(self) -> int:
-        return self._membership.epoch
+        return self._membership.member.epoch
 
     # ---- supervision ----------------------------------------------------------------
 
+    async def _serve(self, handler: AsyncHandler, writer: TransactionalWriter | None) -> None:
+        """Signals and endpoints around `_run`."""
+        loop = self._loop = asyncio.get_running_loop()
+        aborted: asyncio.Future[None] = loop.create_future()
+        signals = None
+        choice = signals_to_handle(self.handle_signals)
+        if (left := choice.explain()) is not None:
+            log.info("%s: %s", self.name, left)
+        if choice.take:
+            signals = GracefulSignals(
+                loop, self.name, close=self.request_stop, abort=lambda: _abort(aborted)
+            )
+            signals.install(choice.take)
+        try:
+            if self.endpoints is not None:
+                await self.endpoints.start()
+            await self._run(handler, writer, aborted)
+        finally:
+            if signals is not None:
+                signals.remove()
+            aborted.cancel()
+            close_task = self._close_task
+            if close_task is not None and not close_task.done():
+                close_task.cancel()  # aborted mid-drain
+                with contextlib.suppress(asyncio.CancelledError):
+                    await close_task
+            if self.endpoints is not None:
+                await self.endpoints.stop()
+
+    async def _run(
+        self,
+        handler: AsyncHandler,
+        writer: TransactionalWriter | None,
+        aborted: asyncio.Future[None],
+    ) -> None:
+        """Reach Kafka, build the data path on it, then let the connector, the fetcher and
+        the writer run until one fails, a close completes or a second signal aborts."""
+        dead_letters = None
+        dead_letter: DeadLetter | None = None
+        if self.dead_letter_topic:
+            dead_letters = DeadLetters(
+                self.bootstrap_servers, self.dead_letter_topic, self.kafka.client_options()
+            )
+            dead_letter = dead_letters.send
+        if self.metrics is not None:
+            handler = self.metrics.wrap(handler)
+            if dead_letter is not None:
+                dead_letter = self.metrics.wrap_dead_letter(dead_letter)
+        try:
+            kafka = await self._until_stopped(self._start_kafka(dead_letters, writer), aborted)
+        except BaseException:  # refused (credentials, no transactions) or aborted
+            await self._stop_clients(None, dead_letters, writer)
+            raise
+        if kafka is None or self._closing:  # stopped before (or as) Kafka was reached
+            if kafka is not None:
+                await _stop_quietly(kafka)
+            await self._stop_clients(None, dead_letters, writer)
+            return
+        path = DataPath.build(
+            handler, kafka, self.progress, self.stats, self._settings,
+            session=self._session, dead_letter=dead_letter,
+        )  # fmt: skip
+        hooks = (
+            ConsumerHooks(self.progress, path.fetcher, path.dispatcher)
+            if writer is None
+            else TransactionalHooks(writer, self.progress, path.fetcher, path.dispatcher)
+        )
+        running = self._running = _Running(path, writer)
+        connector = asyncio.create_task(self._membership.run(hooks), name=f"{self.name}-connector")
+        path.fetcher.start()
+        assert path.fetcher.failed is not None
+        fetch_failed = path.fetcher.failed
+        stopped: asyncio.Future[Any] = asyncio.create_task(self._stopped.wait())
+        waits = {connector, fetch_failed, stopped}
+        if writer is not None:
+            waits.add(writer.failed)
+        try:
+            done, _ = await asyncio.wait(waits | {aborted}, return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:
+                if finished is not stopped and finished.exception() is not None:
+                    raise finished.exception()  # type: ignore[misc]
+        finally:
+            fetch_failed.cancel()
+            tasks = [connector, stopped, *path.fetcher.tasks()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stop_clients(running, dead_letters, writer)
+
+    async def _until_stopped(self, step: Awaitable[_T], aborted: asyncio.Future[None]) -> _T | None:
+        """Run `step` unless a close or an abort comes first (a SIGTERM while Kafka is
+        still being retried must not wait for Kafka): its result, or None when it was cut
+        short."""
+        running = asyncio.ensure_future(step)
+        stopped: asyncio.Future[Any] = asyncio.ensure_future(self._stopped.wait())
+        waiters: set[asyncio.Future[Any]] = {running, stopped, aborted}
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (running, stopped):
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(running, stopped, return_exceptions=True)
+        if aborted.done():
+            aborted.result()  # raises ConsumerAborted
+        if running.cancelled():
+            return None
+        return running.result()  # raises what the step raised
+
+    async def _start_kafka(
+        self, dead_letters: DeadLetters | None, writer: TransactionalWriter | None
+    ) -> AIOKafkaConsumer:
+        """The started Kafka consumer (and dead-letter and transactional producers),
+        retried while Kafka cannot be reached (warned about at once, then every 30 s)
+        until `connect_timeout_ms`; a lasting problem (bad credentials, TLS) is a
+        `ConsumerError` at once."""
+        while True:
+            kafka = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap_servers,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                fetch_max_wait_ms=self.fetch_max_wait_ms,
+                **self.kafka.consumer_options(),
+            )
+            try:
+                await start_client(
+                    kafka, self.bootstrap_servers, self.kafka, "consumer", KAFKA_START_TIMEOUT_S
+                )
+                if dead_letters is not None:
+                    await dead_letters.start()
+                if writer is not None:
+                    await writer.start()
+            except KafkaUnreachable as err:
+                # The consumer may have started before a later client failed: stop it.
+                await _stop_quietly(kafka)
+                if err.lasting:
+                    raise ConsumerError(str(err)) from None
+                # The diagnosis says "consumer: cannot reach Kafka at X: why": keep the why.
+                detail = str(err).removeprefix("consumer: ")
+                detail = detail.removeprefix(f"cannot reach Kafka at {self.bootstrap_servers}: ")
+                self._kafka_unreachable.failed(self.bootstrap_servers, detail)
+                await asyncio.sleep(KAFKA_RETRY_S)
+                continue
+            except BaseException:
+                await _stop_quietly(kafka)
+                raise
+            self._kafka_unreachable.succeeded()
+            return kafka
+
+    def _begin_close(self) -> None:
+        if self._close_task is None:
+            self._close_task = asyncio.ensure_future(self.close())
+
     def _session(self) -> int:
-        return self._membership.session
+        return self._membership.member.session
 
-    def _acked(self) -> None:
-        self._fetcher.room.set()
-
-    async def _shutdown_clients(self) -> None:
-        if self.writer is not None:  # first: commits cut short from here on are no failure
-            await self.writer.stop()
+    async def _stop_clients(
+        self,
+        running: _Running | None,
+        dead_letters: DeadLetters | None,
+        writer: TransactionalWriter | None,
+    ) -> None:
+        if writer is not None:  # first: commits cut short from here on are no failure
+            await writer.stop()
         for task in list(self._membership.tasks):
             task.cancel()
-        if self._dispatcher.lanes is not None:
-            await self._dispatcher.lanes.abort()
-        if self._fetcher.kafka is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._fetcher.kafka.stop(), CLIENT_STOP_TIMEOUT_S)
-        if self._dead_letters is not None:
-            await self._dead_letters.stop()
+        if running is not None:
+            await running.path.lanes.abort()
+            await _stop_quietly(running.path.fetcher.kafka)
+        if dead_letters is not None:
+            await dead_letters.stop()
         if self._membership.channel is not None:
             await self._membership.channel.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class _Running:
+    """What one `run` is made of, built once Kafka is reached."""
+
+    path: DataPath
+    writer: TransactionalWriter | None
+
+
+async def _stop_quietly(kafka: AIOKafkaConsumer) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(kafka.stop(), CLIENT_STOP_TIMEOUT_S)
 
 
 def _abort(aborted: asyncio.Future[None]) -> None:

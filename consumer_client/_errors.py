@@ -5,4 +5,4 @@ from __future__ import annotations
 
 class ConsumerError(RuntimeError):
     """A condition the consumer cannot recover from by re-registering (bad config,
-    unknown topic, wrong token, nothing reachable within `connect_timeout_s`)."""
+    unknown topic, wrong token, nothing reachable within `connect_timeout_ms`)."""

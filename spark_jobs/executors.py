@@ -193,7 +193,9 @@ async def consume_until(
         session_timeout_ms=settings.session_timeout_ms,
         capacity=settings.capacity,
         coordinator_tls=settings.coordinator_tls,
-        connect_timeout_s=settings.connect_timeout_s,
+        connect_timeout_ms=(
+            None if settings.connect_timeout_s is None else round(settings.connect_timeout_s * 1000)
+        ),
         # Spark owns its Python workers' signals: it stops a task by interrupting it.
         handle_signals=False,
     )

@@ -153,7 +153,6 @@ class MemberRuntime:
         ends = await asyncio.wait_for(consumer.end_offsets(ktps), s.connect_timeout)
         self.high_watermarks = {(k.topic, k.partition): int(v) for k, v in ends.items()}
         self.membership = Membership(
-            self,
             group=s.group,
             topics=s.topics,
             coordinators=s.coordinators,
@@ -163,7 +162,7 @@ class MemberRuntime:
             auth_token=s.auth_token,
             tls=s.coordinator_tls,
         )
-        self.member_task = asyncio.ensure_future(self.membership.run())
+        self.member_task = asyncio.ensure_future(self.membership.run(self))
         registered = asyncio.ensure_future(self.membership.registered.wait())
         done, _ = await asyncio.wait(
             {self.member_task, registered},

@@ -3,7 +3,7 @@
 For each record: the ordering key (header or record key), its slot, the fetch filter of
 the grant that owns the slot (`PartitionProgress.accept`), then `KeyLanes.dispatch`,
 which starts it inline when its key is idle. `dispatch_records` is the reference
-implementation of that loop; the C fast path (`consumer_client.fastpath`) does the same
+implementation of that loop; the C fast path (`_datapath.fastpath`) does the same
 for the common case and hands it every record it does not handle.
 """
 
@@ -23,12 +23,16 @@ from keyshard.consumer_client._datapath.progress import (
 from keyshard.consumer_client._datapath.stats import ConsumerStats
 from keyshard.core.model.hashing import LOAD_BUCKET_SHIFT, SLOT_COUNT, ordering_key, slot_for_key
 
+#: Makes the lanes that run the user's handler, given what to call when one completes.
+LanesFactory = Callable[[Callable[[WorkItem], None]], KeyLanes]
+
 
 class Dispatcher:
     def __init__(
         self,
         progress: ConsumerProgress,
         stats: ConsumerStats,
+        make_lanes: LanesFactory,
         *,
         ordering_header: str,
         session: Callable[[], int],
@@ -39,14 +43,14 @@ class Dispatcher:
         self.ordering_header = ordering_header
         # The C fast path, or None for the Python loop only.
         self.native: ModuleType | None = fastpath.NATIVE
-        # The user's handler in lanes; set by `CoordinatedConsumer.run`.
-        self.lanes: KeyLanes | None = None
         # Handler completions per load bucket since the last Ping: an int64 array, not a
-        # Counter (`counter[b] += 1` cost more than the fetch filter), which the C fast
+        # Counter (`counter[b] += 1` costs more than the fetch filter), which the C fast
         # path increments in place.
         self.load = bucket_counts()
         self._session = session  # the current registration: older work is stale
         self._acked = acked  # room for a fetcher held back by `max_pending`
+        # The user's handler, per key; their completions are acknowledged here.
+        self.lanes = make_lanes(self.on_done)
 
     def take_load(self) -> dict[int, int]:
         """Completions per load bucket since the last call (what a Ping reply reports)."""
@@ -57,15 +61,12 @@ class Dispatcher:
         """Records completed in lanes since the last call and their handler time in
         milliseconds of the whole concurrency (`KeyLanes.take_busy`): a Ping reply's
         `busy_records` and `busy_ms`, the member's speed."""
-        if self.lanes is None:
-            return 0, 0
         done, busy_s = self.lanes.take_busy()
         return done, round(busy_s * 1000)
 
     def dispatch_chunk(self, chunk: Chunk, progress: PartitionProgress) -> Suspended | None:
         """Dispatch the rest of `chunk`; stops at the first handler that suspends inline
         (the calling task must adopt it). Synchronous: nothing else runs meanwhile."""
-        assert self.lanes is not None
         if self.native is not None and chunk.replay is None:
             return fastpath.dispatch_chunk(
                 self.native, chunk, progress, self.lanes, self.ordering_header, self.load,
@@ -78,7 +79,6 @@ class Dispatcher:
     ) -> Suspended | None:
         """Filter and dispatch `chunk.records[chunk.next:end]`: the reference
         implementation of the per-record path."""
-        assert self.lanes is not None
         dispatch, header = self.lanes.dispatch, self.ordering_header
         unkeyed = self.lanes.lane_key
         load = self.load

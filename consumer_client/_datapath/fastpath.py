@@ -1,10 +1,10 @@
 """The driver of the C fast path of the consumer's per-record loop.
 
-`consumer_client._fastpath.run` (C) handles the common case of a chunk's records - exact
+`_datapath._fastpath.run` (C) handles the common case of a chunk's records - exact
 `bytes` keys, grants decided by their table, idle keys, handlers that finish, suspend or
 fail at their first step - and stops at any record it does not handle *before* touching
 it; `dispatch_chunk` then has the Python loop (the reference implementation,
-`consumer_client.dispatch.Dispatcher.dispatch_records`, passed in as `slow`) do that one
+`_datapath.dispatch.Dispatcher.dispatch_records`, passed in as `slow`) do that one
 record and calls C again from the next one. Without the extension (no compiler at
 install time) or with `KEYSHARD_PURE_PYTHON=1` in the environment, `NATIVE` is None and
 the consumer uses only the Python loop.

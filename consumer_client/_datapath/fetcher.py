@@ -2,9 +2,9 @@
 
 The fetcher reads each partition from the lowest position any grant needs and hands the
 records to the dispatcher in fetch order, chunk by chunk. It keeps a replay window of
-recent records per partition (`consumer_client.replay`), so a grant a little behind the
-fetch position replays them from memory instead of seeking back; and it applies
-StartFetcher (`grant`) and StopFetcher (`pause_idle`) to the Kafka client's assignment.
+recent records per partition (`_datapath.window`), so a grant a little behind the fetch
+position replays them from memory instead of seeking back; and it applies StartFetcher
+(`grant`) and StopFetcher (`pause_idle`) to the Kafka client's assignment.
 """
 
 from __future__ import annotations
@@ -54,32 +54,36 @@ class Fetcher:
         progress: ConsumerProgress,
         stats: ConsumerStats,
         dispatcher: Dispatcher,
+        kafka: AIOKafkaConsumer,
         *,
         name: str,
         max_pending: int,
         replay_window: int,
+        read_committed: bool,
         session: Callable[[], int],
+        room: asyncio.Event,
     ) -> None:
         self.progress = progress
         self.stats = stats
         self.dispatcher = dispatcher
+        self.kafka = kafka  # started, with manual assignment
         self.name = name
         self.max_pending = max_pending
         # Fetched records held per partition so a grant a little behind the fetch position
-        # replays them instead of rewinding the partition (consumer_client.replay).
+        # replays them instead of rewinding the partition (`_datapath.window`).
         self.replay_window = replay_window
+        # Reading committed data only: the partition end that bounds what can be read is
+        # the last stable offset (see `high_watermarks`).
+        self.read_committed = read_committed
         self._session = session  # the current registration: older work is stale
-        self.kafka: AIOKafkaConsumer | None = None  # set by `CoordinatedConsumer.run`
-        # Reading committed data only (the default): the partition end that bounds what
-        # can be read is the last stable offset (see `high_watermarks`).
-        self.read_committed = True
         self.closing = False
         self.windows: dict[TopicPartition, ReplayWindow] = {}
         # The offset after the last record fetched per partition: the fetch lag metric.
         self.fetched_upto: dict[TopicPartition, int] = {}
-        # Set whenever a fetcher held back by `max_pending` should look again: an ack, a
-        # lost session, a replay queued (its records are owed, not new work).
-        self.room = asyncio.Event()
+        # Set whenever a fetcher held back by `max_pending` should look again: an ack (the
+        # dispatcher's), a lost session, a replay queued (its records are owed, not new
+        # work).
+        self.room = room
         # Fetched (or replayed) records not dispatched yet, shared by successive fetcher
         # tasks; a replay is put at its front (all of it lies below what is queued).
         self.backlog: list[Chunk] = []
@@ -107,7 +111,7 @@ class Fetcher:
         return [t for t in (self._task, inflight) if t is not None]
 
     async def _run(self) -> None:
-        assert self.failed is not None and self.dispatcher.lanes is not None
+        assert self.failed is not None
         try:
             suspended = await self.fetch()
         except asyncio.CancelledError:
@@ -126,7 +130,6 @@ class Fetcher:
     async def fetch(self) -> Suspended | None:
         """Fetch and dispatch until closing (None) or until a handler suspends inline (the
         `Suspended`, after starting the next fetcher task on what is left)."""
-        assert self.kafka is not None
         kafka, backlog = self.kafka, self.backlog
         clock = asyncio.get_running_loop().time
         turn = clock()  # when the other tasks last had a turn
@@ -139,8 +142,8 @@ class Fetcher:
                     self.start()
                     return suspended
                 # While records are buffered getmany does not suspend, and handlers that
-                # finish inline do not either: without this nothing else would ever run
-                # (the connector left Pings unanswered). At most a batch past 20 ms.
+                # finish inline do not either: without this nothing else would run (the
+                # connector would leave Pings unanswered). At most a batch past 20 ms.
                 if clock() - turn >= _MAX_TURN_S:
                     await asyncio.sleep(0)
                     turn = clock()
@@ -193,7 +196,6 @@ class Fetcher:
         only passed once a later record arrives, so a partition ending in a commit
         marker would keep its positions one short of the end: lag that never clears,
         and a position that is not the partition's end in the tools."""
-        assert self.kafka is not None
         queued = {chunk.tp for chunk in self.backlog}
         for tp, progress in list(self.progress.partitions.items()):
             if not progress.grants or tp in queued:
@@ -205,9 +207,9 @@ class Fetcher:
 
     def _fit_batch(self, took: float) -> None:
         """Handlers that finish inline run synchronously, a whole batch in one turn of the
-        event loop: with 1 ms of CPU each, 2,000 records blocked it for 2 s (Pings and
-        StopFetchers waited). Halve the batch while one takes longer than a turn should,
-        grow it back while they are quick."""
+        event loop: with 1 ms of CPU each, 2,000 records would block it for 2 s (Pings
+        and StopFetchers waiting). Halve the batch while one takes longer than a turn
+        should, grow it back while they are quick."""
         if took > _MAX_TURN_S:
             self._batch = max(_MIN_BATCH, self._batch // 2)
         elif took < _MAX_TURN_S / 4:
@@ -276,8 +278,6 @@ class Fetcher:
             self.room.set()
             if self._waker is not None:
                 _wake(self._waker, None)
-        if self.kafka is None:
-            return
         wanted = {KafkaTP(*tp) for tp in self.progress.partitions}
         current = set(self.kafka.assignment())
         if not wanted <= current:
@@ -288,19 +288,16 @@ class Fetcher:
 
     def pause_idle(self) -> None:
         """After a StopFetcher: partitions with no grant left are not fetched."""
-        if self.kafka is not None:
-            idle = [KafkaTP(*tp) for tp, p in self.progress.partitions.items() if not p.grants]
-            if idle:
-                self.kafka.pause(*idle)
+        idle = [KafkaTP(*tp) for tp, p in self.progress.partitions.items() if not p.grants]
+        if idle:
+            self.kafka.pause(*idle)
 
     def forget(self) -> None:
         """The session is lost: fetch nothing, hold nothing."""
         self.windows.clear()
-        if self.kafka is not None:
-            self.kafka.pause(*self.kafka.assignment())
+        self.kafka.pause(*self.kafka.assignment())
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
-        assert self.kafka is not None
         self.fetched_upto[tp] = offset
         self.kafka.seek(KafkaTP(*tp), offset)
         if self.replay_window:
@@ -323,8 +320,6 @@ class Fetcher:
         """Each assigned partition's end as the last fetch saw it (the lag reference): the
         last stable offset when reading committed data (records after an open transaction
         are not readable yet, so they are not lag this consumer could work off)."""
-        if self.kafka is None:
-            return []
         stable = self.read_committed
         marks = []
         for tp in self.kafka.assignment():

@@ -1,8 +1,8 @@
-"""What the coordinator's requests do to a consumer (`membership.MemberHooks`).
+"""What the coordinator's requests do to a consumer (`_membership.member_hooks.MemberHooks`).
 
 One class for both kinds of consumer. A plain consumer reports the positions it has, runs
 what it is granted at once, and drains what it is asked to stop. An exactly-once consumer
-(`consumer_client.transactions.TransactionalHooks`) differs at four points only, the
+(`_exactly_once.transactions.TransactionalHooks`) differs at four points only, the
 hooks below: it reports committed positions, takes slots over before running them, waits
 for a take-over still under way and commits before a stopped range is given back, and
 drops its open transaction when the session is lost. Everything else (the order of the
@@ -17,7 +17,7 @@ from collections.abc import Awaitable
 from keyshard.consumer_client._datapath.dispatch import Dispatcher
 from keyshard.consumer_client._datapath.fetcher import Fetcher
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
-from keyshard.consumer_client._membership.connector import PingReport
+from keyshard.consumer_client._membership.member_hooks import PingReport
 from keyshard.core.model.positions import PositionUpdate
 from keyshard.core.model.ranges import RangeSet
 
@@ -46,7 +46,7 @@ class ConsumerHooks:
     async def _forget_session(self) -> None:
         """The session is lost and the lanes are aborted; before fetching may resume."""
 
-    # -- membership.MemberHooks --------------------------------------------------------
+    # -- MemberHooks --------------------------------------------------------
 
     def ping_reply(self) -> PingReport:
         return PingReport(
@@ -70,8 +70,7 @@ class ConsumerHooks:
         """Stop dispatching `slots` now; the final positions once they are drained."""
         waiting = self._settle_before_stop(slots)
         self._progress.begin_stop(slots)
-        if self._dispatcher.lanes is not None:
-            self._dispatcher.lanes.drop(slots)
+        self._dispatcher.lanes.drop(slots)
         return self._finish_stop(slots, waiting)
 
     async def _finish_stop(
@@ -79,8 +78,7 @@ class ConsumerHooks:
     ) -> PositionUpdate:
         if waiting:
             await asyncio.gather(*waiting, return_exceptions=True)
-        if self._dispatcher.lanes is not None:
-            await self._dispatcher.lanes.wait_idle(slots)
+        await self._dispatcher.lanes.wait_idle(slots)
         await self._after_drain(slots)
         final = self._progress.finish_stop(slots)
         self._fetcher.pause_idle()
@@ -90,7 +88,6 @@ class ConsumerHooks:
         """docs/protocol.md, §6.1 LOST: stop fetchers, drop queues, forget ownership."""
         self._progress.clear()
         self._fetcher.forget()
-        if self._dispatcher.lanes is not None:
-            await self._dispatcher.lanes.abort()
+        await self._dispatcher.lanes.abort()
         await self._forget_session()
         self._fetcher.room.set()

@@ -27,6 +27,7 @@ from time import monotonic
 from types import CoroutineType
 from typing import Any, Literal
 
+from keyshard.consumer_client._renamed import renamed_seconds
 from keyshard.core.model.positions import TopicPartition
 from keyshard.core.model.ranges import RangeSet
 
@@ -34,6 +35,19 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[Any], Awaitable[None]]
 DeadLetter = Callable[[Any, BaseException], Awaitable[None]]
+
+#: A key in a log line: at most this many characters of it.
+KEY_LOG_CHARS = 64
+
+
+def key_for_log(key: object) -> str:
+    """A record's key as a log line names it: printable (escaped), truncated. Never the
+    value: a key identifies a record, a value is the user's data."""
+    if key is None:
+        return "no key"
+    text = key.decode("utf-8", "backslashreplace") if isinstance(key, bytes) else str(key)
+    shown = repr(text[:KEY_LOG_CHARS])
+    return f"key {shown}..." if len(text) > KEY_LOG_CHARS else f"key {shown}"
 
 
 @dataclass(slots=True)
@@ -46,13 +60,32 @@ class WorkItem:
     session: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class RetryPolicy:
-    initial_backoff_s: float = 0.05
-    max_backoff_s: float = 5.0
-    # Attempts before dead-lettering; without a dead-letter topic a record is retried
-    # until it succeeds or its range moves away (its key stays blocked meanwhile).
-    max_attempts: int = 5
+    """How a record whose handler raised is retried, in its own lane (other keys go on).
+
+    Args:
+        initial_backoff_ms: the wait before the second attempt, doubled after each
+            further failure. Default: 50.
+        max_backoff_ms: the longest wait between two attempts. Default: 5000.
+        max_attempts: attempts before the record is sent to the consumer's
+            `dead_letter_topic`; without one a record is retried until it succeeds or its
+            range moves away (its key stays blocked meanwhile). Default: 5.
+
+    `initial_backoff_s` and `max_backoff_s` (seconds) are deprecated names of the first two.
+    """
+
+    initial_backoff_ms: int
+    max_backoff_ms: int
+    max_attempts: int
+
+    @renamed_seconds(initial_backoff_s="initial_backoff_ms", max_backoff_s="max_backoff_ms")
+    def __init__(
+        self, *, initial_backoff_ms: int = 50, max_backoff_ms: int = 5000, max_attempts: int = 5
+    ) -> None:
+        object.__setattr__(self, "initial_backoff_ms", initial_backoff_ms)
+        object.__setattr__(self, "max_backoff_ms", max_backoff_ms)
+        object.__setattr__(self, "max_attempts", max_attempts)
 
 
 DEFAULT_RETRY = RetryPolicy()
@@ -162,7 +195,7 @@ class _Lane:
     scheduled: bool = False  # waiting in the ready queue or being run by a worker
     abandoned: bool = False
     # Created only when a record of this lane backs off: most lanes never need it, and an
-    # Event per lane was a tenth of the dispatch cost.
+    # Event per lane costs a tenth of a dispatch.
     wake: asyncio.Event | None = None
 
     def abandon(self) -> None:
@@ -451,7 +484,7 @@ class KeyLanes:
         failing key does not take a lane away from the others. `first`, when given, is the
         first attempt already started inline.
         """
-        backoff = self._retry.initial_backoff_s
+        backoff = self._retry.initial_backoff_ms / 1000
         attempt = 0
         holding = True
         try:
@@ -475,14 +508,16 @@ class KeyLanes:
                 holding = False
                 if self._dead_letter is not None and attempt >= self._retry.max_attempts:
                     log.error(
-                        "record %s@%d failed %d times, dead-lettering: %r",
-                        item.tp, item.offset, attempt, error,
+                        "record %s@%d (%s) failed %d times, dead-lettering: %r",
+                        item.tp, item.offset, key_for_log(getattr(item.record, "key", None)),
+                        attempt, error,
                     )  # fmt: skip
                     await self._dead_letter(item.record, error)
                     return True
                 log.warning(
-                    "record %s@%d failed (attempt %d): %r", item.tp, item.offset, attempt, error
-                )
+                    "record %s@%d (%s) failed (attempt %d): %r", item.tp, item.offset,
+                    key_for_log(getattr(item.record, "key", None)), attempt, error,
+                )  # fmt: skip
                 if lane.wake is None:
                     lane.wake = asyncio.Event()
                 if lane.abandoned:
@@ -497,7 +532,7 @@ class KeyLanes:
                     self._busy_workers += 1
                 if lane.abandoned:
                     return False
-                backoff = min(backoff * 2, self._retry.max_backoff_s)
+                backoff = min(backoff * 2, self._retry.max_backoff_ms / 1000)
         finally:
             if holding:
                 self._limit.give()

@@ -9,7 +9,7 @@ are the grant's start map united with "everything examined, minus what is pendin
 is exact enough to hand the range to someone else with no loss and no duplicates.
 
 A grant whose positions lie below the fetch cursor needs the records in between. When the
-consumer still holds them (`consumer_client.replay`) the grant *replays* them from memory:
+consumer still holds them (`_datapath.window`) the grant *replays* them from memory:
 it examines [fetch_from, replay_upto) on its own cursor (`replay_cursor`) while the shared
 fetcher goes on from `replay_upto`, so the other grants never wait behind a re-read.
 Otherwise the partition is rewound: the fetcher seeks back and the other grants skip what
@@ -22,7 +22,7 @@ from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from keyshard.consumer_client._membership.connector import Fetched
+from keyshard.consumer_client._membership.member_hooks import Fetched
 from keyshard.core.model.hashing import LOAD_BUCKET_COUNT, LOAD_BUCKET_SHIFT
 from keyshard.core.model.positions import Position, PositionUpdate, RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange

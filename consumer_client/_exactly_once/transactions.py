@@ -8,7 +8,7 @@ acknowledge the record (no await in between), so at any moment "the record is do
 "its outputs are in a batch" are one fact. A commit takes, in one synchronous step, the
 batch and the consumer's positions (`ConsumerProgress.positions()`: everything examined
 minus what is pending); then, in one transaction, it sends the batch and a writer record
-(`consumer_client.txn_log`) holding those positions and the slots this member owns, and
+(`_exactly_once.txn_log`) holding those positions and the slots this member owns, and
 commits. Records done after the cut wait for the next commit.
 
 The coordinator only ever hears committed positions: Ping replies, StopFetcher replies
@@ -42,6 +42,7 @@ from keyshard.consumer_client._datapath.dispatch import Dispatcher
 from keyshard.consumer_client._datapath.fetcher import Fetcher
 from keyshard.consumer_client._datapath.hooks import ConsumerHooks
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
+from keyshard.consumer_client._errors import ConsumerError
 from keyshard.consumer_client._exactly_once.txn_log import (
     TxnLog,
     TxnLogError,
@@ -49,7 +50,6 @@ from keyshard.consumer_client._exactly_once.txn_log import (
     merge_positions,
     start_positions,
 )
-from keyshard.consumer_client._membership.connector import ConsumerError
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.positions import PositionUpdate, RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet
@@ -368,7 +368,7 @@ class TransactionalWriter:
 
 
 class TransactionalHooks(ConsumerHooks):
-    """`membership.MemberHooks` of an exactly-once consumer: the plain callbacks, with
+    """`MemberHooks` of an exactly-once consumer: the plain consumer's, with
     committed positions reported and slots taken over before they are dispatched."""
 
     def __init__(

@@ -1,12 +1,11 @@
 """Telling a user that the coordinator or Kafka cannot be reached: loudly, not often.
 
-A consumer given a wrong address used to retry in silence (its retries logged at INFO,
-and a plain app configures no logging): it looked like a hang. Now the first failure is a
-WARNING — Python prints warnings to stderr even with no logging configured — naming the
-addresses tried and the error, and while the failures go on one more WARNING at most every
-`interval_s`, saying for how long. `connect_timeout_s` turns "for how long" into a
-`ConsumerError` for apps that prefer to fail (None, the default: retry forever, as a
-Kubernetes pod waiting for its coordinator should).
+A consumer retrying in silence looks like a hang, and a plain app configures no logging:
+so the first failure is a WARNING (Python prints warnings to stderr even with no logging
+configured) naming the addresses tried and the error, and while the failures go on one
+more WARNING at most every `interval_s`, saying for how long. `connect_timeout_ms` turns
+"for how long" into a `ConsumerError` for apps that prefer to fail (None, the default:
+retry forever, as a Kubernetes pod waiting for its coordinator should).
 """
 
 from __future__ import annotations
@@ -23,22 +22,22 @@ REPEAT_INTERVAL_S = 30.0
 
 class Unreachable:
     """Failures in a row to reach `what` ("the coordinator", "Kafka"): logs them and
-    enforces `connect_timeout_s`."""
+    enforces `connect_timeout_ms`."""
 
     def __init__(
         self,
         logger: logging.Logger,
         what: str,
         *,
-        connect_timeout_s: float | None = None,
+        connect_timeout_ms: int | None = None,
         interval_s: float = REPEAT_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if connect_timeout_s is not None and connect_timeout_s <= 0:
-            raise ValueError(f"connect_timeout_s={connect_timeout_s} must be > 0 (None: forever)")
+        if connect_timeout_ms is not None and connect_timeout_ms <= 0:
+            raise ValueError(f"connect_timeout_ms={connect_timeout_ms} must be > 0 (None: forever)")
         self._log = logger
         self._what = what
-        self._timeout = connect_timeout_s
+        self._timeout = None if connect_timeout_ms is None else connect_timeout_ms / 1000
         self._interval = interval_s
         self._clock = clock
         self._since: float | None = None  # the first failure of the current run of them
@@ -51,7 +50,7 @@ class Unreachable:
 
     def failed(self, addresses: str, error: object) -> None:
         """One more failure: a WARNING when it is the first or the interval has passed;
-        `ConsumerError` once failures have lasted `connect_timeout_s`."""
+        `ConsumerError` once failures have lasted `connect_timeout_ms`."""
         now = self._clock()
         if self._since is None:
             self._since = now
@@ -60,8 +59,8 @@ class Unreachable:
         elapsed = now - self._since
         if self._timeout is not None and elapsed >= self._timeout:
             raise ConsumerError(
-                f"cannot reach {self._what} at {addresses} within connect_timeout_s="
-                f"{self._timeout:g}: {error}"
+                f"cannot reach {self._what} at {addresses} within the connect timeout "
+                f"({self._timeout:g} s): {error}"
             )
         if now >= self._next_warning:
             self._next_warning = now + self._interval

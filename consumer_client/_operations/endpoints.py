@@ -12,7 +12,7 @@ reason. The loop proves it is alive by taking a `ConsumerSnapshot` every
   consumer rides through a coordinator failover while its lease lasts, so a failover
   alone does not make it unready); 503 with the reason otherwise, and from the first
   SIGTERM on (it is leaving).
-- `/metrics`: `consumer_client.metrics`, Prometheus text format.
+- `/metrics`: `_operations.metrics`, Prometheus text format.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class ConsumerEndpoints:
         self,
         metrics: ConsumerMetrics,
         snapshot: Callable[[], ConsumerSnapshot],
-        session_timeout_s: float,
+        session_timeout_ms: int,
         listen: str,
     ) -> None:
         try:
@@ -54,7 +54,7 @@ class ConsumerEndpoints:
             raise ValueError(f"metrics_listen {err}") from None
         self.metrics = metrics
         self._snapshot = snapshot
-        self.session_timeout_s = session_timeout_s
+        self.session_timeout_s = session_timeout_ms / 1000
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None

@@ -3,10 +3,14 @@
 Kubernetes sends every pod SIGTERM on each rollout. Without a handler Python dies at
 once, which to the group is a crash: the consumer's ranges wait out its session timeout
 and the records it processed since its last report are processed again. `run()`
-therefore installs handlers itself, but only where that cannot take anything from the
-app: in the main thread (signal handlers can only be set there) and when nobody installed
-a handler of their own (asyncio's `Runner` SIGINT handler counts as the default: it only
-turns Ctrl-C into a cancellation). `handle_signals=False` opts out.
+therefore installs handlers itself, but only where that takes nothing from the app: in
+the main thread (signal handlers can only be set there), and for each signal only when
+the app has no handler of its own for it. Python's defaults, asyncio's `Runner` SIGINT
+handler (it only turns Ctrl-C into a cancellation) and an ignored signal are not the
+app's: a shell starts a background job (`cmd &`) with SIGINT ignored, and that job still
+wants a graceful SIGTERM. Each signal is judged on its own, so an app that handles Ctrl-C
+itself still gets a graceful SIGTERM. A signal left alone is said in one INFO line.
+`handle_signals=False` opts out; `keyshard worker`, which owns its process, takes both.
 
 The first signal starts `close()` (stop dispatching, let in-flight records finish, Leave
 with exact positions); a second one, for a drain that takes too long, aborts: `run()`
@@ -22,7 +26,8 @@ import functools
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from keyshard.consumer_client._errors import ConsumerError
@@ -42,29 +47,71 @@ class ShutdownState(enum.Enum):
     ABORTED = "aborted"  # the second came
 
 
-def _is_default(sig: signal.Signals, handler: Any) -> bool:
-    """Nobody but Python or asyncio set this handler: ours takes nothing from the app."""
-    if handler in (signal.SIG_DFL, None):
-        return True
+def is_apps_own(sig: signal.Signals, handler: Any) -> bool:
+    """Whether `handler` for `sig` is one the app installed itself (then `run()` leaves it
+    alone): not Python's default, not asyncio's Ctrl-C handler, not an ignored signal."""
+    if handler in (signal.SIG_DFL, signal.SIG_IGN, None):
+        return False
     if sig == signal.SIGINT:
         if handler is signal.default_int_handler:
-            return True
+            return False
         # asyncio.run() installs partial(Runner._on_sigint, main_task=...): Ctrl-C
         # cancels the main task.
         method = handler.func if isinstance(handler, functools.partial) else handler
-        return isinstance(getattr(method, "__self__", None), asyncio.Runner)
-    return False
+        return not isinstance(getattr(method, "__self__", None), asyncio.Runner)
+    return True
 
 
-def signals_to_handle() -> list[signal.Signals]:
-    """The signals `run()` may take over here: none outside the main thread, and none
-    that has a handler of the app's own. An app that handles one of the two itself
-    handles its shutdown itself: then neither is taken."""
-    if threading.current_thread() is not threading.main_thread():
-        return []
-    if all(_is_default(sig, signal.getsignal(sig)) for sig in HANDLED):
-        return list(HANDLED)
-    return []
+@dataclass(frozen=True, slots=True)
+class SignalChoice:
+    """The signals `run()` takes over, and why it leaves each other one alone."""
+
+    take: list[signal.Signals]
+    left: dict[signal.Signals, str] = field(default_factory=dict)
+
+    def explain(self) -> str | None:
+        """One line about the signals left alone (None: every one is taken)."""
+        if not self.left:
+            return None
+        reasons: dict[str, list[str]] = {}
+        for sig, why in self.left.items():
+            reasons.setdefault(why, []).append(sig.name)
+        left = "; ".join(f"{' and '.join(names)}: {why}" for why, names in reasons.items())
+        taken = " and ".join(sig.name for sig in self.take)
+        after = f" ({taken} closes gracefully)" if taken else ""
+        return f"not taking over {left}{after}"
+
+
+def choose_signals(
+    handlers: Mapping[signal.Signals, Any], *, main_thread: bool, wanted: bool = True
+) -> SignalChoice:
+    """Which of SIGTERM and SIGINT to take, given their current `handlers`."""
+    if not wanted:
+        return SignalChoice([], dict.fromkeys(HANDLED, "handle_signals=False"))
+    if not main_thread:
+        why = "run() is not in the main thread (close() or request_stop() stop gracefully)"
+        return SignalChoice([], dict.fromkeys(HANDLED, why))
+    take = [sig for sig in HANDLED if not is_apps_own(sig, handlers[sig])]
+    left = {
+        sig: f"the app handles it ({_describe(handlers[sig])})"
+        for sig in HANDLED
+        if sig not in take
+    }
+    return SignalChoice(take, left)
+
+
+def signals_to_handle(wanted: bool = True) -> SignalChoice:
+    """`choose_signals` for this thread and this process's handlers now."""
+    return choose_signals(
+        {sig: signal.getsignal(sig) for sig in HANDLED},
+        main_thread=threading.current_thread() is threading.main_thread(),
+        wanted=wanted,
+    )
+
+
+def _describe(handler: Any) -> str:
+    function = handler.func if isinstance(handler, functools.partial) else handler
+    return getattr(function, "__qualname__", None) or repr(function)
 
 
 class GracefulSignals:
@@ -81,11 +128,12 @@ class GracefulSignals:
         self._name = name
         self._close = close
         self._abort = abort
-        self._installed: list[signal.Signals] = []
+        self._installed: dict[signal.Signals, Any] = {}  # with the handler each replaced
         self.state = ShutdownState.RUNNING
 
     def install(self, signals: list[signal.Signals]) -> None:
         for sig in signals:
+            previous = signal.getsignal(sig)
             try:
                 self._loop.add_signal_handler(sig, self._received, sig)
             except (NotImplementedError, RuntimeError, ValueError) as err:
@@ -93,11 +141,14 @@ class GracefulSignals:
                 # the app keeps Python's default and can still call close().
                 log.debug("%s: cannot handle %s here: %s", self._name, sig.name, err)
                 continue
-            self._installed.append(sig)
+            self._installed[sig] = previous
 
     def remove(self) -> None:
-        for sig in self._installed:
+        """Our handlers off, what was there before back (an ignored signal stays ignored)."""
+        for sig, previous in self._installed.items():
             self._loop.remove_signal_handler(sig)
+            if previous is not None:
+                signal.signal(sig, previous)
         self._installed.clear()
 
     def _received(self, sig: signal.Signals) -> None:

@@ -23,6 +23,7 @@ import inspect
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -62,6 +63,7 @@ def run_worker_command(args: argparse.Namespace) -> int:
     except (WorkerUsageError, KafkaConfigError, TlsConfigError, ValueError) as err:
         print(f"keyshard worker: {err}", file=sys.stderr)
         return EXIT_USAGE
+    _own_signals()
     log = logging.getLogger("keyshard.worker")
     log.info("worker %s: group %s, topics %s, coordinator %s", consumer.name, consumer.group,
              ",".join(consumer.topics), args.coordinator)  # fmt: skip
@@ -81,6 +83,14 @@ def run_worker_command(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     log.info("worker %s stopped", consumer.name)
     return 0
+
+
+def _own_signals() -> None:
+    """The worker owns its process: SIGTERM and SIGINT are the consumer's (a graceful
+    close, then an abort), whatever the launcher set (a shell starts a background job
+    with SIGINT ignored) or the handler's module installed when it was imported."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 async def _run_async(consumer: CoordinatedConsumer, handler: Callable[..., Any]) -> None:
@@ -176,17 +186,18 @@ def build_consumer(args: argparse.Namespace, environ: Mapping[str, str]) -> Coor
         coordinator_tls=_tls(args),
         dead_letter_topic=args.dead_letter_topic,
         retry=RetryPolicy(
-            initial_backoff_s=int(args.retry_initial_backoff_ms) / 1000,
-            max_backoff_s=int(args.retry_max_backoff_ms) / 1000,
+            initial_backoff_ms=int(args.retry_initial_backoff_ms),
+            max_backoff_ms=int(args.retry_max_backoff_ms),
             max_attempts=int(args.retry_max_attempts),
         ),
-        drain_timeout_s=int(args.drain_timeout_ms) / 1000,
-        connect_timeout_s=timeout,
+        drain_timeout_ms=int(args.drain_timeout_ms),
+        connect_timeout_ms=timeout,
         metrics_listen=metrics,
     )
 
 
-def _connect_timeout(value: object) -> float | None:
+def _connect_timeout(value: object) -> int | None:
+    """--connect-timeout-s in the consumer's unit, milliseconds."""
     if value is None:
         return None
     try:
@@ -195,7 +206,7 @@ def _connect_timeout(value: object) -> float | None:
         raise WorkerUsageError(f"--connect-timeout-s {value!r} is not a number") from None
     if not seconds > 0:
         raise WorkerUsageError(f"--connect-timeout-s {value!r} must be > 0")
-    return seconds
+    return max(1, round(seconds * 1000))
 
 
 def _tls(args: argparse.Namespace) -> ClientTls | None:

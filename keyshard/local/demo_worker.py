@@ -79,7 +79,7 @@ async def _main(args: argparse.Namespace) -> int:
         max_concurrency=args.max_concurrency,
         session_timeout_ms=args.session_timeout_ms,
         dead_letter_topic=args.dead_letter_topic,
-        retry=RetryPolicy(initial_backoff_s=0.02, max_backoff_s=0.2, max_attempts=3),
+        retry=RetryPolicy(initial_backoff_ms=20, max_backoff_ms=200, max_attempts=3),
         handle_signals=not args.no_signals,
     )
     out = open(args.out, "a", buffering=1)  # noqa: SIM115 - closed below, line-buffered

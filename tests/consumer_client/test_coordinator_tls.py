@@ -16,8 +16,13 @@ from pathlib import Path
 import pytest
 import trustme
 
-from keyshard.consumer_client import ClientTls, CoordinatedConsumer
-from keyshard.consumer_client._membership.connector import ConsumerError, Membership, PingReport
+from keyshard.consumer_client import (
+    ClientTls,
+    ConsumerError,
+    CoordinatedConsumer,
+    Membership,
+    PingReport,
+)
 from keyshard.coordinator.server.admission import ConnectionLimits
 from keyshard.core.model.positions import PositionUpdate
 from keyshard.core.model.ranges import EMPTY, RangeSet
@@ -70,10 +75,10 @@ def client(tls: TlsFiles, *, ca: Path | None = None, cert: bool = False) -> Clie
 async def outcome(port: int, tls: ClientTls | None, host: str = "127.0.0.1") -> str:
     """`registered`, or the ConsumerError's message."""
     membership = Membership(
-        Hooks(), group="g", topics=["t"], coordinators=[(host, port)], name="c",
+        group="g", topics=["t"], coordinators=[(host, port)], name="c",
         session_timeout_ms=5000, capacity=1, tls=tls,
     )  # fmt: skip
-    running = asyncio.create_task(membership.run())
+    running = asyncio.create_task(membership.run(Hooks()))
     registered = asyncio.create_task(membership.registered.wait())
     try:
         done, _ = await asyncio.wait(

@@ -25,7 +25,6 @@ from aiokafka.structs import ConsumerRecord
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyshard.consumer_client._consumer import CoordinatedConsumer
 from keyshard.consumer_client._datapath import fastpath
 from keyshard.consumer_client._datapath.chunk import Chunk
 from keyshard.consumer_client._datapath.lanes import KeyLanes, Suspended, WorkItem, _Lane
@@ -33,6 +32,7 @@ from keyshard.consumer_client._datapath.progress import Grant, PartitionProgress
 from keyshard.core.model.hashing import ORDERING_KEY_HEADER, slot_for_key
 from keyshard.core.model.positions import Position, RangePositionMap
 from keyshard.core.model.ranges import RangeSet, SlotRange
+from tests.consumer_client import parts
 
 TP = ("t", 0)
 NATIVE = fastpath.NATIVE
@@ -62,25 +62,6 @@ HEADERS: list[Any] = [
 # What the handler does with a record (its value): see `Scenario.handler`.
 KINDS = [b"ok"] * 6 + [b"suspend", b"raise", b"raise-now", b"future", b"stop", b"grant"]
 UNKEYED_SLOTS = SlotRange(0, 255)  # where records without a key land (offset % 65536)
-
-
-class FakeKafka:
-    """The aiokafka calls `Fetcher.dispatch` and `Fetcher.grant` make, recorded (no broker)."""
-
-    def __init__(self) -> None:
-        self.calls: list[Any] = []
-
-    def assignment(self) -> set[Any]:
-        return set()
-
-    def assign(self, tps: Any) -> None:
-        self.calls.append(("assign", tps))
-
-    def seek(self, tp: Any, offset: int) -> None:
-        self.calls.append(("seek", tp, offset))
-
-    def resume(self, *tps: Any) -> None:
-        self.calls.append(("resume", tps))
 
 
 class Scenario:
@@ -122,19 +103,15 @@ class Scenario:
         self.busy = draw(st.lists(st.sampled_from(KEYS), max_size=3, unique=True))
         self.max_concurrency = draw(st.integers(len(self.busy) + 1, len(self.busy) + 4))
 
-    def build(self, native: ModuleType | None) -> tuple[CoordinatedConsumer, list[Any]]:
-        consumer = CoordinatedConsumer(
-            group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
-        )
-        consumer._dispatcher.native = native
-        consumer._fetcher.kafka = FakeKafka()
+    def build(self, native: ModuleType | None) -> tuple[parts.Parts, list[Any]]:
         calls: list[Any] = []
-        lanes = KeyLanes(
-            self.handler(consumer, calls),
-            max_concurrency=self.max_concurrency,
-            on_done=consumer._dispatcher.on_done,
+        built: list[parts.Parts] = []  # the handler needs the parts it runs in
+        consumer = parts.build(
+            self.handler(lambda: built[0], calls), max_concurrency=self.max_concurrency
         )
-        consumer._dispatcher.lanes = lanes
+        built.append(consumer)
+        consumer.dispatcher.native = native
+        lanes = consumer.lanes
         progress = PartitionProgress(TP, cursor=self.cursor)
         grants = []
         for slots, position, skip_below, frozen_upto in self.grants:
@@ -151,7 +128,9 @@ class Scenario:
             lanes._busy_workers += 1
         return consumer, calls
 
-    def handler(self, consumer: CoordinatedConsumer, calls: list[Any]) -> Callable[[Any], Any]:
+    def handler(
+        self, consumer: Callable[[], parts.Parts], calls: list[Any]
+    ) -> Callable[[Any], Any]:
         async def body(record: Any) -> None:
             if record.value == b"raise":
                 raise ValueError(f"failed at {record.offset}")
@@ -159,7 +138,7 @@ class Scenario:
                 await asyncio.sleep(0)
 
         def handler(record: Any) -> Any:
-            progress = consumer.progress.partitions[TP]
+            progress = consumer().progress.partitions[TP]
             calls.append((record.offset, progress.cursor))
             kind = record.value
             if kind == b"raise-now":
@@ -169,9 +148,9 @@ class Scenario:
                 future.set_result(None)
                 return future
             if kind == b"stop":  # a handler that stops everything (as awaiting close() does)
-                consumer.progress.begin_stop(RangeSet.full())
+                consumer().progress.begin_stop(RangeSet.full())
             if kind == b"grant":  # a new grant further back: the partition rewinds
-                consumer._fetcher.grant(
+                consumer().fetcher.grant(
                     RangeSet([SlotRange(60000, 60010)]),
                     {TP: [(SlotRange(60000, 60010), Position(5))]},
                 )
@@ -184,8 +163,8 @@ class Scenario:
             ConsumerRecord("t", 0, off, 0, 0, key, kind, None, 8, 8, headers)
             for off, key, headers, kind in self.records
         ]
-        parts = [recs[: self.split], recs[self.split :]]
-        return [Chunk(TP, 0, session, p) for p in parts]
+        halves = [recs[: self.split], recs[self.split :]]
+        return [Chunk(TP, 0, session, p) for p in halves]
 
 
 def item_state(item: WorkItem | None) -> Any:
@@ -196,12 +175,11 @@ def item_state(item: WorkItem | None) -> Any:
 
 async def run_scenario(scenario: Scenario, native: ModuleType | None) -> dict[str, Any]:
     consumer, calls = scenario.build(native)
-    lanes = consumer._dispatcher.lanes
-    assert lanes is not None
-    backlog = scenario.chunks(consumer._session())
+    lanes = consumer.lanes
+    backlog = scenario.chunks(parts.SESSION)
     suspensions: list[Suspended] = []
     while backlog:  # as `Fetcher.fetch` does: after a suspension a new fetcher goes on
-        suspended = consumer._fetcher.dispatch(backlog)
+        suspended = consumer.fetcher.dispatch(backlog)
         if suspended is None:
             break
         suspensions.append(suspended)
@@ -213,7 +191,7 @@ async def run_scenario(scenario: Scenario, native: ModuleType | None) -> dict[st
         "generation": progress.generation,
         "pending": list(progress.pending.items()),
         "grants": [(g.slots, g.frozen_upto, g.skip_below) for g in progress.grants],
-        "load": [(b, n) for b, n in enumerate(consumer._dispatcher.load) if n],
+        "load": [(b, n) for b, n in enumerate(consumer.dispatcher.load) if n],
         "demand": [(b, n) for b, n in enumerate(progress.demand) if n],
         "demand_window": (progress.demand_from, progress.demand_upto),
         "stats": consumer.stats.as_dict(),
@@ -225,7 +203,7 @@ async def run_scenario(scenario: Scenario, native: ModuleType | None) -> dict[st
         "busy_workers": lanes._busy_workers,
         "free": lanes._limit.free,
         "workers": len(lanes._workers),
-        "kafka": consumer._fetcher.kafka.calls,  # type: ignore[union-attr]
+        "kafka": consumer.fetcher.kafka.calls,
     }
     for s in suspensions:
         s.rest._coro.close()  # type: ignore[attr-defined]
@@ -275,16 +253,10 @@ class Odd:
     headers = None
 
 
-def plain_consumer(native: ModuleType | None, handler: Any) -> CoordinatedConsumer:
+def plain_consumer(native: ModuleType | None, handler: Any) -> parts.Parts:
     """A consumer owning every slot of TP from offset 0, no broker (`dispatch` only)."""
-    consumer = CoordinatedConsumer(
-        group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
-    )
-    consumer._dispatcher.native = native
-    consumer._fetcher.kafka = object()  # only checked for None
-    consumer._dispatcher.lanes = KeyLanes(
-        handler, max_concurrency=4, on_done=consumer._dispatcher.on_done
-    )
+    consumer = parts.build(handler, max_concurrency=4)
+    consumer.dispatcher.native = native
     consumer.progress.partitions[TP] = PartitionProgress(
         TP, grants=[Grant(RangeSet.full(), RangePositionMap(), 0)]
     )
@@ -310,12 +282,11 @@ async def test_bad_records_fail_like_the_python_loop(record: Any) -> None:
     async def outcome(native: ModuleType | None) -> Any:
         consumer = plain_consumer(native, noop)
         try:
-            consumer._fetcher.dispatch([Chunk(TP, 0, consumer._session(), [record])])
+            consumer.fetcher.dispatch([Chunk(TP, 0, parts.SESSION, [record])])
         except Exception as err:
             return type(err), str(err)
         finally:
-            assert consumer._dispatcher.lanes is not None
-            await consumer._dispatcher.lanes.abort()
+            await consumer.lanes.abort()
         return None
 
     python = await outcome(None)
@@ -329,10 +300,9 @@ async def test_handler_not_callable_is_a_failed_first_attempt_in_both() -> None:
     states = []
     for native in (None, NATIVE):
         consumer = plain_consumer(native, "not callable")
-        lanes = consumer._dispatcher.lanes
-        assert lanes is not None
+        lanes = consumer.lanes
         record = ConsumerRecord("t", 0, 3, 0, 0, b"k0", b"v", None, 1, 1, [])
-        assert consumer._fetcher.dispatch([Chunk(TP, 0, consumer._session(), [record])]) is None
+        assert consumer.fetcher.dispatch([Chunk(TP, 0, parts.SESSION, [record])]) is None
         running = lanes._lanes[b"k0"].running
         states.append((item_state(running), dict(consumer.progress.partitions[TP].pending)))
         await lanes.abort()
@@ -408,9 +378,8 @@ async def test_no_references_leak() -> None:
 async def test_ping_reply_reports_the_loads_counted_in_c() -> None:
     consumer = plain_consumer(NATIVE, noop)
     recs = [ConsumerRecord("t", 0, i, 0, 0, KEYS[i % 3], b"v", None, 1, 1, ()) for i in range(30)]
-    assert consumer._fetcher.dispatch([Chunk(TP, 0, consumer._session(), recs)]) is None
-    consumer._fetcher.kafka = None  # no high watermarks without a client
-    by_bucket = consumer._callbacks.ping_reply().load
+    assert consumer.fetcher.dispatch([Chunk(TP, 0, parts.SESSION, recs)]) is None
+    by_bucket = consumer.hooks.ping_reply().load
     expected: dict[int, int] = {}
     for key in KEYS[:3]:
         bucket = slot_for_key(key) >> 4
@@ -418,11 +387,10 @@ async def test_ping_reply_reports_the_loads_counted_in_c() -> None:
     assert by_bucket == expected
     stats = consumer.stats
     assert (stats.fetched, stats.admitted, stats.processed) == (0, 30, 30)
-    assert not any(consumer._dispatcher.load)  # a fresh buffer after the reply, counted in C
-    consumer._fetcher.kafka = FakeKafka()
+    assert not any(consumer.dispatcher.load)  # a fresh buffer after the reply, counted in C
     more = [ConsumerRecord("t", 0, 30 + i, 0, 0, KEYS[0], b"v", None, 1, 1, ()) for i in range(4)]
-    assert consumer._fetcher.dispatch([Chunk(TP, 0, consumer._session(), more)]) is None
-    load = consumer._dispatcher.load
+    assert consumer.fetcher.dispatch([Chunk(TP, 0, parts.SESSION, more)]) is None
+    load = consumer.dispatcher.load
     assert sum(load) == load[slot_for_key(KEYS[0]) >> 4] == 4
 
 
@@ -439,15 +407,14 @@ async def test_a_handler_suspended_in_c_is_finished_by_the_task_that_started_it(
         seen.append((record.offset, asyncio.current_task()))
 
     consumer = plain_consumer(NATIVE, handler)
-    lanes = consumer._dispatcher.lanes
-    assert lanes is not None
+    lanes = consumer.lanes
     recs = [ConsumerRecord("t", 0, i, 0, 0, KEYS[i], b"v", None, 1, 1, ()) for i in range(2)]
-    backlog = [Chunk(TP, 0, consumer._session(), recs)]
+    backlog = [Chunk(TP, 0, parts.SESSION, recs)]
 
     tasks: list[asyncio.Task[None]] = []
 
     async def fetcher() -> None:
-        suspended = consumer._fetcher.dispatch(backlog)
+        suspended = consumer.fetcher.dispatch(backlog)
         if suspended is not None:
             tasks.append(asyncio.create_task(fetcher()))  # the rest, as `fetch` does
             await lanes.adopt(suspended)

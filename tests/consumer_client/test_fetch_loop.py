@@ -19,11 +19,10 @@ from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from harness import wait_for
-from keyshard.consumer_client import CoordinatedConsumer
-from keyshard.consumer_client._datapath.lanes import KeyLanes
 from keyshard.core.model.hashing import slot_for_key
 from keyshard.core.model.positions import Position
 from keyshard.core.model.ranges import RangeSet, SlotRange
+from tests.consumer_client import parts
 
 TP = ("t", 0)
 GIVE_UP_AFTER = 100_000  # batches: seconds of work, far past the first 20 ms
@@ -60,21 +59,15 @@ async def test_the_fetch_loop_lets_other_tasks_run() -> None:
     async def inline(_: Any) -> None:  # finishes without suspending
         return None
 
-    consumer = CoordinatedConsumer(
-        group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
-    )
     kafka = EndlessBuffer()
-    consumer._fetcher.kafka = kafka
-    consumer._dispatcher.lanes = KeyLanes(
-        inline, max_concurrency=4, on_done=consumer._dispatcher.on_done
-    )
-    consumer._callbacks.start_fetcher(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(0))]})
-    fetching = asyncio.create_task(consumer._fetcher.fetch())
+    consumer = parts.build(inline, kafka, max_concurrency=4)
+    consumer.hooks.start_fetcher(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(0))]})
+    fetching = asyncio.create_task(consumer.fetcher.fetch())
     turns = 0
     while turns < 5 and not fetching.done():
         await asyncio.sleep(0)
         turns += 1
-    consumer._fetcher.closing = True
+    consumer.fetcher.closing = True
     await fetching  # raises if the loop ran GIVE_UP_AFTER batches without a turn for us
     assert turns == 5
     assert consumer.stats.fetched == kafka.batches * 10
@@ -86,10 +79,7 @@ def test_batches_shrink_while_a_batch_outlasts_a_turn_and_grow_back() -> None:
     CPU would block Pings and StopFetchers for 2 s. Batches start small and adapt."""
     from keyshard.consumer_client._datapath.fetcher import _MAX_BATCH, _MAX_TURN_S, _MIN_BATCH
 
-    consumer = CoordinatedConsumer(
-        group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
-    )
-    fetcher = consumer._fetcher
+    fetcher = parts.build().fetcher
     assert fetcher._batch == _MIN_BATCH
     sizes = []
     for _ in range(12):  # quick batches: doubles up to the maximum
@@ -146,37 +136,28 @@ async def test_a_replay_is_dispatched_while_the_fetcher_waits_on_max_pending() -
             await hang.wait()
         ran.append(record.offset)
 
-    consumer = CoordinatedConsumer(
-        group="g",
-        topics=["t"],
-        coordinator="127.0.0.1:1",
-        bootstrap_servers="127.0.0.1:1",
-        max_pending=20,
-    )
-    log = consumer._fetcher.kafka = FiniteLog(records)
+    log = FiniteLog(records)
     # Room to run every key at once: only the fetcher can hold the replay back.
-    consumer._dispatcher.lanes = KeyLanes(
-        handler, max_concurrency=len(records), on_done=consumer._dispatcher.on_done
-    )
+    consumer = parts.build(handler, log, max_pending=20, max_concurrency=len(records))
     lower, upper_half = SlotRange(0, 32767), SlotRange(32768, 65535)
-    consumer._callbacks.start_fetcher(RangeSet([lower]), {TP: [(lower, Position(0))]})
-    consumer._fetcher.start()  # a handler that suspends inline moves the loop to a new task
+    consumer.hooks.start_fetcher(RangeSet([lower]), {TP: [(lower, Position(0))]})
+    consumer.fetcher.start()  # a handler that suspends inline moves the loop to a new task
     try:
         await wait_for(
-            lambda: consumer.progress.pending_count() >= 20 and not consumer._fetcher.backlog,
+            lambda: consumer.progress.pending_count() >= 20 and not consumer.fetcher.backlog,
             5,
             "the fetcher to stop at max_pending",
         )
         assert not ran
-        consumer._callbacks.start_fetcher(RangeSet([upper_half]), {TP: [(upper_half, Position(0))]})
+        consumer.hooks.start_fetcher(RangeSet([upper_half]), {TP: [(upper_half, Position(0))]})
 
         fetched = {o for o in upper if o < log.position}
         assert 0 < len(fetched) < len(upper)  # it did stop early
         await wait_for(lambda: set(ran) >= fetched, 5, "the replayed records to run")
         assert consumer.stats.replayed > 0
-        assert consumer._fetcher.failed is not None and not consumer._fetcher.failed.done()
+        assert consumer.fetcher.failed is not None and not consumer.fetcher.failed.done()
     finally:
-        consumer._fetcher.closing = True
+        consumer.fetcher.closing = True
         hang.set()
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), 5)

@@ -21,7 +21,7 @@ from keyshard.core.model.ranges import RangeSet
 from tests.consumer_client.test_lanes import TIMEOUT, eventually, settle
 
 TP = ("t", 0)
-FAST = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.002, max_attempts=3)
+FAST = RetryPolicy(initial_backoff_ms=1, max_backoff_ms=2, max_attempts=3)
 Record = tuple[str, int]  # (key, offset)
 
 

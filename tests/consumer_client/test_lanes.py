@@ -7,16 +7,24 @@ awaited with a deadline (`eventually`), never with a fixed sleep.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import pytest
+from aiokafka.structs import ConsumerRecord
 
-from keyshard.consumer_client._datapath.lanes import KeyLanes, RetryPolicy, WorkItem
+from keyshard.consumer_client._datapath.lanes import (
+    KEY_LOG_CHARS,
+    KeyLanes,
+    RetryPolicy,
+    WorkItem,
+)
 from keyshard.core.model.ranges import RangeSet
 
 TP = ("t", 0)
-FAST = RetryPolicy(initial_backoff_s=0.001, max_backoff_s=0.002, max_attempts=3)
+FAST = RetryPolicy(initial_backoff_ms=1, max_backoff_ms=2, max_attempts=3)
 TIMEOUT = 5.0
 
 
@@ -186,8 +194,40 @@ async def test_dead_letter_after_max_attempts() -> None:
     assert h.done_records() == [("bad", 0), ("bad", 1)]
 
 
+@pytest.mark.parametrize(
+    ("key", "named"),
+    [
+        (b"order-17", "key 'order-17'"),
+        (b"\x00\xffid\n", "key '\\x00\\\\xffid\\n'"),  # escaped, never raw bytes
+        (b"k" * 100, f"key '{'k' * KEY_LOG_CHARS}'..."),  # truncated
+        (None, "no key"),
+    ],
+)
+async def test_the_dead_letter_line_names_the_key_and_never_the_value(
+    key: bytes | None, named: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def failing(record: Any) -> None:
+        raise ValueError("bad record")
+
+    async def dead_letter(record: object, error: BaseException) -> None:
+        pass
+
+    lanes = KeyLanes(
+        failing, max_concurrency=1, on_done=lambda _: None, retry=FAST, dead_letter=dead_letter
+    )
+    record = ConsumerRecord("t", 0, 17, 0, 0, key, b"secret-value", None, 8, 12, [])
+    with caplog.at_level(logging.WARNING, logger="keyshard.consumer_client._datapath.lanes"):
+        lanes.submit(WorkItem(TP, 17, 5, key or ("unkeyed", 0), record, session=1))
+        await eventually(lambda: any(r.levelno == logging.ERROR for r in caplog.records))
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert line == (
+        f"record ('t', 0)@17 ({named}) failed 3 times, dead-lettering: ValueError('bad record')"
+    )
+    assert all("secret-value" not in r.getMessage() for r in caplog.records)
+
+
 async def test_drop_gives_up_retries_and_queued_records() -> None:
-    h = Harness(max_concurrency=4, retry=RetryPolicy(0.001, 0.002, max_attempts=3))
+    h = Harness(max_concurrency=4, retry=FAST)
     h.fail_until["bad"] = asyncio.Event()
     h.open("bad")
     for offset in range(3):

@@ -21,6 +21,7 @@ from keyshard.consumer_client._operations.metrics import ConsumerMetrics, Consum
 from keyshard.consumer_client._operations.signals import (
     GracefulSignals,
     ShutdownState,
+    choose_signals,
     signals_to_handle,
 )
 
@@ -56,7 +57,7 @@ def test_unreachable_warns_at_once_then_at_most_every_30_s(
 
 def test_unreachable_raises_past_connect_timeout_and_resets_on_success() -> None:
     clock = FakeClock()
-    seen = Unreachable(logging.getLogger("t"), "Kafka", connect_timeout_s=5, clock=clock)
+    seen = Unreachable(logging.getLogger("t"), "Kafka", connect_timeout_ms=5000, clock=clock)
     seen.failed("k:9092", "refused")
     clock.now += 4
     seen.failed("k:9092", "refused")
@@ -65,27 +66,74 @@ def test_unreachable_raises_past_connect_timeout_and_resets_on_success() -> None
     clock.now += 100
     seen.failed("k:9092", "refused")  # a new run of failures: its own 5 s
     clock.now += 5
-    with pytest.raises(ConsumerError, match=r"Kafka at k:9092 within connect_timeout_s=5: refused"):
+    with pytest.raises(
+        ConsumerError, match=r"Kafka at k:9092 within the connect timeout \(5 s\): refused"
+    ):
         seen.failed("k:9092", "refused")
 
 
 def test_connect_timeout_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="connect_timeout_s"):
-        Unreachable(logging.getLogger("t"), "Kafka", connect_timeout_s=0)
+    with pytest.raises(ValueError, match="connect_timeout_ms"):
+        Unreachable(logging.getLogger("t"), "Kafka", connect_timeout_ms=0)
 
 
 def test_signals_are_taken_only_in_the_main_thread_and_only_when_default() -> None:
-    assert signals_to_handle() == [signal.SIGTERM, signal.SIGINT]
+    """Each signal judged on its own: taken unless the app has a handler of its own for
+    it (an ignored one is not); none outside the main thread."""
+    assert signals_to_handle().take == [signal.SIGTERM, signal.SIGINT]
     found: list[object] = []
-    thread = threading.Thread(target=lambda: found.append(signals_to_handle()))
+    thread = threading.Thread(target=lambda: found.append(signals_to_handle().take))
     thread.start()
     thread.join()
     assert found == [[]]
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
-    try:
-        assert signals_to_handle() == []  # the app handles its shutdown itself
+    try:  # the app handles SIGTERM itself: Ctrl-C still closes gracefully
+        assert signals_to_handle().take == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGTERM, previous)
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:  # the app handles Ctrl-C itself: SIGTERM still closes gracefully
+        assert signals_to_handle().take == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:  # a shell's background job: an ignored signal is no handler of the app's
+        assert signals_to_handle().take == [signal.SIGTERM, signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def app_handler(signum: int, frame: object) -> None: ...
+
+
+def test_a_signal_left_alone_is_said_in_one_line_naming_it_and_why() -> None:
+    default = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+    assert choose_signals(default, main_thread=True).explain() is None
+    own_sigint = {**default, signal.SIGINT: app_handler}
+    assert choose_signals(own_sigint, main_thread=True).explain() == (
+        "not taking over SIGINT: the app handles it (app_handler) (SIGTERM closes gracefully)"
+    )
+    assert choose_signals(default, main_thread=False).explain() == (
+        "not taking over SIGTERM and SIGINT: run() is not in the main thread (close() or "
+        "request_stop() stop gracefully)"
+    )
+    assert choose_signals(default, main_thread=True, wanted=False).explain() == (
+        "not taking over SIGTERM and SIGINT: handle_signals=False"
+    )
+
+
+async def test_an_ignored_signal_taken_over_is_ignored_again_afterwards() -> None:
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        handlers = GracefulSignals(
+            asyncio.get_running_loop(), "c", close=lambda: None, abort=lambda: None
+        )
+        handlers.install([signal.SIGINT])
+        assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        handlers.remove()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 async def test_asyncio_runner_sigint_handler_counts_as_default() -> None:
@@ -95,7 +143,7 @@ async def test_asyncio_runner_sigint_handler_counts_as_default() -> None:
     on_sigint = functools.partial(runner._on_sigint, main_task=None)  # type: ignore[attr-defined]
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        assert signal.SIGINT in signals_to_handle()
+        assert signal.SIGINT in signals_to_handle().take
     finally:
         signal.signal(signal.SIGINT, previous)
         runner.close()
@@ -173,7 +221,7 @@ def _snapshot(**changes: Any) -> ConsumerSnapshot:
 
 def test_readiness_follows_registration_contact_and_closing() -> None:
     metrics = ConsumerMetrics()
-    endpoints = ConsumerEndpoints(metrics, _snapshot, 10.0, "127.0.0.1:9")
+    endpoints = ConsumerEndpoints(metrics, _snapshot, 10_000, "127.0.0.1:9")
     assert endpoints.readiness() == (503, "not started")
     metrics.snapshot = _snapshot()
     assert endpoints.readiness() == (200, "ready") and endpoints.health() == (200, "ok")
@@ -202,7 +250,7 @@ def test_gauges_come_from_the_snapshot() -> None:
 
 def test_a_bad_metrics_address_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="metrics_listen"):
-        ConsumerEndpoints(ConsumerMetrics(), _snapshot, 10.0, "nope")
+        ConsumerEndpoints(ConsumerMetrics(), _snapshot, 10_000, "nope")
 
 
 async def test_an_unreachable_kafka_is_warned_about_then_connect_timeout_raises(
@@ -216,15 +264,17 @@ async def test_an_unreachable_kafka_is_warned_about_then_connect_timeout_raises(
     kafka = f"127.0.0.1:{free_port()}"
     consumer = CoordinatedConsumer(
         group="g", topics=["t"], coordinator=f"127.0.0.1:{free_port()}",
-        bootstrap_servers=kafka, connect_timeout_s=2.5, handle_signals=False,
+        bootstrap_servers=kafka, connect_timeout_ms=2500, handle_signals=False,
     )  # fmt: skip
-    expected = f"Kafka at {kafka} within connect_timeout_s=2.5"
+    expected = rf"Kafka at {kafka} within the connect timeout \(2.5 s\)"
     with (
-        caplog.at_level(logging.WARNING, logger="keyshard.consumer_client._consumer"),
+        caplog.at_level(logging.INFO, logger="keyshard.consumer_client._consumer"),
         pytest.raises(Error, match=expected),
     ):
         await asyncio.wait_for(consumer.run(lambda record: asyncio.sleep(0)), 60)
-    warnings = [r.getMessage() for r in caplog.records]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert infos == ["consumer: not taking over SIGTERM and SIGINT: handle_signals=False"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings and warnings[0].startswith(
         f"cannot reach Kafka at {kafka}: Connect call failed"
     ), warnings

@@ -21,6 +21,7 @@ from keyshard.consumer_client._datapath.progress import ConsumerProgress, Grant
 from keyshard.consumer_client._datapath.window import ReplayWindow
 from keyshard.core.model.positions import Position
 from keyshard.core.model.ranges import RangeSet, SlotRange
+from tests.consumer_client import parts
 from tests.consumer_client.test_progress import (
     TP,
     admit,
@@ -246,25 +247,22 @@ def test_a_negative_replay_window_is_refused(window: int) -> None:
 def test_a_replay_is_dispatched_before_records_already_queued() -> None:
     """Fetched records waiting in the backlog all lie at or above the cursor: the replay
     (below it) must go first, or a key of the granted range would run out of order."""
-    from keyshard.consumer_client import CoordinatedConsumer
     from keyshard.consumer_client._datapath.chunk import Chunk
 
-    consumer = CoordinatedConsumer(
-        group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
-    )
-    consumer._callbacks.start_fetcher(
+    consumer = parts.build()
+    consumer.hooks.start_fetcher(
         RangeSet.from_pairs([(0, 3)]), {TP: [(SlotRange(0, 3), Position(0))]}
     )
-    window = consumer._fetcher.windows[TP] = ReplayWindow(0, 100)
+    window = consumer.fetcher.windows[TP] = ReplayWindow(0, 100)
     window.append(chunk(*range(0, 40)))
     for o in range(30):
         admit(consumer.progress, TP, o, o % 8)
-    queued = Chunk(TP, 0, consumer._session(), chunk(*range(30, 40)))
-    consumer._fetcher.backlog.append(queued)
-    consumer._callbacks.start_fetcher(
+    queued = Chunk(TP, 0, parts.SESSION, chunk(*range(30, 40)))
+    consumer.fetcher.backlog.append(queued)
+    consumer.hooks.start_fetcher(
         RangeSet.from_pairs([(4, 7)]), {TP: [(SlotRange(4, 7), Position(5))]}
     )
-    first, second = consumer._fetcher.backlog
+    first, second = consumer.fetcher.backlog
     assert first.replay is not None and offsets(first.records) == list(range(5, 30))
     assert second is queued
     assert consumer.stats.replayed == 25 and consumer.stats.rewinds == 0
@@ -275,21 +273,17 @@ def test_a_partition_owned_whole_holds_no_records() -> None:
     GC time on every fetch: the window only starts holding once part of it is elsewhere."""
     from aiokafka import TopicPartition
 
-    from keyshard.consumer_client import CoordinatedConsumer
-
-    consumer = CoordinatedConsumer(
-        group="g", topics=["t"], coordinator="127.0.0.1:1", bootstrap_servers="127.0.0.1:1"
-    )
+    consumer = parts.build()
 
     def fetched(*offsets: int) -> None:
         batch: dict[TopicPartition, list[Any]] = {TopicPartition(*TP): chunk(*offsets)}
-        consumer._fetcher.queue_fetched(batch, {TP: 0}, consumer._session())
+        consumer.fetcher.queue_fetched(batch, {TP: 0}, parts.SESSION)
 
-    consumer._callbacks.start_fetcher(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(0))]})
-    window = consumer._fetcher.windows[TP] = ReplayWindow(0, 100)
+    consumer.hooks.start_fetcher(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(0))]})
+    window = consumer.fetcher.windows[TP] = ReplayWindow(0, 100)
     fetched(*range(10))
     assert window.count == 0 and window.start == 10
-    asyncio.run(consumer._callbacks.stop_fetcher(RangeSet.from_pairs([(0, 99)])))  # type: ignore[arg-type]
+    asyncio.run(consumer.hooks.stop_fetcher(RangeSet.from_pairs([(0, 99)])))  # type: ignore[arg-type]
     assert not consumer.progress.partitions[TP].owns_everything
     fetched(*range(10, 20))
     assert window.count == 10 and offsets(window.between(0, 100)) == list(range(10, 20))

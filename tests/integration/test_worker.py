@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -53,27 +55,36 @@ async def _status(url: str) -> int | None:
     return None if response is None else response.status_code
 
 
-async def test_worker_processes_and_a_sigterm_mid_stream_hands_over_without_duplicates(
-    coordinator: CoordinatorProcess, workers: Workers
+@contextlib.contextmanager
+def sigint_ignored() -> Iterator[None]:
+    """Children started meanwhile inherit SIGINT ignored, as a non-interactive shell starts
+    a background job (`cmd &`)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+async def _sigterm_hands_over(
+    coordinator: CoordinatorProcess, workers: Workers, leaver: str, stayer: str
 ) -> None:
-    await create_topic(coordinator.bootstrap)
-    session = ("--session-timeout-ms", str(SESSION_MS))
-    metrics_port = free_port()
-    workers.spawn_cli("w0", *session, "--metrics-listen", f"127.0.0.1:{metrics_port}")
-    workers.spawn_cli("w1", *session, "--log-format", "json")
+    """With `leaver` and `stayer` (started) owning the group, a SIGTERM to `leaver` under
+    load: it exits 0 with a graceful Leave (its ranges move without waiting out the
+    session timeout) and nothing is lost, reordered or processed twice."""
     await wait_for(lambda: coordinator.settled(2), 60, "2 workers owning every slot")
     producing = asyncio.ensure_future(produce(coordinator.bootstrap, 4000, 300, rate=500))
     await wait_for(lambda: workers.unique() > 500, 60, "traffic to flow")
     view = await coordinator.group()
     assert view is not None
-    leaving = next(m for m in view["members"] if m["name"] == "w0")
+    leaving = next(m for m in view["members"] if m["name"] == leaver)
     assert RangeSet.from_pairs(leaving["ranges"]).size > 0
 
     termed_at = time.monotonic()  # the coordinator's handoff times are CLOCK_MONOTONIC
-    workers.procs["w0"].send_signal(signal.SIGTERM)
-    settled = await wait_for(lambda: coordinator.settled(1), 60, "w1 owning everything")
-    assert await wait_for(lambda: workers.procs["w0"].poll() is not None, 60, "w0 to exit")
-    assert workers.procs["w0"].returncode == 0, workers.output("w0", "err")
+    workers.procs[leaver].send_signal(signal.SIGTERM)
+    settled = await wait_for(lambda: coordinator.settled(1), 60, f"{stayer} owning everything")
+    assert await wait_for(lambda: workers.procs[leaver].poll() is not None, 60, "it to exit")
+    assert workers.procs[leaver].returncode == 0, workers.output(leaver, "err")
     assert not producing.done(), "the SIGTERM must come under load"
     handoffs = [
         h for h in settled["handoffs"]
@@ -83,7 +94,7 @@ async def test_worker_processes_and_a_sigterm_mid_stream_hands_over_without_dupl
     # session (the crash case waits 20 s plus a margin here).
     assert handoffs and {h["kind"] for h in handoffs} == {"leave"}, handoffs
     resumed = max(h["resumed_at"] for h in handoffs) - termed_at
-    print(f"w0's ranges running on w1 {resumed:.3f} s after its SIGTERM")
+    print(f"{leaver}'s ranges running on {stayer} {resumed:.3f} s after its SIGTERM")
     assert resumed < SESSION_MS / 1000
 
     produced = await producing
@@ -91,12 +102,60 @@ async def test_worker_processes_and_a_sigterm_mid_stream_hands_over_without_dupl
     report = check(produced, workers.processed())
     assert report.lost == [] and report.order_violations == []
     assert report.duplicates == 0, "a SIGTERM must not duplicate"
-    assert report.per_worker["w0"] > 0 and report.per_worker["w1"] > 0
-    log = workers.output("w0")
-    assert "SIGTERM: closing gracefully" in log
+    assert report.per_worker[leaver] > 0 and report.per_worker[stayer] > 0
+    assert "SIGTERM: closing gracefully" in workers.output(leaver)
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+async def test_worker_processes_and_a_sigterm_mid_stream_hands_over_without_duplicates(
+    coordinator: CoordinatorProcess, workers: Workers, sigint: str
+) -> None:
+    """Also when started as a shell script's background job, with SIGINT ignored: the
+    worker owns its process, so it takes both signals whatever it inherited."""
+    await create_topic(coordinator.bootstrap)
+    session = ("--session-timeout-ms", str(SESSION_MS))
+    metrics_port = free_port()
+    with sigint_ignored() if sigint == "ignored" else contextlib.nullcontext():
+        workers.spawn_cli("w0", *session, "--metrics-listen", f"127.0.0.1:{metrics_port}")
+    workers.spawn_cli("w1", *session, "--log-format", "json")
+    await _sigterm_hands_over(coordinator, workers, "w0", "w1")
+    assert "not taking over" not in workers.output("w0")
     assert workers.output("w0", "err") == ""  # nothing fatal: stderr stays empty
     for line in workers.output("w1").splitlines():  # --log-format json: every line parses
         assert {"time", "level", "logger", "message"} <= json.loads(line).keys()
+
+
+async def test_a_library_app_with_its_own_ctrl_c_handler_still_closes_on_sigterm(
+    coordinator: CoordinatorProcess, workers: Workers
+) -> None:
+    """The app handles SIGINT itself and not SIGTERM: the consumer leaves SIGINT to it,
+    says so, and takes SIGTERM. Started with SIGINT ignored first, as a shell's
+    background job is: the app's own handler replaces that."""
+    await create_topic(coordinator.bootstrap)
+    variables = {
+        **os.environ,
+        "KEYSHARD_GROUP": workers.group, "KEYSHARD_TOPICS": workers.topic,
+        "KEYSHARD_COORDINATOR": coordinator.address,
+        "KEYSHARD_BOOTSTRAP_SERVERS": coordinator.bootstrap, "KEYSHARD_NAME": "app",
+        "KEYSHARD_SESSION_TIMEOUT_MS": str(SESSION_MS),
+        "KEYSHARD_TEST_OUT": str(workers.out_dir / "app.jsonl"),
+    }  # fmt: skip
+    with (
+        open(workers.out_dir / "app.log", "wb") as out,
+        open(workers.out_dir / "app.err", "wb") as err,
+        sigint_ignored(),
+    ):
+        workers.procs["app"] = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.sigint_app"],
+            stdout=out, stderr=err, env=variables,
+        )  # fmt: skip
+    workers.spawn_cli("w1", "--session-timeout-ms", str(SESSION_MS))
+    await _sigterm_hands_over(coordinator, workers, "app", "w1")
+    assert (
+        "app: not taking over SIGINT: the app handles it (on_ctrl_c) (SIGTERM closes "
+        "gracefully)" in workers.output("app")
+    )
+    assert workers.output("app", "err") == ""
 
 
 async def test_worker_readiness_follows_the_coordinator(
@@ -267,7 +326,7 @@ async def test_a_wrong_coordinator_address_warns_at_once_and_the_timeout_exits(
     assert proc.returncode == 1
     err = workers.output("w0", "err").strip().splitlines()
     assert len(err) == 1, err
-    assert f"cannot reach the coordinator at {wrong} within connect_timeout_s=4" in err[0]
+    assert f"cannot reach the coordinator at {wrong} within the connect timeout (4 s)" in err[0]
 
 
 async def test_connect_timeout_raises_in_the_library(coordinator: CoordinatorProcess) -> None:
@@ -275,10 +334,27 @@ async def test_connect_timeout_raises_in_the_library(coordinator: CoordinatorPro
     wrong = f"127.0.0.1:{free_port()}"
     consumer = CoordinatedConsumer(
         group="g", topics=["demo.events"], coordinator=wrong,
-        bootstrap_servers=coordinator.bootstrap, connect_timeout_s=1.5, handle_signals=False,
+        bootstrap_servers=coordinator.bootstrap, connect_timeout_ms=1500, handle_signals=False,
     )  # fmt: skip
-    with pytest.raises(ConsumerError, match=f"coordinator at {wrong} within connect_timeout_s"):
+    with pytest.raises(ConsumerError, match=f"coordinator at {wrong} within the connect timeout"):
         await asyncio.wait_for(consumer.run(lambda record: asyncio.sleep(0)), 60)
+
+
+async def test_the_admin_port_given_as_the_coordinator_is_one_line_and_exit_1(
+    coordinator: CoordinatorProcess, workers: Workers
+) -> None:
+    """The admin API answers in HTTP: said at once, naming the consumer port, not retried
+    as a frame of 1213486160 bytes."""
+    await create_topic(coordinator.bootstrap)
+    admin = f"127.0.0.1:{coordinator.admin_port}"
+    proc = workers.spawn_cli("w0", env={"KEYSHARD_COORDINATOR": admin})
+    await wait_for(lambda: proc.poll() is not None, 60, "the worker to exit")
+    assert proc.returncode == 1
+    err = workers.output("w0", "err").strip().splitlines()
+    assert len(err) == 1, err
+    assert f"{admin} answers in HTTP: it is keyshard's admin API" in err[0]
+    assert "consumers connect to the consumer port (7171 by default" in err[0]
+    assert "FRAME_TOO_LARGE" not in workers.output("w0")
 
 
 async def test_an_unknown_topic_is_one_line_and_exit_1(

@@ -26,9 +26,11 @@ from collections.abc import Callable
 
 from keyshard.core.protocol.codec import (
     DEFAULT_MAX_FRAME_BYTES,
+    ForeignProtocol,
     FrameDecoder,
     ProtocolError,
     encode,
+    foreign_protocol,
 )
 from keyshard.core.protocol.messages import ErrorCode, ErrorResponse, Message, is_response
 
@@ -79,6 +81,9 @@ class Channel:
         # right after the handshake without a byte is refusing us (`consumer_client`).
         self.peer_error: ErrorResponse | None = None
         self.heard_from_peer = False
+        # Another protocol, told by the peer's first bytes (TLS, HTTP): what a bad address
+        # or a TLS mismatch looks like from here.
+        self.peer_protocol: ForeignProtocol | None = None
 
     @classmethod
     async def connect(
@@ -247,14 +252,18 @@ class Channel:
     def _received(self, data: bytes) -> None:
         if self.is_closed:
             return
-        first, self.heard_from_peer = not self.heard_from_peer, True
+        if not self.heard_from_peer:
+            self.heard_from_peer = True
+            self.peer_protocol = foreign_protocol(data)
         try:
             messages = self._decoder.feed(data)
         except ProtocolError as err:
-            # A TLS handshake record starts with 0x16: say so rather than "frame too large".
-            tls = " (a TLS handshake: the peer uses TLS, this end does not)"
-            hint = tls if first and data[:1] == b"\x16" else ""
-            log.warning("%s: bad input from %s: %s%s", self.name, self.peer, err.message, hint)
+            # Another protocol is said as such rather than as "frame too large". An HTTP
+            # response only comes to a client, whose owner says what the address is.
+            foreign = self.peer_protocol
+            hint = "" if foreign is None else f" ({foreign.value})"
+            level = logging.DEBUG if foreign is ForeignProtocol.HTTP_RESPONSE else logging.WARNING
+            log.log(level, "%s: bad input from %s: %s%s", self.name, self.peer, err.message, hint)
             self.fail(err.code, err.message, err.correlation_id)
             return
         for message in messages:

@@ -19,6 +19,7 @@ plane only; records never cross this socket), and being able to read a frame in 
 packet capture is worth more than the bytes saved.
 """
 
+import enum
 import struct
 from typing import Any
 
@@ -38,6 +39,33 @@ _MAX_ERROR_MESSAGE = 1000
 _JSON_KINDS = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
 # Built once: constructing the validator for a 13-way union is the expensive part.
 _MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+
+
+# --------------------------------------------------------------------------- foreign peers
+
+
+class ForeignProtocol(enum.Enum):
+    """What a peer that does not speak this protocol speaks instead, told by its first
+    bytes. Read as a frame, each is an absurd length: b"HTTP" is 1213486160 bytes."""
+
+    TLS = "a TLS handshake: the peer uses TLS, this end does not"
+    HTTP_REQUEST = "an HTTP request: the peer is an HTTP client"
+    HTTP_RESPONSE = "an HTTP response: the peer is an HTTP server"
+
+
+_TLS_HANDSHAKE = 0x16  # the content type of a TLS handshake record
+_HTTP_METHODS = (b"GET ", b"POST ", b"PUT ", b"HEAD ", b"DELETE ", b"OPTIONS ", b"PATCH ")
+
+
+def foreign_protocol(first: bytes) -> ForeignProtocol | None:
+    """The protocol a peer's first bytes are in, when not this one and recognizable."""
+    if first[:1] == bytes((_TLS_HANDSHAKE,)):
+        return ForeignProtocol.TLS
+    if first.startswith(b"HTTP/"):
+        return ForeignProtocol.HTTP_RESPONSE
+    if first.startswith(_HTTP_METHODS):
+        return ForeignProtocol.HTTP_REQUEST
+    return None
 
 
 # --------------------------------------------------------------------------- errors

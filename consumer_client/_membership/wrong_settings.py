@@ -1,12 +1,14 @@
-"""What a failed connection to the coordinator says about our TLS settings.
+"""What a failed connection to the coordinator says about the member's own settings.
 
-A TLS mistake looks like a network problem from below: a wrong CA is an
-`SSLCertVerificationError`, a consumer without TLS at a TLS coordinator (or the reverse)
-sees a closed connection or garbage, and with TLS 1.3 a coordinator that requires a
-client certificate refuses ours only after *our* side of the handshake has finished, so
-the refusal arrives as the connection closing before a single frame. Retrying fixes none
-of these. These functions turn each into a sentence naming the setting to change; the
-membership raises it as `ConsumerError` (docs/protocol.md, TLS).
+A wrong setting looks like a network problem from below. An address that is keyshard's
+admin API answers our first frame with an HTTP response, which read as a frame is a
+length of 1213486160 bytes. A wrong CA is an `SSLCertVerificationError`; a consumer
+without TLS at a TLS coordinator (or the reverse) sees a closed connection or garbage; and
+with TLS 1.3 a coordinator that requires a client certificate refuses ours only after
+*our* side of the handshake has finished, so the refusal arrives as the connection closing
+before a single frame. Retrying fixes none of these. These functions turn each into a
+sentence naming the setting to change; the membership raises it as `ConsumerError`, and
+`keyshard worker` exits with that one line (docs/protocol.md, TLS).
 """
 
 from __future__ import annotations
@@ -14,8 +16,12 @@ from __future__ import annotations
 import ssl
 
 from keyshard.core.protocol.channel import Channel
+from keyshard.core.protocol.codec import ForeignProtocol
 from keyshard.core.protocol.messages import ErrorCode
 from keyshard.core.security.tls import ClientTls
+
+#: Where a coordinator listens for consumers unless told otherwise (its --listen).
+DEFAULT_CONSUMER_PORT = 7171
 
 # OpenSSL's reasons when the other end answers a ClientHello with something that is not
 # TLS: a keyshard frame (a length prefix, then a version byte) is one of these.
@@ -52,6 +58,18 @@ def handshake_problem(err: BaseException, tls: ClientTls | None, address: str) -
             "with --tls-cert-file"
         )
     return None
+
+
+def wrong_port_problem(channel: Channel, address: str) -> str | None:
+    """Why `channel` closed, when `address` is an HTTP server (keyshard's admin API, most
+    likely) rather than a coordinator's consumer port; else None."""
+    if channel.peer_protocol is not ForeignProtocol.HTTP_RESPONSE:
+        return None
+    return (
+        f"{address} answers in HTTP: it is keyshard's admin API (or another web server), "
+        "not a coordinator's consumer port; consumers connect to the consumer port "
+        f"({DEFAULT_CONSUMER_PORT} by default, the coordinator's --listen)"
+    )
 
 
 def closed_problem(channel: Channel, tls: ClientTls | None, address: str) -> str | None:
