@@ -128,10 +128,15 @@ class Layers:
 def read_layers(pyproject: Path) -> Layers:
     config = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     contracts = config["tool"]["importlinter"]["contracts"]
+    # A contract with `containers` names its layers relative to each container.
     layered = [
-        [[name.strip() for name in layer.split("|")] for layer in contract["layers"]]
+        [
+            [f"{container}{name.strip()}" for name in layer.split("|")]
+            for layer in contract["layers"]
+        ]
         for contract in contracts
         if contract.get("type") == "layers"
+        for container in [f"{c}." for c in contract.get("containers", [])] or [""]
     ]
     top = next(rows for rows in layered if all(n.count(".") == 1 for r in rows for n in r))
     inner: dict[str, list[list[str]]] = {}
