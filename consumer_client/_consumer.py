@@ -54,10 +54,10 @@ from keyshard.consumer_client._operations.signals import (
     GracefulSignals,
     signals_to_handle,
 )
-from keyshard.consumer_client._renamed import renamed_seconds
 from keyshard.core.kafka.connect import KafkaUnreachable, start_client
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.addresses import parse_host_ports
+from keyshard.core.model.durations import renamed_seconds
 from keyshard.core.model.hashing import ORDERING_KEY_HEADER
 from keyshard.core.security.tls import ClientTls
 

@@ -27,7 +27,7 @@ from time import monotonic
 from types import CoroutineType
 from typing import Any, Literal
 
-from keyshard.consumer_client._renamed import renamed_seconds
+from keyshard.core.model.durations import renamed_seconds
 from keyshard.core.model.positions import TopicPartition
 from keyshard.core.model.ranges import RangeSet
 

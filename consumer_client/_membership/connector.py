@@ -52,8 +52,8 @@ from keyshard.consumer_client._membership.wrong_settings import (
     handshake_problem,
     wrong_port_problem,
 )
-from keyshard.consumer_client._renamed import renamed_seconds
 from keyshard.core.model.addresses import parse_host_port
+from keyshard.core.model.durations import renamed_seconds
 from keyshard.core.model.positions import PositionUpdate
 from keyshard.core.protocol.channel import Channel, ChannelClosed, RemoteError
 from keyshard.core.protocol.messages import (

@@ -79,13 +79,14 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def _env(flag: str) -> str:
+def env_variable(flag: str) -> str:
+    """The variable a flag reads: `--connect-timeout-ms` -> KEYSHARD_CONNECT_TIMEOUT_MS."""
     return "KEYSHARD_" + flag.lstrip("-").replace("-", "_").upper()
 
 
 def _add(parser: argparse.ArgumentParser, flag: str, **kwargs: object) -> None:
     """A flag whose default comes from its environment variable when set."""
-    env = _env(flag)
+    env = env_variable(flag)
     if env in os.environ:
         value = os.environ[env]
         convert = kwargs.get("type")
@@ -488,11 +489,18 @@ def add_worker_command(command: Any) -> None:
     )
     _add(
         w,
-        "--connect-timeout-s",
-        type=float,
+        "--connect-timeout-ms",
+        type=positive_ms,
         default=None,
         help="exit when the coordinator or Kafka stays unreachable this long (default: "
         "retry forever, warning at once and then every 30 s)",
+    )
+    _add(
+        w,
+        "--connect-timeout-s",
+        type=positive_number,
+        default=None,
+        help="deprecated: --connect-timeout-ms in seconds, taken for one release (a warning)",
     )
     _add(
         w,

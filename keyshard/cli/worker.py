@@ -9,9 +9,10 @@ exact positions) and a second signal to abort, `/healthz` `/readyz` `/metrics` w
 
 Exit status: 0 after a graceful stop; 1 with one line on stderr when the coordinator or
 Kafka refuses the worker for good (unknown topic, wrong token, bad credentials, nothing
-reachable within --connect-timeout-s); 2 with one line for bad flags or a bad
+reachable within --connect-timeout-ms); 2 with one line for bad flags or a bad
 MODULE:FUNCTION (one that fails to import included: its error, file and line); 130 when
-a second signal aborted the drain.
+a second signal aborted the drain. A deprecated flag (`RENAMED_FLAGS`) still works, with
+one line on stderr naming its replacement.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from keyshard.cli.parser import env_variable
 from keyshard.consumer_client import (
     ClientTls,
     ConsumerAborted,
@@ -44,11 +46,14 @@ from keyshard.core.kafka.settings import (
     from_environment,
     load_properties,
 )
+from keyshard.core.model.durations import deprecated, pick_ms
 from keyshard.core.security.tls import TlsConfigError
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_ABORTED = 130
+#: Flags in seconds renamed to milliseconds, still taken for one release: old -> new.
+RENAMED_FLAGS = {"--connect-timeout-s": "--connect-timeout-ms"}
 
 
 class WorkerUsageError(ValueError):
@@ -58,6 +63,8 @@ class WorkerUsageError(ValueError):
 def run_worker_command(args: argparse.Namespace) -> int:
     try:
         handler = load_handler(args.target)
+        for line in take_renamed_flags(args):
+            print(f"keyshard worker: warning: {line}", file=sys.stderr)
         consumer = build_consumer(args, os.environ)
         configure_logging(args.log_format, args.log_level)
     except (WorkerUsageError, KafkaConfigError, TlsConfigError, ValueError) as err:
@@ -152,9 +159,36 @@ def _shown(path: str) -> str:
     return path if relative.startswith("..") else relative
 
 
+def take_renamed_flags(args: argparse.Namespace) -> list[str]:
+    """Each deprecated flag given (on the command line or by its variable) becomes its new
+    flag, in milliseconds; returns the warnings to print, a line each. A setting given
+    under both names is a `WorkerUsageError`."""
+    warnings: list[str] = []
+    for old, new in RENAMED_FLAGS.items():
+        old_dest, new_dest = _dest(old), _dest(new)
+        seconds = getattr(args, old_dest)
+        if seconds is None:
+            continue
+        old_name = f"{old} ({env_variable(old)})"
+        new_name = f"{new} ({env_variable(new)})"
+        try:
+            ms = pick_ms(getattr(args, new_dest), seconds, new=new_name, old=old_name)
+        except ValueError as err:
+            raise WorkerUsageError(str(err)) from None
+        setattr(args, new_dest, ms)
+        setattr(args, old_dest, None)
+        warnings.append(deprecated(old_name, new_name))
+    return warnings
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
+
+
 def build_consumer(args: argparse.Namespace, environ: Mapping[str, str]) -> CoordinatedConsumer:
-    """The consumer the flags describe; a missing or contradictory one raises a ValueError
-    naming the flag (and its variable)."""
+    """The consumer the flags describe (deprecated flags already taken by
+    `take_renamed_flags`); a missing or contradictory one raises a ValueError naming the
+    flag (and its variable)."""
     if not args.group:
         raise WorkerUsageError("--group (KEYSHARD_GROUP) is required")
     topics = [t.strip() for t in (args.topics or "").split(",") if t.strip()]
@@ -162,7 +196,6 @@ def build_consumer(args: argparse.Namespace, environ: Mapping[str, str]) -> Coor
         raise WorkerUsageError("--topics (KEYSHARD_TOPICS) is required: comma-separated topics")
     if args.log_format not in ("plain", "json"):
         raise WorkerUsageError(f"--log-format {args.log_format!r}: plain or json")
-    timeout = _connect_timeout(args.connect_timeout_s)
     from_file = load_properties(args.kafka_config) if args.kafka_config else {}
     kafka = KafkaSettings.parse({**from_file, **from_environment(environ)})
     bootstrap = args.bootstrap_servers or kafka.bootstrap_servers
@@ -191,22 +224,9 @@ def build_consumer(args: argparse.Namespace, environ: Mapping[str, str]) -> Coor
             max_attempts=int(args.retry_max_attempts),
         ),
         drain_timeout_ms=int(args.drain_timeout_ms),
-        connect_timeout_ms=timeout,
+        connect_timeout_ms=args.connect_timeout_ms,
         metrics_listen=metrics,
     )
-
-
-def _connect_timeout(value: object) -> int | None:
-    """--connect-timeout-s in the consumer's unit, milliseconds."""
-    if value is None:
-        return None
-    try:
-        seconds = float(str(value))
-    except ValueError:
-        raise WorkerUsageError(f"--connect-timeout-s {value!r} is not a number") from None
-    if not seconds > 0:
-        raise WorkerUsageError(f"--connect-timeout-s {value!r} must be > 0")
-    return max(1, round(seconds * 1000))
 
 
 def _tls(args: argparse.Namespace) -> ClientTls | None:

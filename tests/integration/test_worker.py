@@ -313,7 +313,7 @@ async def test_a_wrong_coordinator_address_warns_at_once_and_the_timeout_exits(
     await create_topic(coordinator.bootstrap)
     wrong = f"127.0.0.1:{free_port()}"
     proc = workers.spawn_cli(
-        "w0", "--log-format", "json", "--connect-timeout-s", "4",
+        "w0", "--log-format", "json", "--connect-timeout-ms", "4000",
         env={"KEYSHARD_COORDINATOR": wrong},
     )  # fmt: skip
     await wait_for(lambda: proc.poll() is not None, 60, "the worker to give up")
