@@ -17,7 +17,12 @@ Run it from Python (`run_executor_consumers(spark, ...)`) or as a job:
 
     spark-submit spark_jobs/executors.py --group orders --topics orders \\
         --coordinator coord:7171 --bootstrap-servers kafka:9092 \\
-        --handler mypackage.handlers:save --consumers 8 --idle-seconds 60
+        --handler mypackage.handlers:save --consumers 8 --idle-ms 60000
+
+Durations are in milliseconds. The names that were in seconds (`--max-seconds`,
+`--idle-seconds`, `--connect-timeout-s`; `max_seconds=`, `idle_seconds=`,
+`connect_timeout_s=`) are taken for one release: a flag with one line on stderr, an
+argument with a `DeprecationWarning`; given with its new name, each is an error.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from keyshard.core.kafka.settings import KafkaSettings, load_properties
 from keyshard.core.model.addresses import parse_host_port
+from keyshard.core.model.durations import renamed_seconds, take_renamed_flags
 from keyshard.core.model.ranges import RangeSet
 from keyshard.core.security.tls import ClientTls, TlsNames
 from keyshard.spark_jobs.launch import job_session
@@ -51,12 +57,13 @@ if TYPE_CHECKING:
 Handler = Callable[[Any], None] | Callable[[Any], Awaitable[None]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class StopWhen:
     """When each consumer task leaves the group (whichever comes first).
 
-    - `max_seconds`: wall time since the task started (a bounded run, e.g. a scheduled job).
-    - `idle_seconds`: the task handled no record for this long. Idle is per consumer: one
+    - `max_ms`: wall time since the task started, in milliseconds (a bounded run, e.g. a
+      scheduled job).
+    - `idle_ms`: the task handled no record for this long. Idle is per consumer: one
       whose keys are quiet leaves and its slots go to the others, so nothing is left behind;
       the whole job ends once every consumer is idle. Pick it longer than the consumers'
       session timeout so a lost member's ranges have time to arrive.
@@ -65,27 +72,35 @@ class StopWhen:
 
     All `None` runs until the Spark job is cancelled, which kills the Python workers: that
     is a crash for the coordinator (duplicates of at most one ping interval of work).
+    Keyword-only; `max_seconds` and `idle_seconds` (seconds) are deprecated names of the
+    first two.
     """
 
-    max_seconds: float | None = None
-    idle_seconds: float | None = None
-    stop_file: str | None = None
+    max_ms: int | None
+    idle_ms: int | None
+    stop_file: str | None
 
-    def __post_init__(self) -> None:
-        for name in ("max_seconds", "idle_seconds"):
-            value = getattr(self, name)
+    @renamed_seconds(max_seconds="max_ms", idle_seconds="idle_ms")
+    def __init__(
+        self, *, max_ms: int | None = None, idle_ms: int | None = None, stop_file: str | None = None
+    ) -> None:
+        for name, value in (("max_ms", max_ms), ("idle_ms", idle_ms)):
             if value is not None and not value > 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
-        if self.stop_file is not None and not self.stop_file:
+                raise ValueError(f"{name} must be > 0 ms, got {value!r}")
+        if stop_file is not None and not stop_file:
             raise ValueError("stop_file must be a path, got an empty string")
+        object.__setattr__(self, "max_ms", max_ms)
+        object.__setattr__(self, "idle_ms", idle_ms)
+        object.__setattr__(self, "stop_file", stop_file)
 
     def reason(self, *, running_for: float, idle_for: float, file_exists: bool) -> str | None:
-        """Why to stop now, or None to keep consuming (pure: the task feeds it the facts)."""
+        """Why to stop now, or None to keep consuming (pure: the task feeds it the facts,
+        in seconds)."""
         if self.stop_file is not None and file_exists:
             return "stop-file"
-        if self.max_seconds is not None and running_for >= self.max_seconds:
+        if self.max_ms is not None and running_for * 1000 >= self.max_ms:
             return "max-seconds"
-        if self.idle_seconds is not None and idle_for >= self.idle_seconds:
+        if self.idle_ms is not None and idle_for * 1000 >= self.idle_ms:
             return "idle"
         return None
 
@@ -125,7 +140,7 @@ class ConsumerSettings:
     coordinator_tls: ClientTls | None = None  # paths as the executors see them
     # How long a task's coordinator or Kafka may stay unreachable before it fails (None:
     # retry, warning at once and then every 30 s, as `CoordinatedConsumer` does).
-    connect_timeout_s: float | None = None
+    connect_timeout_ms: int | None = None
 
 
 _current: CoordinatedConsumer | None = None
@@ -193,9 +208,7 @@ async def consume_until(
         session_timeout_ms=settings.session_timeout_ms,
         capacity=settings.capacity,
         coordinator_tls=settings.coordinator_tls,
-        connect_timeout_ms=(
-            None if settings.connect_timeout_s is None else round(settings.connect_timeout_s * 1000)
-        ),
+        connect_timeout_ms=settings.connect_timeout_ms,
         # Spark owns its Python workers' signals: it stops a task by interrupting it.
         handle_signals=False,
     )
@@ -278,6 +291,7 @@ def task_slots(spark: SparkSession) -> int:
     return int(spark.sparkContext.defaultParallelism)
 
 
+@renamed_seconds(connect_timeout_s="connect_timeout_ms")
 def run_executor_consumers(
     spark: SparkSession,
     *,
@@ -294,7 +308,7 @@ def run_executor_consumers(
     name: str = "spark",
     kafka_config: Mapping[str, str] | None = None,
     coordinator_tls: ClientTls | None = None,
-    connect_timeout_s: float | None = None,
+    connect_timeout_ms: int | None = None,
 ) -> list[TaskReport]:
     """Run `consumers` tasks (default: one per task slot), each a member of `group` calling
     `handler(record)` (an aiokafka ConsumerRecord; sync or async) per record, keys in order.
@@ -303,6 +317,9 @@ def run_executor_consumers(
     attempt's, when Spark retried a task whose executor was lost). `handler` is pickled to
     the executors: a module-level function of an importable module is the safe choice.
     `coordinator_tls` files must exist at the same paths on every executor.
+    `connect_timeout_ms`: how long a task's coordinator or Kafka may stay unreachable
+    before the task fails (None: retry, warning at once and then every 30 s);
+    `connect_timeout_s` (seconds) is its deprecated name.
     """
     if not topics or any(not t for t in topics):
         raise ValueError(f"topics must name at least one topic, got {topics!r}")
@@ -310,6 +327,8 @@ def run_executor_consumers(
         raise ValueError("group must not be empty")
     if not callable(handler):
         raise TypeError(f"handler must be callable, got {handler!r}")
+    if connect_timeout_ms is not None and connect_timeout_ms <= 0:
+        raise ValueError(f"connect_timeout_ms must be > 0, got {connect_timeout_ms}")
     slots = task_slots(spark)
     count = slots if consumers is None else consumers
     if count < 1:
@@ -336,7 +355,7 @@ def run_executor_consumers(
         capacity=capacity,
         kafka_config=dict(kafka_config or {}),
         coordinator_tls=coordinator_tls,
-        connect_timeout_s=connect_timeout_s,
+        connect_timeout_ms=connect_timeout_ms,
     )
     sc = spark.sparkContext
     sc.setJobGroup(f"keyshard-{group}", f"keyshard consumers of {group}", interruptOnCancel=True)
@@ -362,6 +381,14 @@ def load_handler(spec: str) -> Handler:
     return handler  # type: ignore[no-any-return]
 
 
+#: Flags in seconds renamed to milliseconds, still taken for one release: old -> new.
+RENAMED_FLAGS = {
+    "--max-seconds": "--max-ms",
+    "--idle-seconds": "--idle-ms",
+    "--connect-timeout-s": "--connect-timeout-ms",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="keyshard.spark_jobs.executors",
@@ -373,18 +400,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap-servers", required=True)
     p.add_argument("--handler", required=True, help="module:function called once per record")
     p.add_argument("--consumers", type=int, default=None, help="default: one per task slot")
-    p.add_argument("--max-seconds", type=float, default=None)
-    p.add_argument("--idle-seconds", type=float, default=None)
-    p.add_argument("--stop-file", default=None)
+    p.add_argument("--max-ms", type=int, default=None, help="a task leaves after this long")
+    p.add_argument(
+        "--idle-ms", type=int, default=None, help="a task leaves after no record for this long"
+    )
+    p.add_argument("--stop-file", default=None, help="a task leaves once this file exists")
     p.add_argument("--max-concurrency", type=int, default=16, help="keys in flight per task")
     p.add_argument("--session-timeout-ms", type=int, default=10_000)
     p.add_argument(
-        "--connect-timeout-s",
-        type=float,
+        "--connect-timeout-ms",
+        type=int,
         default=None,
         help="fail a task whose coordinator or Kafka stays unreachable this long "
         "(default: retry, warning at once and then every 30 s)",
     )
+    for old, new in RENAMED_FLAGS.items():
+        p.add_argument(old, type=float, default=None, help=f"deprecated: {new} in seconds")
     p.add_argument("--master", default=None, help="default: spark-submit's, else local[consumers]")
     p.add_argument("--stats", default=None, help="also write the per-task stats here (JSON)")
     p.add_argument(
@@ -423,8 +454,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        for line in take_renamed_flags(args, RENAMED_FLAGS):
+            print(f"{parser.prog}: warning: {line}", file=sys.stderr)
         handler = load_handler(args.handler)
-        until = StopWhen(args.max_seconds, args.idle_seconds, args.stop_file)
+        until = StopWhen(max_ms=args.max_ms, idle_ms=args.idle_ms, stop_file=args.stop_file)
         tls = tls_from_flags(args)  # TlsConfigError is a ValueError
     except ValueError as err:
         parser.error(str(err))
@@ -449,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             session_timeout_ms=args.session_timeout_ms,
             kafka_config=load_properties(args.kafka_config) if args.kafka_config else None,
             coordinator_tls=tls,
-            connect_timeout_s=args.connect_timeout_s,
+            connect_timeout_ms=args.connect_timeout_ms,
         )
     except (ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -15,11 +15,13 @@ slice covers a slot range, not an offset range, so splitting a partition never s
 from __future__ import annotations
 
 import json
+import warnings
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from keyshard.core.model.durations import deprecated, pick_ms
 from keyshard.core.model.hashing import SLOT_COUNT
 from keyshard.core.model.positions import Position, TopicPartition
 from keyshard.core.model.ranges import SlotRange
@@ -139,6 +141,24 @@ def parse_int(
         upper = "" if high is None else f"..{high}"
         raise SourceError(f"option {name!r}={value} is outside {low}{upper}")
     return value
+
+
+def parse_ms(options: Mapping[str, str], name: str, default: int) -> int:
+    """A duration option, `name` ending in `_ms`: whole milliseconds, at least 1. Its
+    deprecated name in whole seconds (`_s` for `_ms`) is taken for one release, with a
+    `FutureWarning` (shown by default: Spark, not the query's code, reads the options);
+    both names given is a `SourceError`."""
+    old = name.removesuffix("_ms") + "_s"
+    ms = parse_int(options, name, default, 1) if name in options else None
+    seconds = parse_int(options, old, 1, 1) if old in options else None
+    try:
+        value = pick_ms(ms, seconds, new=repr(name), old=repr(old))
+    except ValueError as err:
+        raise SourceError(f"option {err}") from None
+    if seconds is not None:
+        message = deprecated(f"option {old!r}", f"{name!r}")
+        warnings.warn(f"keyshard source: {message}", FutureWarning, stacklevel=2)
+    return default if value is None else value
 
 
 def parse_coordinator_tls(options: Mapping[str, str]) -> ClientTls | None:

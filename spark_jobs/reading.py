@@ -9,7 +9,7 @@ from pyspark.sql.datasource import InputPartition
 
 from keyshard.core.model.hashing import ORDERING_KEY_HEADER
 from keyshard.spark_jobs.kafka_io import SparkKafka, read_slice
-from keyshard.spark_jobs.planning import ReadSlice, parse_int
+from keyshard.spark_jobs.planning import ReadSlice, parse_int, parse_ms
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -31,7 +31,8 @@ class ReadSettings:
         self.kafka = SparkKafka.from_options(options)
         self.ordering_header = options.get("ordering_header", ORDERING_KEY_HEADER)
         self.batch_rows = parse_int(options, "batch_rows", 8192, 1)
-        self.stall_timeout = float(parse_int(options, "stall_timeout_s", 30, 1))
+        # Seconds, as asyncio takes them.
+        self.stall_timeout = parse_ms(options, "stall_timeout_ms", 30_000) / 1000
 
 
 def arrow_batches(piece: ReadSlice, settings: ReadSettings) -> Iterator[pa.RecordBatch]:

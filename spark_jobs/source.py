@@ -14,7 +14,10 @@ slot int`. The slot is the one the coordinator and the consumer client use
 Batch read: every record from the earliest offset (or `starting_positions`, the JSON of
 Spark's Kafka `startingOffsets`) up to the fetch high watermark at planning time, one Spark
 partition per (topic-partition x slot range), `ranges` equal slices of the slot space
-(default: Spark's default parallelism, fixed by `register`).
+(default: Spark's default parallelism, fixed by `register`). `timeout_ms` (15000): how long
+planning may wait for Kafka; `stall_timeout_ms` (30000): a task whose read gets no record
+for this long fails. The names in seconds, `timeout_s` and `stall_timeout_s`, are taken
+for one release, with a warning.
 
 Streaming read: the query is a coordinated consumer; see `spark_jobs.stream`.
 """
@@ -36,6 +39,7 @@ from keyshard.spark_jobs.kafka_io import read_watermarks
 from keyshard.spark_jobs.planning import (
     equal_ranges,
     parse_int,
+    parse_ms,
     parse_starting_positions,
     parse_topics,
     plan_batch,
@@ -58,7 +62,7 @@ class BatchReader(DataSourceReader):
         self.topics = parse_topics(options)
         self.ranges = equal_ranges(parse_int(options, "ranges", default_ranges, 1, 65536))
         self.starting = parse_starting_positions(options.get("starting_positions"), self.topics)
-        self.timeout = float(parse_int(options, "timeout_s", 15, 1))
+        self.timeout = parse_ms(options, "timeout_ms", 15_000) / 1000  # seconds, for asyncio
 
     def partitions(self) -> list[InputPartition]:
         watermarks = asyncio.run(read_watermarks(self.settings.kafka, self.topics, self.timeout))

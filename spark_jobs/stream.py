@@ -6,8 +6,11 @@
 Options: `group`, `topics`, `coordinator`, `bootstrap_servers` (required); `auth_token`;
 `capacity` (default: Spark's default parallelism); `ranges` (Spark partitions per
 topic-partition and batch, default: the capacity); `name`; `session_timeout_ms` (10000);
-`connect_timeout_s` (30); `ordering_header`; `coordinator_tls_ca_file` (the coordinator's
-channel runs TLS), `coordinator_tls_cert_file` and `coordinator_tls_key_file` (mutual TLS).
+`connect_timeout_ms` (30000); `stall_timeout_ms` (30000); `ordering_header`;
+`coordinator_tls_ca_file` (the coordinator's channel runs TLS), `coordinator_tls_cert_file`
+and `coordinator_tls_key_file` (mutual TLS). Durations are in milliseconds; the names in
+seconds, `connect_timeout_s` and `stall_timeout_s`, are taken for one release, with a
+warning (`planning.parse_ms`).
 
 **Who is the member.** The driver-side reader (Spark runs it in one long-lived Python
 process per query) registers with the coordinator over the consumer protocol, through
@@ -80,6 +83,7 @@ from keyshard.spark_jobs.planning import (
     SourceError,
     parse_coordinator_tls,
     parse_int,
+    parse_ms,
     parse_topics,
     require,
 )
@@ -109,7 +113,8 @@ class StreamSettings:
         self.pieces = parse_int(options, "ranges", self.capacity, 1, 65536)
         self.name = options.get("name", f"spark-{self.group}")
         self.session_timeout_ms = parse_int(options, "session_timeout_ms", 10_000, 1000, 300_000)
-        self.connect_timeout = float(parse_int(options, "connect_timeout_s", 30, 1))
+        # Seconds, as asyncio takes them.
+        self.connect_timeout = parse_ms(options, "connect_timeout_ms", 30_000) / 1000
 
 
 class MemberRuntime:

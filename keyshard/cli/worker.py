@@ -46,7 +46,7 @@ from keyshard.core.kafka.settings import (
     from_environment,
     load_properties,
 )
-from keyshard.core.model.durations import deprecated, pick_ms
+from keyshard.core.model import durations
 from keyshard.core.security.tls import TlsConfigError
 
 EXIT_REFUSED = 1
@@ -163,26 +163,12 @@ def take_renamed_flags(args: argparse.Namespace) -> list[str]:
     """Each deprecated flag given (on the command line or by its variable) becomes its new
     flag, in milliseconds; returns the warnings to print, a line each. A setting given
     under both names is a `WorkerUsageError`."""
-    warnings: list[str] = []
-    for old, new in RENAMED_FLAGS.items():
-        old_dest, new_dest = _dest(old), _dest(new)
-        seconds = getattr(args, old_dest)
-        if seconds is None:
-            continue
-        old_name = f"{old} ({env_variable(old)})"
-        new_name = f"{new} ({env_variable(new)})"
-        try:
-            ms = pick_ms(getattr(args, new_dest), seconds, new=new_name, old=old_name)
-        except ValueError as err:
-            raise WorkerUsageError(str(err)) from None
-        setattr(args, new_dest, ms)
-        setattr(args, old_dest, None)
-        warnings.append(deprecated(old_name, new_name))
-    return warnings
-
-
-def _dest(flag: str) -> str:
-    return flag.removeprefix("--").replace("-", "_")
+    try:
+        return durations.take_renamed_flags(
+            args, RENAMED_FLAGS, lambda flag: f"{flag} ({env_variable(flag)})"
+        )
+    except ValueError as err:
+        raise WorkerUsageError(str(err)) from None
 
 
 def build_consumer(args: argparse.Namespace, environ: Mapping[str, str]) -> CoordinatedConsumer:

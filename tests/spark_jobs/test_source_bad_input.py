@@ -90,7 +90,7 @@ def test_a_stream_without_a_reachable_coordinator_fails_clearly(
         "topics": topic,
         "coordinator": nobody,
         "bootstrap_servers": broker.bootstrap_servers,
-        "connect_timeout_s": "2",
+        "connect_timeout_ms": "2000",
     }
     with pytest.raises(StreamingQueryException, match=f"coordinator unreachable.*{nobody}"):
         _run_stream(spark, options)

@@ -11,9 +11,10 @@ are here and the wording of the warning is `deprecated`.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 P = ParamSpec("P")
@@ -37,6 +38,32 @@ def pick_ms(ms: int | None, seconds: float | None, *, new: str, old: str) -> int
     if ms is not None:
         raise ValueError(f"{new} and its deprecated name {old} are both given: give only {new}")
     return seconds_to_ms(seconds)
+
+
+def take_renamed_flags(
+    args: argparse.Namespace,
+    renamed: Mapping[str, str],
+    shown: Callable[[str], str] = str,
+) -> list[str]:
+    """A command line's flags in seconds renamed to milliseconds (`renamed`: old flag ->
+    new flag, both parsed): each old one given becomes its new one, in ms. Returns the
+    warnings to print, a line each; a setting given under both names is a `ValueError`.
+    `shown` names a flag in those lines (with its environment variable, say)."""
+    lines: list[str] = []
+    for old, new in renamed.items():
+        old_dest, new_dest = _dest(old), _dest(new)
+        seconds = getattr(args, old_dest)
+        if seconds is None:
+            continue
+        ms = pick_ms(getattr(args, new_dest), seconds, new=shown(new), old=shown(old))
+        setattr(args, new_dest, ms)
+        setattr(args, old_dest, None)
+        lines.append(deprecated(shown(old), shown(new)))
+    return lines
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
 
 
 def renamed_seconds(**renames: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
