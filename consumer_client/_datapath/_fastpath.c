@@ -1,13 +1,14 @@
 /*
- * consumer_client._fastpath: the common case of CoordinatedConsumer's per-record loop, in C.
+ * keyshard.consumer_client._datapath._fastpath: the common case of CoordinatedConsumer's
+ * per-record loop, in C.
  *
  * Why C: with a cheap handler the consumer's own per-record work (ordering key, murmur3
  * slot, fetch filter, inline dispatch) cost ~0.9 us in Python against ~0.1 us for a bare
  * `await handler(record)`, so a consumer owning every slot read at 0.64x a bare getmany
  * loop. This module does only what is cheap and certain; every other case goes back to the
- * Python loop (consumer_client/dispatch.py `Dispatcher.dispatch_records`), the reference
- * implementation: `run` stops *before* touching any state for a record it does not handle,
- * Python handles that one record, and calls `run` again from the next index.
+ * Python loop (consumer_client/_datapath/dispatch.py `Dispatcher.dispatch_records`), the
+ * reference implementation: `run` stops *before* touching any state for a record it does
+ * not handle, Python handles that one record, and calls `run` again from the next index.
  *
  * `run` handles a record when all of this holds (else status PYTHON for it):
  *   - offset is an int, headers None or a tuple/list of (str, value) tuples, and the
@@ -248,7 +249,7 @@ static PyStructSequence_Field outcome_fields[] = {
 };
 
 static PyStructSequence_Desc outcome_desc = {
-    "consumer_client._fastpath.Outcome",
+    "keyshard.consumer_client._datapath._fastpath.Outcome",
     "The outcome of one `run` call.",
     outcome_fields,
     10,
@@ -508,7 +509,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "consumer_client._fastpath",
+    PyModuleDef_HEAD_INIT, "keyshard.consumer_client._datapath._fastpath",
     "C fast path of CoordinatedConsumer's per-record loop (see _fastpath.c).", -1, methods,
     NULL, NULL, NULL, NULL,
 };

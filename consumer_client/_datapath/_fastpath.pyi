@@ -1,4 +1,4 @@
-# The C extension consumer_client/_fastpath.c (optional: see consumer_client/fastpath.py).
+# The C extension consumer_client/_datapath/_fastpath.c (optional: see _datapath/fastpath.py).
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 

@@ -1,4 +1,5 @@
-"""The C fast path (consumer_client/_fastpath.c) against the Python loop it shortcuts.
+"""The C fast path (consumer_client/_datapath/_fastpath.c) against the Python loop it
+shortcuts.
 
 The Python loop (`Dispatcher.dispatch_records`) is the reference: for random
 chunks - keys of every shape, ordering headers, offsets below the cursor, grants frozen or
@@ -241,6 +242,15 @@ def test_extension_is_built() -> None:
     assert native.hash(b"") == 0
     if not os.environ.get(fastpath.PURE_PYTHON_ENV):
         assert fastpath.NATIVE is native
+
+
+@needs_native
+def test_the_extension_calls_itself_by_its_import_name() -> None:
+    """Its module and its Outcome type, in reprs, tracebacks and pickles."""
+    assert NATIVE is not None
+    name = "keyshard.consumer_client._datapath._fastpath"
+    assert NATIVE.__name__ == name
+    assert (NATIVE.Outcome.__module__, NATIVE.Outcome.__qualname__) == (name, "Outcome")
 
 
 # ---- bad input: the same error as the Python loop -------------------------------------
