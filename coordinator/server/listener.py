@@ -12,10 +12,10 @@ connection flood (`coordinator.server.admission`):
   session exists; a refused connection is told why (`TOO_MANY_CONNECTIONS`) and closed.
 * Every connection gets a deadline to register, TLS handshake included.
 
-With TLS, the first byte a client sends is looked at before the handshake (a TLS
-connection starts with a handshake record, 0x16; a frame of this protocol with a length
-byte, 0x00): a consumer without TLS is answered in plain text (`TLS_REQUIRED`) instead of
-with a TLS alert it cannot read.
+With TLS, the first byte a client sends is looked at before the handshake, by the
+codec's `foreign_protocol` (a TLS connection starts with a handshake record, 0x16; a frame
+of this protocol with a length byte, 0x00): a consumer without TLS is answered in plain
+text (`TLS_REQUIRED`) instead of with a TLS alert it cannot read.
 """
 
 from __future__ import annotations
@@ -34,7 +34,12 @@ from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.coordinator.server.admission import ConnectionCounts, ConnectionLimits, ThrottledLog
 from keyshard.coordinator.server.session import ConnectionState, MemberSession
 from keyshard.core.protocol.channel import TLS_SHUTDOWN_TIMEOUT_S, Channel
-from keyshard.core.protocol.codec import DEFAULT_MAX_FRAME_BYTES, encode
+from keyshard.core.protocol.codec import (
+    DEFAULT_MAX_FRAME_BYTES,
+    ForeignProtocol,
+    encode,
+    foreign_protocol,
+)
 from keyshard.core.protocol.messages import ErrorCode, ErrorResponse
 
 log = logging.getLogger(__name__)
@@ -45,7 +50,6 @@ ACCEPT_PAUSE_S = 0.1  # after an accept error: descriptors free up as deadlines 
 MAX_REFUSING = 64  # TLS refusals in their handshake at once; past that a socket just closes
 REFUSAL_TIMEOUT_S = 5.0  # a refused TLS client gets this long to finish its handshake
 _RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-_TLS_HANDSHAKE = 0x16  # the content type of a TLS handshake record
 
 
 class _NotTls(Exception):
@@ -264,7 +268,7 @@ class CoordinatorServer:
             return False
         if not first:
             return False  # the client went away
-        if first[0] == _TLS_HANDSHAKE:
+        if foreign_protocol(first) is ForeignProtocol.TLS:
             return True
         if where is not None:
             self._handshakes(
