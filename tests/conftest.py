@@ -206,3 +206,12 @@ def workers(coordinator: CoordinatorProcess, tmp_path: Path) -> Iterator[Workers
         yield w
     finally:
         w.stop_all()
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No KEYSHARD_* from the test run's own environment leaks into build_parser()."""
+    for key in list(os.environ):
+        if key.startswith("KEYSHARD_"):
+            monkeypatch.delenv(key)
+    return monkeypatch

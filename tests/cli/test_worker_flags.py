@@ -25,40 +25,31 @@ WARNING = (
 )
 
 
-@pytest.fixture
-def parse(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No KEYSHARD_* variable of the test run's own reaches the parser."""
-    for key in list(os.environ):
-        if key.startswith("KEYSHARD_"):
-            monkeypatch.delenv(key)
-    return monkeypatch
-
-
 def _args(*flags: str) -> argparse.Namespace:
     return build_parser().parse_args(["worker", *REQUIRED, *flags])
 
 
-def test_the_millisecond_flag_warns_about_nothing(parse: pytest.MonkeyPatch) -> None:
+def test_the_millisecond_flag_warns_about_nothing(clean_env: pytest.MonkeyPatch) -> None:
     args = _args("--connect-timeout-ms", "1500")
     assert take_renamed_flags(args) == []
     assert build_consumer(args, {}).connect_timeout_ms == 1500
 
 
-def test_the_millisecond_variable_is_read(parse: pytest.MonkeyPatch) -> None:
-    parse.setenv("KEYSHARD_CONNECT_TIMEOUT_MS", "2500")
+def test_the_millisecond_variable_is_read(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("KEYSHARD_CONNECT_TIMEOUT_MS", "2500")
     args = _args()
     assert take_renamed_flags(args) == []
     assert build_consumer(args, {}).connect_timeout_ms == 2500
 
 
-def test_no_timeout_by_default(parse: pytest.MonkeyPatch) -> None:
+def test_no_timeout_by_default(clean_env: pytest.MonkeyPatch) -> None:
     args = _args()
     assert take_renamed_flags(args) == []
     assert build_consumer(args, {}).connect_timeout_ms is None
 
 
 def test_the_seconds_flag_still_works_and_names_its_replacement(
-    parse: pytest.MonkeyPatch,
+    clean_env: pytest.MonkeyPatch,
 ) -> None:
     args = _args("--connect-timeout-s", "1.5")
     assert take_renamed_flags(args) == [WARNING]
@@ -66,9 +57,9 @@ def test_the_seconds_flag_still_works_and_names_its_replacement(
 
 
 def test_the_seconds_variable_still_works_and_names_its_replacement(
-    parse: pytest.MonkeyPatch,
+    clean_env: pytest.MonkeyPatch,
 ) -> None:
-    parse.setenv("KEYSHARD_CONNECT_TIMEOUT_S", "0.25")
+    clean_env.setenv("KEYSHARD_CONNECT_TIMEOUT_S", "0.25")
     args = _args()
     assert take_renamed_flags(args) == [WARNING]
     assert build_consumer(args, {}).connect_timeout_ms == 250
@@ -83,10 +74,10 @@ def test_the_seconds_variable_still_works_and_names_its_replacement(
     ],
 )
 def test_both_names_are_a_usage_error(
-    parse: pytest.MonkeyPatch, flags: list[str], env: dict[str, str]
+    clean_env: pytest.MonkeyPatch, flags: list[str], env: dict[str, str]
 ) -> None:
     for key, value in env.items():
-        parse.setenv(key, value)
+        clean_env.setenv(key, value)
     args = _args(*flags)
     with pytest.raises(WorkerUsageError, match=r"--connect-timeout-ms .* and its deprecated name"):
         take_renamed_flags(args)
@@ -94,7 +85,7 @@ def test_both_names_are_a_usage_error(
 
 @pytest.mark.parametrize("value", ["0", "-1", "soon"])
 def test_a_bad_seconds_value_is_refused_by_the_parser(
-    parse: pytest.MonkeyPatch, value: str, capsys: pytest.CaptureFixture[str]
+    clean_env: pytest.MonkeyPatch, value: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exited:
         _args("--connect-timeout-s", value)

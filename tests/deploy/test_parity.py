@@ -105,17 +105,6 @@ def env_name(flag: str) -> str:
     return "KEYSHARD_" + flag.removeprefix("--").replace("-", "_").upper()
 
 
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No KEYSHARD_* from the test run's own environment leaks into build_parser()."""
-    import os
-
-    for key in list(os.environ):
-        if key.startswith("KEYSHARD_"):
-            monkeypatch.delenv(key)
-    return monkeypatch
-
-
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
