@@ -48,7 +48,7 @@ _.on_assignment, _.on_partitions_revoked, _.on_partitions_assigned
 _.read_state
 
 # Called by asyncio (the channel's Protocol) and uvicorn (the in-loop server).
-_.connection_made, _.data_received, _.eof_received
+_.connection_made, _.data_received, _.eof_received, _.pause_writing, _.resume_writing
 _.capture_signals, _.should_exit
 
 # Settings of the libraries bench/_worker.py compares against.

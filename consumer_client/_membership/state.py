@@ -21,6 +21,7 @@ import enum
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from keyshard.consumer_client._membership.claim_fit import fit_before_authentication
 from keyshard.consumer_client._membership.member_hooks import PingReport
 from keyshard.core.model.positions import PositionUpdate
 from keyshard.core.model.ranges import RangeSet
@@ -298,8 +299,9 @@ class MemberStateMachine(Generic[C]):
     ) -> RegisterRequest:
         """The Register to send, with a claim when riding through: the ranges still run
         (`held`, from `MemberHooks.held`) and their positions, plus the final positions of
-        ranges released since the last registration. A new member starts its lease clock
-        at the send; a claim does not touch it."""
+        ranges released since the last registration, as many as fit before
+        authentication (`claim_fit`). A new member starts its lease clock at the send; a
+        claim does not touch it."""
         claim = None
         if self.member_id is not None:
             if held is None:
@@ -317,18 +319,21 @@ class MemberStateMachine(Generic[C]):
             )
         else:
             self._last_heard = now
-        self._claim = claim
         r = self.registration
-        return RegisterRequest(
-            correlation_id=0,
-            group=r.group,
-            topics=r.topics,
-            consumer_name=r.name,
-            session_timeout_ms=r.session_timeout_ms,
-            capacity=r.capacity,
-            auth_token=r.auth_token,
-            claim=claim,
+        request = fit_before_authentication(
+            RegisterRequest(
+                correlation_id=0,
+                group=r.group,
+                topics=r.topics,
+                consumer_name=r.name,
+                session_timeout_ms=r.session_timeout_ms,
+                capacity=r.capacity,
+                auth_token=r.auth_token,
+                claim=claim,
+            )
         )
+        self._claim = request.claim
+        return request
 
     @staticmethod
     def refusal_is_fatal(code: ErrorCode) -> bool:

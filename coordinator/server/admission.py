@@ -12,6 +12,10 @@ failed accept. So:
   naming the cap, then closed;
 * the default cap is derived from the open-file limit, which the daemon first raises to
   its hard limit, so the listener alone can never exhaust the descriptors;
+* until it registers, a connection may send frames of at most
+  `pre_auth_max_frame_bytes` (a Register fits; the normal limit applies once it is
+  registered), so a thousand connections that each start a huge frame cost the
+  coordinator a thousand small buffers, not a thousand large ones;
 * what a flood produces in the log is a few lines per interval with counts
   (`ThrottledLog`), never a line per connection.
 
@@ -23,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from keyshard.core.protocol.codec import PRE_AUTH_MAX_FRAME_BYTES
+from keyshard.core.security.log_safety import ThrottledLog
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +43,8 @@ DEFAULT_MAX_CONNECTIONS_PER_PEER = 1_000
 # Descriptors kept free of consumer connections: Kafka clients, the admin API, log files.
 FD_RESERVE_FRACTION = 0.1
 FD_RESERVE_MIN = 64
+# The smallest pre-authentication frame limit: a Register without a claim fits with room.
+MIN_PRE_AUTH_FRAME_BYTES = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +52,7 @@ class ConnectionLimits:
     register_timeout_ms: int = DEFAULT_REGISTER_TIMEOUT_MS
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
+    pre_auth_max_frame_bytes: int = PRE_AUTH_MAX_FRAME_BYTES
     # The open-file limit they were derived from, for the start-up log line.
     open_files: str = ""
 
@@ -53,13 +62,19 @@ class ConnectionLimits:
         return (
             f"open-file limit: {self.open_files}; consumer connections: at most "
             f"{self.max_connections}, {self.max_connections_per_peer} per address, "
-            f"{self.register_timeout_ms} ms to register"
+            f"{self.register_timeout_ms} ms to register, frames of at most "
+            f"{self.pre_auth_max_frame_bytes} bytes until then"
         )
 
     def __post_init__(self) -> None:
         for name in ("register_timeout_ms", "max_connections", "max_connections_per_peer"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.pre_auth_max_frame_bytes < MIN_PRE_AUTH_FRAME_BYTES:
+            raise ValueError(
+                f"pre_auth_max_frame_bytes must be >= {MIN_PRE_AUTH_FRAME_BYTES}, "
+                f"got {self.pre_auth_max_frame_bytes}"
+            )
 
 
 class ConnectionCounts:
@@ -97,75 +112,6 @@ class ConnectionCounts:
 
     def of(self, peer: str) -> int:
         return self._per_peer[peer]
-
-
-class ThrottledLog:
-    """At most `burst` lines per `interval_s`; the events past that are counted and told
-    in one line when the interval ends ("... and 917 more in the last 10 s").
-
-    A flood repeats one event thousands of times a second; one line per event grows the
-    log by 60 MB in 6 s. The summary comes from a loop timer, so the last burst
-    of a flood is reported even if nothing follows it.
-    """
-
-    def __init__(
-        self,
-        logger: logging.Logger,
-        what: str,
-        *,
-        interval_s: float = 10.0,
-        burst: int = 3,
-        level: int = logging.WARNING,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._logger = logger
-        self._what = what
-        self._interval_s = interval_s
-        self._burst = burst
-        self._level = level
-        self._clock = clock
-        self._window_end = 0.0
-        self._logged = 0
-        self._suppressed = 0
-        self._timer: asyncio.TimerHandle | None = None
-
-    def __call__(self, message: str, *args: object) -> None:
-        now = self._clock()
-        if now >= self._window_end:
-            self.flush()
-            self._window_end = now + self._interval_s
-            self._logged = 0
-        if self._logged < self._burst:
-            self._logged += 1
-            self._logger.log(self._level, message, *args)
-            return
-        self._suppressed += 1
-        if self._timer is None:
-            with_loop = _running_loop()
-            if with_loop is not None:
-                self._timer = with_loop.call_later(max(0.0, self._window_end - now), self.flush)
-
-    def flush(self) -> None:
-        """Say how many events were not logged, if any (at the window's end, and on close)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._suppressed:
-            self._logger.log(
-                self._level,
-                "... and %d more %s in the last %g s",
-                self._suppressed,
-                self._what,
-                self._interval_s,
-            )
-            self._suppressed = 0
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
 
 
 # ---- the open-file limit ------------------------------------------------------------------
@@ -218,6 +164,7 @@ def connection_limits(
     register_timeout_ms: int | None = None,
     max_connections: int | None = None,
     max_connections_per_peer: int | None = None,
+    pre_auth_max_frame_bytes: int | None = None,
 ) -> ConnectionLimits:
     """The limits in force, each None taking its default. Raises the open-file limit
     first (the default cap is derived from it); warns at once of a cap it cannot hold."""
@@ -228,6 +175,7 @@ def connection_limits(
         register_timeout_ms=register_timeout_ms or defaults.register_timeout_ms,
         max_connections=max_connections or default_max_connections(nofile.soft),
         max_connections_per_peer=max_connections_per_peer or defaults.max_connections_per_peer,
+        pre_auth_max_frame_bytes=pre_auth_max_frame_bytes or defaults.pre_auth_max_frame_bytes,
         open_files=(
             f"soft {_limit(nofile.soft)} (was {_limit(nofile.before)}), hard {_limit(nofile.hard)}"
         ),

@@ -10,7 +10,9 @@ connection flood (`coordinator.server.admission`):
   counted; one line per interval says how many.
 * The caps are checked on the accepted socket before any transport, handshake or
   session exists; a refused connection is told why (`TOO_MANY_CONNECTIONS`) and closed.
-* Every connection gets a deadline to register, TLS handshake included.
+* Every connection gets a deadline to register, TLS handshake included, and until it
+  has registered, a small frame limit and a screen (`coordinator.server.preauth`).
+* Bad input is logged a line per peer per interval, then counted.
 
 With TLS, the first byte a client sends is looked at before the handshake, by the
 codec's `foreign_protocol` (a TLS connection starts with a handshake record, 0x16; a frame
@@ -31,7 +33,8 @@ from typing import Any
 
 from keyshard.coordinator.runtime.location import Replicas, Standalone
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
-from keyshard.coordinator.server.admission import ConnectionCounts, ConnectionLimits, ThrottledLog
+from keyshard.coordinator.server.admission import ConnectionCounts, ConnectionLimits
+from keyshard.coordinator.server.preauth import bad_input_reporter, register_screen
 from keyshard.coordinator.server.session import ConnectionState, MemberSession
 from keyshard.core.protocol.channel import TLS_SHUTDOWN_TIMEOUT_S, Channel
 from keyshard.core.protocol.codec import (
@@ -41,6 +44,7 @@ from keyshard.core.protocol.codec import (
     foreign_protocol,
 )
 from keyshard.core.protocol.messages import ErrorCode, ErrorResponse
+from keyshard.core.security.log_safety import ThrottledLog
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +79,11 @@ class CoordinatorServer:
         self.max_frame_bytes = max_frame_bytes
         self.tls = tls
         self.limits = limits = limits or ConnectionLimits()
+        if limits.pre_auth_max_frame_bytes > max_frame_bytes:
+            raise ValueError(
+                f"the frame limit before Register ({limits.pre_auth_max_frame_bytes} bytes) "
+                f"is above the frame limit ({max_frame_bytes} bytes)"
+            )
         self.counts = ConnectionCounts(limits)
         self._sockets: list[socket.socket] = []
         self._paused: set[socket.socket] = set()
@@ -86,6 +95,9 @@ class CoordinatorServer:
         self._refused = ThrottledLog(log, "connections refused")
         self._idle = ThrottledLog(log, "connections closed for not registering")
         self._handshakes = ThrottledLog(log, "TLS handshakes refused")
+        self._refusals = ThrottledLog(log, "Register refusals", burst=5, per_peer=1)
+        self._bad_input, self._bad_frames = bad_input_reporter(log)
+        self._screen = register_screen(runtime.config.auth_token)
 
     async def start(self) -> None:
         self._sockets = await _bind(self.host, self.port)
@@ -106,7 +118,10 @@ class CoordinatorServer:
         for task in list(self._connections):
             task.cancel()  # those still before their channel: handshake, first byte
         await asyncio.gather(*self._connections, return_exceptions=True)
-        for throttled in (self._accept_errors, self._refused, self._idle, self._handshakes):
+        for throttled in (
+            self._accept_errors, self._refused, self._idle, self._handshakes, self._refusals,
+            self._bad_frames,
+        ):  # fmt: skip
             throttled.flush()
 
     # ---- accepting ------------------------------------------------------------------
@@ -181,8 +196,9 @@ class CoordinatorServer:
             channel = await self._open(conn, where, deadline)
             if channel is None:
                 return
-            session = MemberSession(self.runtime, channel, self.replicas)
+            session = MemberSession(self.runtime, channel, self.replicas, self._refusals)
             channel.set_request_handler(session.on_request)
+            channel.before_authentication(self.limits.pre_auth_max_frame_bytes, self._screen)
             channel.start()
             timer = loop.call_at(deadline, self._deadline_passed, channel, session)
             try:
@@ -214,7 +230,9 @@ class CoordinatorServer:
         """The connection's channel, or None when it did not get that far (the reason is
         logged, throttled, when `where` is given; refusals were logged already)."""
         loop = asyncio.get_running_loop()
-        channel = Channel(max_frame_bytes=self.max_frame_bytes, name="member")
+        channel = Channel(
+            max_frame_bytes=self.max_frame_bytes, name="member", on_bad_input=self._bad_input
+        )
         self._channels.add(channel)
         try:
             if self.tls is None:

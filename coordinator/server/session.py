@@ -2,7 +2,9 @@
 
 A connection may ask Metadata any time, must Register before anything else, and ends
 with a Leave or by closing. Every bad input is answered with an ErrorResponse naming the
-problem, then the connection is closed; nothing else in the group is disturbed.
+problem, then the connection is closed; nothing else in the group is disturbed. Until
+its Register succeeds the channel holds the connection to what the listener allows an
+unauthenticated peer (`coordinator.server.preauth`); after, to the normal frame limit.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from keyshard.core.protocol.messages import (
     MetadataResponse,
     RegisterRequest,
 )
+from keyshard.core.security.log_safety import ThrottledLog
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +42,19 @@ class ConnectionState(StrEnum):
 
 
 class MemberSession:
-    def __init__(self, runtime: CoordinatorRuntime, channel: Channel, replicas: Replicas) -> None:
+    def __init__(
+        self,
+        runtime: CoordinatorRuntime,
+        channel: Channel,
+        replicas: Replicas,
+        refusals: ThrottledLog | None = None,
+    ) -> None:
         self.runtime = runtime
         self.replicas = replicas
         self.channel = channel
+        # Refused Registers, a line per peer per interval (a flood of wrong tokens, or a
+        # fleet asking the wrong replica in a failover, is counted, not logged each).
+        self._refusals = refusals or ThrottledLog(log, "Register refusals", burst=5, per_peer=1)
         self.state = ConnectionState.OPEN
         self.group: str | None = None
         self.member_id: str | None = None
@@ -113,7 +125,9 @@ class MemberSession:
         try:
             response = await self.runtime.register(self.channel, request)
         except CoordinatorError as err:
-            log.warning("register from %s refused: %s", self.channel.peer, err)
+            self._refusals.from_peer(
+                self.channel.peer_host, "register from %s refused: %s", self.channel.peer, err
+            )
             self.channel.fail(err.code, err.message, request.correlation_id)
             return
         except Exception as err:
@@ -126,6 +140,7 @@ class MemberSession:
             self.runtime.channel_closed(self.group, self.member_id, "closed during register")
             return
         self.state = ConnectionState.REGISTERED
+        self.channel.authenticated()
         self.channel.reply(request, response)
 
     def closed(self) -> None:

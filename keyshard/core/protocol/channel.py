@@ -10,6 +10,11 @@ dispatched in the loop callback that receives them, so nothing sits in a user-sp
 buffer between the socket and the handlers. That is what makes "has the peer sent
 anything we have not handled?" answerable from public APIs (`has_unread_input`), which
 the coordinator asks before judging a member on its own clock.
+
+Until the peer has authenticated (`before_authentication` ... `authenticated`) a channel
+holds it to a smaller frame limit, screens each frame before validating it, and stops
+reading while the peer does not read what it was sent: what an unauthenticated peer can
+make this side buffer is one small frame each way.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from keyshard.core.protocol.codec import (
     ForeignProtocol,
     FrameDecoder,
     ProtocolError,
+    Screen,
     encode,
     foreign_protocol,
 )
@@ -37,6 +43,9 @@ from keyshard.core.protocol.messages import ErrorCode, ErrorResponse, Message, i
 log = logging.getLogger(__name__)
 
 RequestHandler = Callable[["Channel", Message], None]
+# Told of input that broke the protocol (the channel then fails): the error, and what
+# the peer speaks instead when its first bytes say so.
+BadInputReporter = Callable[["Channel", ProtocolError, ForeignProtocol | None], None]
 
 # How long closing a TLS channel waits for the peer's close_notify before it drops the
 # connection (asyncio's default is 30 s: a silent peer would hold the socket that long).
@@ -63,6 +72,7 @@ class Channel:
         on_request: RequestHandler | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         name: str = "channel",
+        on_bad_input: BadInputReporter | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -71,7 +81,10 @@ class Channel:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._on_request = on_request
+        self._on_bad_input = on_bad_input or _log_bad_input
         self._reading = False  # `start` was called
+        self._unauthenticated = False  # `before_authentication` until `authenticated`
+        self._peer_not_reading = False  # our writes wait in the transport's buffer
         self._closed = loop.create_future()  # resolved with the reason by `close`
         self._lost = loop.create_future()  # resolved when the transport is gone
         self.name = name
@@ -122,6 +135,12 @@ class Channel:
         peer = self._transport.get_extra_info("peername") if self._transport else None
         return f"{peer[0]}:{peer[1]}" if peer else "?"
 
+    @property
+    def peer_host(self) -> str:
+        """The peer's address without its port: one client over its reconnects."""
+        peer = self._transport.get_extra_info("peername") if self._transport else None
+        return str(peer[0]) if peer else "?"
+
     def set_request_handler(self, handler: RequestHandler) -> None:
         self._on_request = handler
 
@@ -129,8 +148,33 @@ class Channel:
         """Begin reading (now, or once connected): requests that arrived meanwhile waited
         in the socket, so none reaches a handler that was not set yet."""
         self._reading = True
-        if self._transport is not None and not self.is_closed:
-            self._transport.resume_reading()
+        self._apply_reading()
+
+    def before_authentication(self, max_frame_bytes: int, screen: Screen | None = None) -> None:
+        """Until `authenticated`: take frames of at most `max_frame_bytes`, show each to
+        `screen` before validating it, and read nothing while the peer leaves our
+        answers unread (a client that sends requests without reading the answers would
+        otherwise grow the transport's buffer without end)."""
+        self._unauthenticated = True
+        self._decoder.max_frame_bytes = max_frame_bytes
+        self._decoder.screen = screen
+
+    def authenticated(self) -> None:
+        """The peer is who it should be: the normal frame limit, no screen, and reading
+        whatever the peer does with our answers."""
+        self._unauthenticated = False
+        self._decoder.max_frame_bytes = self._max_frame_bytes
+        self._decoder.screen = None
+        self._apply_reading()
+
+    def _apply_reading(self) -> None:
+        transport = self._transport
+        if transport is None or self.is_closed or transport.is_closing():
+            return
+        if self._reading and not (self._unauthenticated and self._peer_not_reading):
+            transport.resume_reading()
+        else:
+            transport.pause_reading()
 
     @property
     def is_closed(self) -> bool:
@@ -258,18 +302,18 @@ class Channel:
         try:
             messages = self._decoder.feed(data)
         except ProtocolError as err:
-            # Another protocol is said as such rather than as "frame too large". An HTTP
-            # response only comes to a client, whose owner says what the address is.
-            foreign = self.peer_protocol
-            hint = "" if foreign is None else f" ({foreign.value})"
-            level = logging.DEBUG if foreign is ForeignProtocol.HTTP_RESPONSE else logging.WARNING
-            log.log(level, "%s: bad input from %s: %s%s", self.name, self.peer, err.message, hint)
+            self._on_bad_input(self, err, self.peer_protocol)
             self.fail(err.code, err.message, err.correlation_id)
             return
         for message in messages:
             if self.is_closed:
                 return
             self._dispatch(message)
+
+    def _writing_paused(self, paused: bool) -> None:
+        self._peer_not_reading = paused
+        if self._unauthenticated:
+            self._apply_reading()
 
     def _lost_connection(self, reason: str) -> None:
         self.close(reason)
@@ -300,6 +344,15 @@ class Channel:
             self.fail(ErrorCode.INTERNAL, f"internal error: {err}", message.correlation_id)
 
 
+def _log_bad_input(channel: Channel, err: ProtocolError, foreign: ForeignProtocol | None) -> None:
+    """One line per bad input. Another protocol is said as such rather than as "frame too
+    large"; an HTTP response only comes to a client, whose owner says what the address
+    is. (The coordinator counts and throttles these lines per peer instead.)"""
+    hint = "" if foreign is None else f" ({foreign.value})"
+    level = logging.DEBUG if foreign is ForeignProtocol.HTTP_RESPONSE else logging.WARNING
+    log.log(level, "%s: bad input from %s: %s%s", channel.name, channel.peer, err.message, hint)
+
+
 class _ChannelProtocol(asyncio.Protocol):
     """asyncio's side of a channel: hands the transport and every byte to it at once."""
 
@@ -312,6 +365,12 @@ class _ChannelProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._channel._received(data)
+
+    def pause_writing(self) -> None:
+        self._channel._writing_paused(True)
+
+    def resume_writing(self) -> None:
+        self._channel._writing_paused(False)
 
     def eof_received(self) -> bool:
         self._channel.close("peer closed the connection")

@@ -10,6 +10,8 @@ Wire format (every message, both directions)::
   reader knows how much to wait for without scanning. ``2 <= L <= max_frame_bytes``
   (default :data:`DEFAULT_MAX_FRAME_BYTES`, 1 MiB); the check runs as soon as the
   4 header bytes arrive, so a hostile or buggy peer cannot make us buffer a huge body.
+  Until its Register succeeds a connection is held to a smaller limit (default
+  :data:`PRE_AUTH_MAX_FRAME_BYTES`, 64 KiB), and a client keeps its Register within it.
 * ``version`` is :data:`PROTOCOL_VERSION`. It is per frame rather than negotiated
   once so a future version can be rolled out without a handshake message.
 * The JSON object is one of `keyshard.core.protocol.messages`.
@@ -21,6 +23,7 @@ packet capture is worth more than the bytes saved.
 
 import enum
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -30,6 +33,11 @@ from keyshard.core.protocol.messages import ErrorCode, ErrorResponse, Message
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_BYTES = 1 << 20
+#: The largest frame a coordinator takes by default from a connection that has not
+#: registered yet, and the largest a client sends then: a Register fits (the reference
+#: client trims what a claim carries to fit), and an unauthenticated peer cannot make the
+#: coordinator hold or validate more (docs/protocol.md §3.3).
+PRE_AUTH_MAX_FRAME_BYTES = 1 << 16
 
 _HEADER = struct.Struct(">I")
 _MIN_FRAME_BYTES = 2  # version byte + at least one byte of JSON
@@ -39,6 +47,11 @@ _MAX_ERROR_MESSAGE = 1000
 _JSON_KINDS = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
 # Built once: constructing the validator for a 13-way union is the expensive part.
 _MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+
+Screen = Callable[[Any], None]
+"""Looks at a frame's parsed JSON (None when it is not JSON) before it is validated, and
+raises a `ProtocolError` to refuse it: validating a large message costs far more than
+parsing it, so a coordinator checks what it can cheaply (a Register's token) first."""
 
 
 # --------------------------------------------------------------------------- foreign peers
@@ -142,12 +155,23 @@ class FrameDecoder:
     closing is simpler to reason about than a half-working session.
     """
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        if max_frame_bytes < _MIN_FRAME_BYTES:
-            raise ValueError(f"max_frame_bytes must be >= {_MIN_FRAME_BYTES}")
-        self._max_frame_bytes = max_frame_bytes
+    def __init__(
+        self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, *, screen: Screen | None = None
+    ) -> None:
+        self._max_frame_bytes = _checked_limit(max_frame_bytes)
         self._buffer = bytearray()
         self._failure: ProtocolError | None = None
+        self.screen = screen
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return self._max_frame_bytes
+
+    @max_frame_bytes.setter
+    def max_frame_bytes(self, value: int) -> None:
+        """Frames from now on, the one partly received included, may be this long: a
+        coordinator takes larger frames from a connection once it has authenticated."""
+        self._max_frame_bytes = _checked_limit(value)
 
     @property
     def buffered_bytes(self) -> int:
@@ -192,7 +216,7 @@ class FrameDecoder:
                     # Released explicitly: a traceback holding the slice would
                     # otherwise pin the buffer and make the resize below fail.
                     with view[pos + _HEADER.size + 1 : end] as payload:
-                        messages.append(_decode_payload(payload))
+                        messages.append(_decode_payload(payload, self.screen))
                     pos = end
         except ProtocolError as exc:
             exc.decoded = tuple(messages)
@@ -216,7 +240,13 @@ class FrameDecoder:
             )
 
 
-def _decode_payload(payload: memoryview) -> Message:
+def _checked_limit(max_frame_bytes: int) -> int:
+    if max_frame_bytes < _MIN_FRAME_BYTES:
+        raise ValueError(f"max_frame_bytes must be >= {_MIN_FRAME_BYTES}")
+    return max_frame_bytes
+
+
+def _decode_payload(payload: memoryview, screen: Screen | None) -> Message:
     try:
         text = str(payload, "utf-8")
     except UnicodeDecodeError as exc:
@@ -224,6 +254,12 @@ def _decode_payload(payload: memoryview) -> Message:
             ErrorCode.MALFORMED_FRAME,
             f"frame payload is not valid UTF-8 ({exc.reason} at byte {exc.start})",
         ) from None
+    if screen is not None:
+        try:
+            document: Any = from_json(text)
+        except ValueError:
+            document = None  # validation says what is wrong with it, at no cost
+        screen(document)
     try:
         return _MESSAGE_ADAPTER.validate_json(text, strict=True)
     except ValidationError as exc:
@@ -244,11 +280,7 @@ def _validation_failure(exc: ValidationError, text: str) -> ProtocolError:
         document: Any = from_json(text)
     except ValueError:
         document = None
-    correlation_id = 0
-    if isinstance(document, dict):
-        cid = document.get("correlation_id")
-        if type(cid) is int and 0 <= cid < 2**31:
-            correlation_id = cid
+    correlation_id = correlation_id_of(document)
 
     if first["loc"] == () and first["type"] in ("dict_type", "model_type"):
         kind = _JSON_KINDS.get(type(document), "null")
@@ -267,6 +299,13 @@ def _validation_failure(exc: ValidationError, text: str) -> ProtocolError:
     if len(message) > _MAX_ERROR_MESSAGE:
         message = message[: _MAX_ERROR_MESSAGE - 3] + "..."
     return ProtocolError(ErrorCode.INVALID_MESSAGE, message, correlation_id=correlation_id)
+
+
+def correlation_id_of(document: Any) -> int:
+    """The request id of a parsed but unvalidated frame, for the error that answers it:
+    its `correlation_id` when that is a valid one, else 0."""
+    cid = document.get("correlation_id") if isinstance(document, dict) else None
+    return cid if type(cid) is int and 0 <= cid < 2**31 else 0
 
 
 def _describe(error: ErrorDetails) -> str:

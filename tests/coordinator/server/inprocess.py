@@ -16,7 +16,9 @@ from tests.coordinator.runtime.memory import serving_runtime
 
 @asynccontextmanager
 async def running_coordinator(
-    limits: ConnectionLimits | None = None, tls: ssl.SSLContext | None = None
+    limits: ConnectionLimits | None = None,
+    tls: ssl.SSLContext | None = None,
+    auth_token: str | None = None,
 ) -> AsyncIterator[CoordinatorServer]:
     """A listening coordinator on a free loopback port; groups may use any topic (the
     in-memory cluster says every topic exists, with one partition)."""
@@ -24,6 +26,7 @@ async def running_coordinator(
     config = RuntimeConfig(
         "unused:1",
         advertised_address=f"127.0.0.1:{port}",
+        auth_token=auth_token,
         group_defaults=GroupConfig(ping_interval_ms=100),
     )
     runtime = serving_runtime(config)

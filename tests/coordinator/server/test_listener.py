@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from keyshard.coordinator.server import listener
-from keyshard.coordinator.server.admission import ConnectionLimits, ThrottledLog
+from keyshard.coordinator.server.admission import ConnectionLimits
 from keyshard.core.protocol.channel import Channel
 from keyshard.core.protocol.codec import FrameDecoder, encode
 from keyshard.core.protocol.messages import (
@@ -33,6 +33,7 @@ from keyshard.core.protocol.messages import (
     StartFetcherRequest,
     StartFetcherResponse,
 )
+from keyshard.core.security.log_safety import ThrottledLog
 from tests.coordinator.server.inprocess import running_coordinator
 
 TIMEOUT = 5.0
