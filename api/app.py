@@ -60,6 +60,11 @@ AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
 GROUP_ERRORS: dict[int | str, dict[str, Any]] = {
     **AUTH_ERRORS,
     404: {"model": ErrorView, "description": "unknown group (or member)"},
+    421: {
+        "model": ErrorView,
+        "description": "served by a replica whose admin URL cannot be verified (no replica "
+        "secret): ask it directly (X-Keyshard-Served-By names it)",
+    },
 }
 
 
@@ -195,13 +200,19 @@ def create_app(
         groups = runtime.group_states()
         summaries = [summary_view(groups[g], forwarder.me) for g in sorted(groups)]
         unreachable: list[str] = []
+        unverified: list[str] = []
         if scope == "all" and not request.headers.get(FORWARDED_BY):
             answers, unreachable = await forwarder.peer_answers(
                 "/v1/groups?scope=local", request.headers.get("authorization")
             )
             for _, answer in answers:
                 summaries += GroupsView.model_validate(answer).groups
-        return GroupsView(groups=sorted(summaries, key=lambda g: g.group), unreachable=unreachable)
+            unverified = forwarder.replicas.unverified_peers()
+        return GroupsView(
+            groups=sorted(summaries, key=lambda g: g.group),
+            unreachable=unreachable,
+            unverified=unverified,
+        )
 
     @app.get(
         "/v1/groups/{group}",

@@ -6,6 +6,13 @@ Forwarded once at most (a replica receiving a forwarded request for a group it d
 serve says the group is moving, instead of passing it on: two replicas with different
 views of the placement must not bounce a request between them). The owner checks the
 token itself; the answer comes back as the owner gave it, with `X-Keyshard-Served-By`.
+
+Forwarded only to an admin URL this replica has verified: one named in a beat signed with
+the replica secret (`coordinator.storage.signing`). A request carries the caller's token,
+and the answer goes back to the caller as it came: an URL anyone who can write to the
+state topic could have named gets neither. Where it cannot verify the owner (no replica
+secret), the answer is 421 naming the replica that serves the group and its admin URL,
+to be asked directly.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from keyshard.api.models import ErrorView
 from keyshard.coordinator.runtime.location import Location, Replicas
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.core.security.log_safety import printable
 
 FORWARDED_BY = "x-keyshard-forwarded-by"
 SERVED_BY = "x-keyshard-served-by"
@@ -34,6 +42,16 @@ FORWARD_TIMEOUT_S = 5.0
 def _unavailable(detail: str) -> JSONResponse:
     body = ErrorView(error="unavailable", detail=detail).model_dump()
     return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+
+
+def _served_elsewhere(group: str, where: Location) -> JSONResponse:
+    detail = (
+        f"group {group!r} is served by replica {where.replica_id}, whose admin API is at "
+        f"{where.admin_url} as it says; this replica cannot verify that (the replicas have "
+        "no --replica-secret-file), so it forwards nothing there: ask it directly"
+    )
+    body = ErrorView(error="served_elsewhere", detail=printable(detail, len(detail))).model_dump()
+    return JSONResponse(body, status_code=421, headers={SERVED_BY: where.replica_id or ""})
 
 
 class Forwarder:
@@ -76,6 +94,8 @@ class Forwarder:
             return _unavailable(
                 f"group {group!r}: its state partition is being taken over; retry shortly"
             )
+        if not where.verified:
+            return _served_elsewhere(group, where)
         if request.headers.get(FORWARDED_BY):
             return _unavailable(
                 f"group {group!r} is moving between replicas (forwarded here by "

@@ -307,6 +307,9 @@ class GroupsView(BaseModel):
     groups: list[GroupSummary]
     # Replicas that did not answer: their groups are missing from `groups`.
     unreachable: list[str] = []
+    # Replicas not asked, their admin URL not verified (no replica secret): their groups
+    # are missing too; ask each directly.
+    unverified: list[str] = []
 
 
 class GroupConfigUpdate(BaseModel):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -252,19 +253,30 @@ class Workers:
 
 @dataclass
 class ReplicaSet:
-    """Coordinator replicas sharing one state topic (r0, r1, ...), started on demand."""
+    """Coordinator replicas sharing one state topic (r0, r1, ...), started on demand; as
+    the Helm chart runs them, with one replica secret (`signed=False`: none)."""
 
     bootstrap: str
     log_dir: Path
     extra: list[str] = field(default_factory=list)
     state_topic: str = field(default_factory=lambda: f"__keyshard_state.{uuid.uuid4().hex[:8]}")
     replicas: dict[str, CoordinatorProcess] = field(default_factory=dict)
+    signed: bool = True
+
+    @property
+    def secret_file(self) -> Path:
+        """The replica secret every replica reads (written on first use)."""
+        path = self.log_dir / "replica-secret"
+        if not path.exists():
+            path.write_text(secrets.token_urlsafe(32) + "\n")
+        return path
 
     def add(self, replica_id: str) -> CoordinatorProcess:
         log_dir = self.log_dir / replica_id
         log_dir.mkdir(parents=True, exist_ok=True)
+        signing = ["--replica-secret-file", str(self.secret_file)] if self.signed else []
         replica = CoordinatorProcess(
-            self.bootstrap, log_dir, extra=list(self.extra), state_topic=self.state_topic,
+            self.bootstrap, log_dir, extra=[*signing, *self.extra], state_topic=self.state_topic,
             replica_id=replica_id,
         )  # fmt: skip
         self.replicas[replica_id] = replica

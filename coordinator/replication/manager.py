@@ -10,6 +10,12 @@ Three inputs decide which partitions this replica serves, and they agree by cons
   (`placement.take_orphans`), long before Kafka's session timeout would notice;
 - the coordinator epoch of each partition: claiming fences the previous owner, and a
   replica whose partition shows a newer epoch than its own has been fenced and lets go.
+
+Where another replica is (its consumer address, its admin URL) is believed only from its
+beats; with a replica secret they are signed (`coordinator.storage.signing`), and only
+then is an address *verified*: the admin API forwards nothing, and no credential, to one
+that is not. Without a secret a lone replica works as it always did, and several warn
+that the state topic is unauthenticated (`warn_if_unauthenticated`).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from keyshard.coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentit
 from keyshard.coordinator.storage.log_format import ReplicaBeat
 from keyshard.core.kafka.connect import start_client
 from keyshard.core.kafka.settings import KafkaSettings
+from keyshard.core.security.log_safety import printable
 
 log = logging.getLogger(__name__)
 ASSIGNOR_NAME = "keyshard-replicas"
@@ -209,6 +216,7 @@ class ReplicaManager:
         self._fenced_producers: set[int] = set()
         # Handed over, at this epoch, but the released marker is not written yet.
         self._unreleased: dict[int, int | None] = {}
+        self._warned_unauthenticated = False
         runtime.on_fenced = self._on_fenced
 
     def _on_fenced(self, partition: int) -> None:
@@ -417,6 +425,7 @@ class ReplicaManager:
                 await asyncio.sleep(0.05)
                 self._changed.set()
                 continue
+            self.warn_if_unauthenticated()
             try:
                 await self.reconcile_ownership()
             except Exception as err:  # a dead placement task never takes over again
@@ -496,6 +505,26 @@ class ReplicaManager:
         await self.log.release(partition, handed_over_at=self._unreleased[partition])
         del self._unreleased[partition]
 
+    def warn_if_unauthenticated(self) -> None:
+        """Once, when another replica shares the state topic and there is no replica
+        secret: anyone who can write to the topic can pose as a replica. (Refusing to run
+        instead would take down every replica of a deployment the moment it upgrades,
+        all at once; meanwhile nothing is forwarded to an address that cannot be
+        verified, so no credential goes to a forger.)"""
+        if self.log.secret is not None or self._warned_unauthenticated:
+            return
+        others = sorted(set(self._alive()) - {self.identity.replica_id})
+        if not others:
+            return
+        self._warned_unauthenticated = True
+        log.warning(
+            "the state topic %s is unauthenticated: replica(s) %s share it and no "
+            "--replica-secret-file is set, so anyone who can write to it can pose as a "
+            "replica; the admin API forwards no request to another replica until every "
+            "replica has the same secret (docs/operations/high-availability.md)",
+            self.topic, ", ".join(printable(r) for r in others),
+        )  # fmt: skip
+
     # ---- where groups are ---------------------------------------------------------------
 
     def locate(self, group: str) -> Location:
@@ -507,33 +536,42 @@ class ReplicaManager:
         image = self.log.images.get(partition)
         epoch = image.epoch if image is not None else 0
         if partition in self.runtime.owned_partitions():
-            return Location(me.replica_id, me.address, me.admin_url, epoch, True, True)
+            return Location(me.replica_id, me.address, me.admin_url, epoch, True, True, True)
         holder = image.holder if image is not None else None
         if holder is not None and holder != me.replica_id and holder in self._alive():
             where = self._where(holder)
             if where is not None:
-                return Location(holder, where[0], where[1], epoch, True, False)
+                return Location(holder, *where[:2], epoch, True, False, where[2])
         owner = self.desired.get(partition)
         if owner == me.replica_id:
-            return Location(me.replica_id, me.address, me.admin_url, epoch, False, True)
+            return Location(me.replica_id, me.address, me.admin_url, epoch, False, True, True)
         where = self._where(owner)
         if owner is None or where is None:
             return Location(None, None, None, epoch, False, False)
-        return Location(owner, where[0], where[1], epoch, False, False)
+        return Location(owner, *where[:2], epoch, False, False, where[2])
 
     def peers(self) -> dict[str, str]:
-        alive = self._alive()
-        return {
-            rid: beat.admin_url for rid, beat in alive.items() if rid != self.identity.replica_id
-        }
+        if self.log.secret is None:
+            return {}
+        return {rid: beat.admin_url for rid, beat in self._others().items()}
 
-    def _where(self, replica: str | None) -> tuple[str, str] | None:
+    def unverified_peers(self) -> list[str]:
+        return [] if self.log.secret is not None else sorted(self._others())
+
+    def _others(self) -> dict[str, ReplicaBeat]:
+        alive = self._alive()
+        return {rid: beat for rid, beat in alive.items() if rid != self.identity.replica_id}
+
+    def _where(self, replica: str | None) -> tuple[str, str, bool] | None:
+        """A replica's consumer address and admin URL, and whether they are verified:
+        from its beat (verified with a replica secret), else from the placement (the
+        replicas' Kafka group, which any member of that group can write: never)."""
         if replica is None:
             return None
         seen = self.log.beats.get(replica)
         if seen is not None:
-            return seen.beat.address, seen.beat.admin_url
+            return seen.beat.address, seen.beat.admin_url, self.log.secret is not None
         if self.directory is not None and replica in self.directory.replicas:
             claim = self.directory.replicas[replica]
-            return claim.address, claim.admin_url
+            return claim.address, claim.admin_url, False
         return None

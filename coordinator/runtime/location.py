@@ -22,6 +22,9 @@ class Location:
     epoch: int  # the coordinator epoch of the group's state partition
     active: bool  # the owner is known and serving it
     local: bool  # this replica is the owner
+    # The addresses come from a record signed with the replica secret (or are this
+    # replica's own): only then may a request, and a caller's credentials, go there.
+    verified: bool = False
 
 
 class Replicas(Protocol):
@@ -30,7 +33,13 @@ class Replicas(Protocol):
         ...
 
     def peers(self) -> dict[str, str]:
-        """Every other live replica: replica id -> admin URL."""
+        """Every other live replica whose admin URL is verified (a beat signed with the
+        replica secret): replica id -> admin URL."""
+        ...
+
+    def unverified_peers(self) -> list[str]:
+        """Every other live replica whose admin URL cannot be verified (no replica
+        secret): nothing is sent there."""
         ...
 
 
@@ -44,8 +53,11 @@ class Standalone:
         config = self.runtime.config
         return Location(
             config.coordinator_id, config.advertised_address, None,
-            self.runtime.epoch_of(group), self.runtime.ready, True,
+            self.runtime.epoch_of(group), self.runtime.ready, True, True,
         )  # fmt: skip
 
     def peers(self) -> dict[str, str]:
         return {}
+
+    def unverified_peers(self) -> list[str]:
+        return []

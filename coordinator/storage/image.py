@@ -5,6 +5,12 @@ had not read yet. Replay is in offset order with one fencing rule: after an epoc
 records of an older coordinator epoch are ignored (a fenced writer's, which on a broker
 without transactions can still land after the takeover). Records before the marker count,
 whatever their epoch: the new owner read up to its own marker before deciding anything.
+
+A marker that does not verify (`coordinator.storage.signing`) says nothing about who
+holds the partition; its epoch only keeps the next claim above it (`next_epoch`), so
+epochs never go backwards when replicas start signing, since consumers refuse a
+coordinator older than one they heard. A forger gains a larger number at most: an
+unverified epoch above `MAX_UNVERIFIED_EPOCH` is not counted at all.
 """
 
 from __future__ import annotations
@@ -31,10 +37,15 @@ class GroupImage:
     members: dict[str, MemberRecord] = field(default_factory=dict)
 
 
+#: Two billion takeovers: more than a real deployment makes, less than int64 holds.
+MAX_UNVERIFIED_EPOCH = 2**31
+
+
 @dataclass(slots=True)
 class PartitionImage:
     partition: int
     epoch: int = 0  # the highest coordinator epoch a marker announced
+    unverified_epoch: int = 0  # the highest of markers that did not verify (counted)
     owner: EpochMarker | None = None  # the latest marker: who claimed it, or released it
     next_offset: int = 0  # the next log offset to apply
     fenced_records: int = 0  # ignored: written under an epoch older than a marker's
@@ -64,6 +75,17 @@ class PartitionImage:
                     self._chunks[record.key] = record
                 else:
                     self._members[record.key] = record
+
+    def unverified(self, offset: int, epoch: int) -> None:
+        """A marker at `offset` that did not verify: only its epoch is kept (see above)."""
+        self.next_offset = max(self.next_offset, offset + 1)
+        if epoch <= MAX_UNVERIFIED_EPOCH:
+            self.unverified_epoch = max(self.unverified_epoch, epoch)
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch a claim of this partition takes."""
+        return max(self.epoch, self.unverified_epoch) + 1
 
     @property
     def holder(self) -> str | None:

@@ -12,6 +12,10 @@ image, and every one after it is ignored by replay.
 Replicas say they are alive with `ReplicaBeat`s on partition 0, outside transactions, read
 by a second consumer that does not wait for committed data (an open transaction on
 partition 0 must not make live replicas look dead).
+
+With a replica secret, beats and epoch markers are signed when written and believed only
+when they verify (`coordinator.storage.signing`); what is read is checked record by
+record (`coordinator.storage.record_reader`).
 """
 
 from __future__ import annotations
@@ -36,19 +40,15 @@ from aiokafka.errors import (
 from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, Fenced, StoreError
 from keyshard.coordinator.storage.image import PartitionImage
 from keyshard.coordinator.storage.kafka_cluster import denied, ensure_state_topic
-from keyshard.coordinator.storage.log_format import (
-    EpochMarker,
-    RecordError,
-    ReplicaBeat,
-    decode,
-    encode,
-)
+from keyshard.coordinator.storage.log_format import EpochMarker, ReplicaBeat, encode
+from keyshard.coordinator.storage.record_reader import BEAT_KIND, RecordReader
+from keyshard.coordinator.storage.signing import ReplicaSecret
 from keyshard.core.kafka.connect import KafkaUnreachable, quiet_aiokafka, start_client
 from keyshard.core.kafka.metadata import cluster_id, partitions_of
 from keyshard.core.kafka.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
-BEAT_KIND = b"H\x00"
+MARKER_KIND = b"E\x00"
 TAIL_POLL_MS = 100
 RETRY_S = 0.5  # after a failed read of the state log
 PROBE_ATTEMPTS = 3  # of a transactional producer at start, on passing failures
@@ -93,9 +93,12 @@ class KafkaStateLog:
         partitions: int = DEFAULT_STATE_PARTITIONS,
         transactions: bool | None = None,
         timeout: float = 10.0,
+        secret: ReplicaSecret | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
+        self.secret = secret  # signs beats and markers, and checks everyone's
+        self.reader = RecordReader(topic, secret)
         self.settings = settings
         self.identity = identity
         self.partitions = partitions  # the topic's own count once started
@@ -165,6 +168,7 @@ class KafkaStateLog:
                     await asyncio.wait_for(client.stop(), self.timeout)
         self._txn.clear()
         self._producer = self._beat_producer = self._tail = self._beat_reader = None
+        self.reader.flush()
 
     async def _broker_has_transactions(self) -> bool:
         """Whether the broker takes transactional producers (Kafka does; the embedded test
@@ -272,7 +276,7 @@ class KafkaStateLog:
             try:
                 batches = await tail.getmany(timeout_ms=TAIL_POLL_MS)
                 for ktp, records in batches.items():
-                    _replay_into(self.images[ktp.partition], records)
+                    self.reader.replay(self.images[ktp.partition], records)
                 # Markers and aborted records take offsets no record is delivered for.
                 for partition, image in self.images.items():
                     position = await tail.position(KafkaTP(self.topic, partition))
@@ -297,13 +301,8 @@ class KafkaStateLog:
                 continue
             for records in batches.values():
                 for record in records:
-                    if record.key is None or not record.key.startswith(BEAT_KIND):
-                        continue
-                    try:
-                        beat = decode(record.key, record.value)
-                    except (RecordError, ValueError, KeyError, TypeError):
-                        continue
-                    if not isinstance(beat, ReplicaBeat):
+                    beat = self.reader.beat(record)
+                    if beat is None:
                         continue
                     # Beats from before we started are history, not proof of life.
                     if record.offset < self._beats_live_from:
@@ -351,11 +350,12 @@ class KafkaStateLog:
         )  # fmt: skip
         assert self._beat_producer is not None
         sent = asyncio.get_running_loop().time()
+        value = encode(beat)
+        sending = self._beat_producer.send_and_wait(
+            self.topic, value, beat.key, partition=0, headers=self._signed(0, beat.key, value)
+        )
         try:
-            await asyncio.wait_for(
-                self._beat_producer.send_and_wait(self.topic, encode(beat), beat.key, partition=0),
-                self.timeout,
-            )
+            await asyncio.wait_for(sending, self.timeout)
         except TopicAuthorizationFailedError as err:
             raise denied(self.settings, self.topic, "Write", err) from None
         self.own_beat_acked_at = max(self.own_beat_acked_at, sent)
@@ -374,7 +374,7 @@ class KafkaStateLog:
                 self._txn[partition] = producer  # its start fenced the previous writer
             await self.wait_tailed(partition, await self.end_of(partition), self.timeout * 3)
             image = self.images[partition]
-            epoch = image.epoch + 1
+            epoch = image.next_epoch
             marker = self._marker(partition, epoch, placement_version=placement_version)
             offset = await self._write_locked(partition, epoch, [marker])
         await self.wait_tailed(partition, offset + 1, self.timeout * 3)
@@ -426,17 +426,11 @@ class KafkaStateLog:
         try:
             if producer is None:
                 assert self._producer is not None
-                futures = [
-                    await self._producer.send(self.topic, value, key, partition=partition)
-                    for key, value in records
-                ]
+                futures = [await self._send(self._producer, partition, r) for r in records]
                 done = await asyncio.wait_for(asyncio.gather(*futures), self.timeout)
                 return int(done[-1].offset)
             async with producer.transaction():
-                futures = [
-                    await producer.send(self.topic, value, key, partition=partition)
-                    for key, value in records
-                ]
+                futures = [await self._send(producer, partition, r) for r in records]
             return int((await futures[-1]).offset)
         except ProducerFenced:
             self._txn.pop(partition, None)
@@ -444,25 +438,35 @@ class KafkaStateLog:
         except TopicAuthorizationFailedError as err:
             raise denied(self.settings, self.topic, "Write", err) from None
 
+    async def _send(
+        self, producer: AIOKafkaProducer, partition: int, record: tuple[bytes, bytes | None]
+    ) -> asyncio.Future[Any]:
+        key, value = record
+        headers = self._signed(partition, key, value)
+        future: asyncio.Future[Any] = await producer.send(
+            self.topic, value, key, partition=partition, headers=headers
+        )
+        return future
 
-def _replay_into(image: PartitionImage, records: Sequence[Any]) -> None:
-    for record in records:
-        if record.key is None or record.key.startswith(BEAT_KIND):
-            image.next_offset = max(image.next_offset, record.offset + 1)
-            continue
-        try:
-            image.apply(record.offset, decode(record.key, record.value))
-        except (RecordError, ValueError, KeyError, TypeError) as err:
-            image.next_offset = record.offset + 1
-            log.error("skipping unreadable state record %d/%d: %s",
-                      image.partition, record.offset, err)  # fmt: skip
+    def _signed(
+        self, partition: int, key: bytes, value: bytes | None
+    ) -> list[tuple[str, bytes]] | None:
+        """The signature header of a beat or a marker, with a secret; else none."""
+        if self.secret is None or not key.startswith((MARKER_KIND, BEAT_KIND)):
+            return None
+        return self.secret.headers(self.topic, partition, key, value)
 
 
 async def read_state(
-    bootstrap: str, topic: str, settings: KafkaSettings, timeout: float = 30.0
+    bootstrap: str,
+    topic: str,
+    settings: KafkaSettings,
+    timeout: float = 30.0,
+    secret: ReplicaSecret | None = None,
 ) -> dict[int, PartitionImage]:
-    """Every partition of the state log as a replica taking it over would see it now,
-    without joining the replicas (no beat, no claim): for tools and tests."""
+    """Every partition of the state log as a replica taking it over would see it now
+    (believing the markers `secret` verifies), without joining the replicas (no beat, no
+    claim): for tools and tests."""
     found = await partitions_of(bootstrap, [topic], timeout, **settings.client_options())
     every = [KafkaTP(topic, p) for p in found.require(bootstrap)[topic]]
     reader = AIOKafkaConsumer(
@@ -470,6 +474,7 @@ async def read_state(
         fetch_max_wait_ms=FETCH_WAIT_MS, **settings.consumer_options(),
     )  # fmt: skip
     await start_client(reader, bootstrap, settings, "state reader", timeout)
+    reading = RecordReader(topic, secret)
     try:
         images = {tp.partition: PartitionImage(tp.partition) for tp in every}
         reader.assign(every)
@@ -481,7 +486,7 @@ async def read_state(
                 if time.monotonic() > deadline:
                     raise StoreError(f"reading {topic} took more than {timeout} s")
                 batches = await reader.getmany(tp, timeout_ms=TAIL_POLL_MS)
-                _replay_into(images[tp.partition], batches.get(tp, []))
+                reading.replay(images[tp.partition], batches.get(tp, []))
         return images
     finally:
         await reader.stop()

@@ -193,13 +193,23 @@ def encode_positions(
     ]
 
 
+#: Epochs are int64 for every reader; a record above is not one of ours.
+MAX_EPOCH = 2**63 - 1
+
+
 def decode(key: bytes, value: bytes | None) -> StateRecord:
+    """The record a key and value say; a `RecordError` (or another ValueError, KeyError
+    or TypeError) when they are not one this version wrote."""
     if value is None:
         return Tombstone(key)
-    data: dict[str, Any] = json.loads(value)
+    data: Any = json.loads(value)
+    if not isinstance(data, dict):
+        raise RecordError(f"a state record is a JSON object, not {type(data).__name__}")
     if data.get("v") != FORMAT_VERSION:
         raise RecordError(f"state record of unknown format version {data.get('v')!r}")
-    epoch = int(data.get("epoch", 0))
+    epoch = data.get("epoch", 0)
+    if type(epoch) is not int or not 0 <= epoch <= MAX_EPOCH:
+        raise RecordError("state record whose epoch is not an int64 >= 0")
     kind = data.get("kind")
     if kind == "positions":
         tp = (str(data["topic"]), int(data["partition"]))
