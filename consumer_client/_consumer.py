@@ -59,6 +59,7 @@ from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.addresses import parse_host_ports
 from keyshard.core.model.durations import renamed_seconds
 from keyshard.core.model.hashing import ORDERING_KEY_HEADER
+from keyshard.core.protocol.messages import MAX_CONSUMER_NAME, check_one_line
 from keyshard.core.security.tls import ClientTls
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,9 @@ class CoordinatedConsumer:
             raise ValueError(f"session_timeout_ms={session_timeout_ms} is outside 1000..300000")
         if not 1 <= capacity <= 100_000:
             raise ValueError(f"capacity={capacity} is outside 1..100000")
+        if not 1 <= len(name) <= MAX_CONSUMER_NAME:
+            raise ValueError(f"name must be 1..{MAX_CONSUMER_NAME} characters, got {len(name)}")
+        check_one_line(name)  # a ValueError naming the character
         if replay_window < 0:
             raise ValueError(f"replay_window={replay_window} must be >= 0 (0 turns it off)")
         if drain_timeout_ms < 0:

@@ -30,8 +30,9 @@ from keyshard.coordinator.server.listener import CoordinatorServer
 from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, DEFAULT_STATE_TOPIC
 from keyshard.coordinator.storage.kafka_cluster import KafkaCluster
 from keyshard.coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
+from keyshard.coordinator.storage.signing import ReplicaSecret
 from keyshard.core.kafka.settings import KafkaSettings
-from keyshard.core.protocol.codec import DEFAULT_MAX_FRAME_BYTES
+from keyshard.core.protocol.codec import DEFAULT_MAX_FRAME_BYTES, PRE_AUTH_MAX_FRAME_BYTES
 from keyshard.core.security.tls import ServerTls
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class DaemonConfig:
     register_timeout_ms: int | None = None
     max_connections: int | None = None  # None: 10,000, or what the open-file limit allows
     max_connections_per_peer: int | None = None
+    pre_auth_max_frame_bytes: int = PRE_AUTH_MAX_FRAME_BYTES  # until a Register succeeds
     # Replicas (docs/protocol.md §7): this one's name and where consumers reach it, the
     # state topic's partitions (used when creating it), and how long a replica's beats
     # may be silent before its partitions are taken over.
@@ -67,6 +69,9 @@ class DaemonConfig:
     advertise: str | None = None  # host:port; None: the listen address (see advertised())
     state_partitions: int = DEFAULT_STATE_PARTITIONS
     replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS
+    # Signs this replica's beats and epoch markers and verifies the others'
+    # (coordinator.storage.signing); None: nothing is signed, nothing verified.
+    replica_secret: ReplicaSecret | None = None
     # Kafka is the embedded broker (keyshard.local.broker) this process started: its data
     # is in memory, and it takes no transactional producers (not asked, then: it answers
     # with ERROR lines).
@@ -156,8 +161,9 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     channel_tls = config.tls.context() if config.tls is not None else None
     admin_tls = config.admin_tls.context() if config.admin_tls is not None else None
     limits = connection_limits(
-        config.register_timeout_ms, config.max_connections, config.max_connections_per_peer
-    )
+        config.register_timeout_ms, config.max_connections, config.max_connections_per_peer,
+        config.pre_auth_max_frame_bytes,
+    )  # fmt: skip
     bootstrap = config.bootstrap_servers
     # Bind both sockets first: the advertised address needs the real port, and a busy
     # port is an OSError here, not a sys.exit() inside uvicorn's task that would tear the
@@ -178,6 +184,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             bootstrap, config.state_topic, settings=config.kafka, identity=identity,
             partitions=config.state_partitions,
             transactions=False if config.embedded_broker else None,
+            secret=config.replica_secret,
         )  # fmt: skip
         await cluster.start()
         await state_log.start()

@@ -19,6 +19,11 @@ Run it from Python (`run_executor_consumers(spark, ...)`) or as a job:
         --coordinator coord:7171 --bootstrap-servers kafka:9092 \\
         --handler mypackage.handlers:save --consumers 8 --idle-ms 60000
 
+The coordinator's token (its `--auth-token`) comes from `--auth-token-file` or the
+environment (KEYSHARD_AUTH_TOKEN); `--auth-token` works too, with a warning that it shows
+in `ps`. It travels to the executors inside the task, over Spark's RPC (turn on
+`spark.authenticate` and `spark.network.crypto.enabled` where that network is shared).
+
 Durations are in milliseconds. The names that were in seconds (`--max-seconds`,
 `--idle-seconds`, `--connect-timeout-s`; `max_seconds=`, `idle_seconds=`,
 `connect_timeout_s=`) are taken for one release: a flag with one line on stderr, an
@@ -46,6 +51,7 @@ from keyshard.core.kafka.settings import KafkaSettings, load_properties
 from keyshard.core.model.addresses import parse_host_port
 from keyshard.core.model.durations import renamed_seconds, take_renamed_flags
 from keyshard.core.model.ranges import RangeSet
+from keyshard.core.security.secret_files import secret_from
 from keyshard.core.security.tls import ClientTls, TlsNames
 from keyshard.spark_jobs.launch import job_session
 
@@ -141,6 +147,8 @@ class ConsumerSettings:
     # How long a task's coordinator or Kafka may stay unreachable before it fails (None:
     # retry, warning at once and then every 30 s, as `CoordinatedConsumer` does).
     connect_timeout_ms: int | None = None
+    # The coordinator's --auth-token; repr=False: kept out of anything that prints these.
+    auth_token: str | None = field(default=None, repr=False)
 
 
 _current: CoordinatedConsumer | None = None
@@ -209,6 +217,7 @@ async def consume_until(
         capacity=settings.capacity,
         coordinator_tls=settings.coordinator_tls,
         connect_timeout_ms=settings.connect_timeout_ms,
+        auth_token=settings.auth_token,
         # Spark owns its Python workers' signals: it stops a task by interrupting it.
         handle_signals=False,
     )
@@ -309,6 +318,7 @@ def run_executor_consumers(
     kafka_config: Mapping[str, str] | None = None,
     coordinator_tls: ClientTls | None = None,
     connect_timeout_ms: int | None = None,
+    auth_token: str | None = None,
 ) -> list[TaskReport]:
     """Run `consumers` tasks (default: one per task slot), each a member of `group` calling
     `handler(record)` (an aiokafka ConsumerRecord; sync or async) per record, keys in order.
@@ -319,7 +329,8 @@ def run_executor_consumers(
     `coordinator_tls` files must exist at the same paths on every executor.
     `connect_timeout_ms`: how long a task's coordinator or Kafka may stay unreachable
     before the task fails (None: retry, warning at once and then every 30 s);
-    `connect_timeout_s` (seconds) is its deprecated name.
+    `connect_timeout_s` (seconds) is its deprecated name. `auth_token`: the coordinator's
+    `--auth-token`, if it has one.
     """
     if not topics or any(not t for t in topics):
         raise ValueError(f"topics must name at least one topic, got {topics!r}")
@@ -356,6 +367,7 @@ def run_executor_consumers(
         kafka_config=dict(kafka_config or {}),
         coordinator_tls=coordinator_tls,
         connect_timeout_ms=connect_timeout_ms,
+        auth_token=auth_token,
     )
     sc = spark.sparkContext
     sc.setJobGroup(f"keyshard-{group}", f"keyshard consumers of {group}", interruptOnCancel=True)
@@ -433,6 +445,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="mutual TLS: the consumers' certificate (same path on every executor)",
     )
     p.add_argument("--coordinator-tls-key-file", default=None, help="and its private key")
+    p.add_argument(
+        "--auth-token-file",
+        default=os.environ.get("KEYSHARD_AUTH_TOKEN_FILE"),
+        help="file holding the coordinator's --auth-token [env KEYSHARD_AUTH_TOKEN_FILE]",
+    )
+    p.add_argument(
+        "--auth-token",
+        default=os.environ.get("KEYSHARD_AUTH_TOKEN"),
+        help="the coordinator's --auth-token (shows in ps: prefer the file or the "
+        "variable) [env KEYSHARD_AUTH_TOKEN]",
+    )
     return p
 
 
@@ -459,6 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         handler = load_handler(args.handler)
         until = StopWhen(max_ms=args.max_ms, idle_ms=args.idle_ms, stop_file=args.stop_file)
         tls = tls_from_flags(args)  # TlsConfigError is a ValueError
+        token, warning = secret_from(  # SecretFileError is a ValueError too
+            args.auth_token, args.auth_token_file, flag="--auth-token",
+            file_flag="--auth-token-file", env_value=os.environ.get("KEYSHARD_AUTH_TOKEN"),
+        )  # fmt: skip
+        if warning is not None:
+            print(f"{parser.prog}: warning: {warning}", file=sys.stderr)
     except ValueError as err:
         parser.error(str(err))
     try:  # before paying for a JVM
@@ -483,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
             kafka_config=load_properties(args.kafka_config) if args.kafka_config else None,
             coordinator_tls=tls,
             connect_timeout_ms=args.connect_timeout_ms,
+            auth_token=token,
         )
     except (ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)

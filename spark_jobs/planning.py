@@ -15,6 +15,7 @@ slice covers a slot range, not an offset range, so splitting a partition never s
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,6 +26,7 @@ from keyshard.core.model.durations import deprecated, pick_ms
 from keyshard.core.model.hashing import SLOT_COUNT
 from keyshard.core.model.positions import Position, TopicPartition
 from keyshard.core.model.ranges import SlotRange
+from keyshard.core.security.secret_files import SecretFileError, secret_from
 from keyshard.core.security.tls import ClientTls, TlsConfigError, TlsNames
 
 EARLIEST = -2  # starting_positions sentinels, as in Spark's Kafka source
@@ -182,6 +184,25 @@ def parse_coordinator_tls(options: Mapping[str, str]) -> ClientTls | None:
     except TlsConfigError as err:
         raise SourceError(str(err)) from None
     return tls
+
+
+def parse_auth_token(
+    options: Mapping[str, str], environ: Mapping[str, str] = os.environ
+) -> str | None:
+    """The coordinator's token: the file `auth_token_file` names, else `auth_token`, else
+    the driver's KEYSHARD_AUTH_TOKEN. (Spark redacts an option named like a token in its
+    UI and logs; a file keeps it out of the query's code altogether.)"""
+    try:
+        token, _ = secret_from(
+            options.get("auth_token"),
+            options.get("auth_token_file") or None,
+            flag="option 'auth_token'",
+            file_flag="option 'auth_token_file'",
+            env_value=None,
+        )
+    except SecretFileError as err:
+        raise SourceError(str(err)) from None
+    return token if token is not None else environ.get("KEYSHARD_AUTH_TOKEN")
 
 
 def parse_starting_positions(raw: str | None, topics: Sequence[str]) -> dict[TopicPartition, int]:

@@ -3,7 +3,9 @@
     spark.readStream.format("keyshard").option("group", "g").option("topics", "t1,t2")
         .option("coordinator", "host:7171").option("bootstrap_servers", "host:9092").load()
 
-Options: `group`, `topics`, `coordinator`, `bootstrap_servers` (required); `auth_token`;
+Options: `group`, `topics`, `coordinator`, `bootstrap_servers` (required); `auth_token_file`
+(a file holding the coordinator's token), or `auth_token`, or the driver's
+KEYSHARD_AUTH_TOKEN;
 `capacity` (default: Spark's default parallelism); `ranges` (Spark partitions per
 topic-partition and batch, default: the capacity); `name`; `session_timeout_ms` (10000);
 `connect_timeout_ms` (30000); `stall_timeout_ms` (30000); `ordering_header`;
@@ -81,6 +83,7 @@ from keyshard.spark_jobs.kafka_io import (
 from keyshard.spark_jobs.offsets import StreamOffset, next_offset, plan_stream
 from keyshard.spark_jobs.planning import (
     SourceError,
+    parse_auth_token,
     parse_coordinator_tls,
     parse_int,
     parse_ms,
@@ -107,7 +110,7 @@ class StreamSettings:
         except ValueError as err:
             raise SourceError(f"option 'coordinator': coordinator address {err}") from None
         self.kafka = SparkKafka.from_options(options)
-        self.auth_token = options.get("auth_token")
+        self.auth_token = parse_auth_token(options)
         self.coordinator_tls = parse_coordinator_tls(options)
         self.capacity = parse_int(options, "capacity", default_parallelism, 1, 100_000)
         self.pieces = parse_int(options, "ranges", self.capacity, 1, 65536)

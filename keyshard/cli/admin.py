@@ -18,7 +18,11 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from keyshard.cli.secret_flags import take_secret
+from keyshard.core.security.secret_files import SecretFileError
+
 TIMEOUT_S = 10.0
+TOKEN_VARIABLE = "KEYSHARD_ADMIN_TOKEN"  # --token's (the daemon's --admin-token)
 UNCUT_WIDTH = 10_000
 
 
@@ -33,8 +37,9 @@ def run_admin_command(args: argparse.Namespace) -> int:
     # from `status` into `fence`, whole.
     console = Console() if sys.stdout.isatty() else Console(width=UNCUT_WIDTH)
     try:
+        take_secret(args, "token", "--token", command=args.command, variable=TOKEN_VARIABLE)
         data = _call(args)
-    except AdminError as err:
+    except (AdminError, SecretFileError) as err:
         print(f"keyshard {args.command}: {err}", file=sys.stderr)
         return 1
     if args.json:

@@ -14,6 +14,11 @@ from keyshard.core.model.addresses import parse_host_port
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
+def env_variable(flag: str) -> str:
+    """The variable a flag reads: `--connect-timeout-ms` -> KEYSHARD_CONNECT_TIMEOUT_MS."""
+    return "KEYSHARD_" + flag.lstrip("-").replace("-", "_").upper()
+
+
 def host_port(value: str) -> tuple[str, int]:
     try:
         return parse_host_port(value)

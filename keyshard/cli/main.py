@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from keyshard.cli.endpoint_tls import endpoint_tls
 from keyshard.cli.extras import require_server_extra
 from keyshard.cli.parser import ADMIN_COMMANDS, build_parser
+from keyshard.cli.secret_flags import take_coordinator_secrets
 from keyshard.coordinator.group.state import GroupConfig
 from keyshard.core.kafka.settings import (
     KafkaConfigError,
@@ -23,6 +24,8 @@ from keyshard.core.kafka.settings import (
     from_environment,
     load_properties,
 )
+from keyshard.core.security.log_safety import PrintableMessages
+from keyshard.core.security.secret_files import SecretFileError
 from keyshard.core.security.tls import TlsConfigError
 
 # Commands that run a server part or call the admin API: they need `keyshard[server]`.
@@ -36,6 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:  # what clients name stays on its line
+        handler.addFilter(PrintableMessages())
     if args.command in SERVER_COMMANDS:
         refused = require_server_extra(args.command)
         if refused is not None:
@@ -91,11 +96,16 @@ def kafka_settings(config_file: str | None, environ: Mapping[str, str]) -> Kafka
 def _run_coordinator(args: argparse.Namespace) -> int:
     """Run the daemon until SIGINT/SIGTERM; with no Kafka named (--bootstrap-servers or
     bootstrap.servers) on an embedded broker, started first and stopped last."""
+    from keyshard.coordinator.storage.signing import ReplicaSecret, SecretError
     from keyshard.local.broker import BrokerError, embedded_broker
 
-    try:  # TLS files first: a bad one is one line naming its flag, before anything starts
+    try:  # TLS and secret files first: a bad one is one line naming its flag, at once
         args.tls, args.admin_tls = endpoint_tls(args)
-    except TlsConfigError as err:
+        take_coordinator_secrets(args)
+        args.replica_secret = (
+            ReplicaSecret.from_file(args.replica_secret_file) if args.replica_secret_file else None
+        )
+    except (TlsConfigError, SecretFileError, SecretError) as err:
         print(f"keyshard coordinator: {err}", file=sys.stderr)
         return 2
     try:
@@ -150,6 +160,7 @@ def _serve(
         state_topic=args.state_topic,
         auth_token=args.auth_token,
         admin_token=args.admin_token,
+        replica_secret=args.replica_secret,
         admin_auth_reads=bool(args.admin_auth_reads),
         group_defaults=GroupConfig(
             assignor=args.assignor,
@@ -177,6 +188,7 @@ def _serve(
         register_timeout_ms=int(args.register_timeout_ms),
         max_connections=args.max_connections,
         max_connections_per_peer=int(args.max_connections_per_peer),
+        pre_auth_max_frame_bytes=int(args.pre_auth_max_frame_bytes),
     )
     kafka = args.bootstrap_servers or "the embedded broker"
     try:

@@ -15,6 +15,7 @@ from typing import Any
 from keyshard.cli.flag_values import (
     LOG_LEVELS,
     assignor,
+    env_variable,
     group_assignor,
     group_offset_reset,
     host_port,
@@ -26,6 +27,7 @@ from keyshard.cli.flag_values import (
     ratio,
     servers,
 )
+from keyshard.cli.secret_flags import add_coordinator_secret_flags, add_token_file_flag
 from keyshard.coordinator.group.state import GroupConfig
 from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
 from keyshard.coordinator.server.admission import (
@@ -77,11 +79,6 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsShownFormatter)
         super().__init__(*args, **kwargs)
-
-
-def env_variable(flag: str) -> str:
-    """The variable a flag reads: `--connect-timeout-ms` -> KEYSHARD_CONNECT_TIMEOUT_MS."""
-    return "KEYSHARD_" + flag.lstrip("-").replace("-", "_").upper()
 
 
 def _add(parser: argparse.ArgumentParser, flag: str, **kwargs: object) -> None:
@@ -303,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="GROUP=earliest or GROUP=latest: where one new group starts (repeatable)",
     )
     add_endpoint_flags(coord)
+    add_coordinator_secret_flags(coord, _add)
 
     add_admin_commands(command)
     add_worker_command(command)
@@ -464,6 +462,7 @@ def add_worker_command(command: Any) -> None:
     )
     _add(w, "--capacity", type=positive_int, default=1, help="share of the group's load")
     _add(w, "--auth-token", default=None, help="the coordinator's --auth-token")
+    add_token_file_flag(w, _add)
     _add(
         w,
         "--dead-letter-topic",
@@ -538,6 +537,11 @@ def add_admin_commands(command: Any) -> None:
         "--token",
         default=os.environ.get("KEYSHARD_ADMIN_TOKEN"),
         help="admin bearer token [env KEYSHARD_ADMIN_TOKEN]",
+    )
+    common.add_argument(
+        "--token-file",
+        default=os.environ.get("KEYSHARD_ADMIN_TOKEN_FILE"),
+        help="file holding the admin bearer token [env KEYSHARD_ADMIN_TOKEN_FILE]",
     )
     common.add_argument("--json", action="store_true", help="print the API's JSON as is")
     command("groups", parents=[common], help="list groups")

@@ -32,7 +32,8 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from keyshard.cli.parser import env_variable
+from keyshard.cli.flag_values import env_variable
+from keyshard.cli.secret_flags import take_secret
 from keyshard.consumer_client import (
     ClientTls,
     ConsumerAborted,
@@ -47,6 +48,7 @@ from keyshard.core.kafka.settings import (
     load_properties,
 )
 from keyshard.core.model import durations
+from keyshard.core.security.log_safety import PrintableMessages
 from keyshard.core.security.tls import TlsConfigError
 
 EXIT_REFUSED = 1
@@ -65,6 +67,7 @@ def run_worker_command(args: argparse.Namespace) -> int:
         handler = load_handler(args.target)
         for line in take_renamed_flags(args):
             print(f"keyshard worker: warning: {line}", file=sys.stderr)
+        take_secret(args, "auth_token", "--auth-token", command="worker")
         consumer = build_consumer(args, os.environ)
         configure_logging(args.log_format, args.log_level)
     except (WorkerUsageError, KafkaConfigError, TlsConfigError, ValueError) as err:
@@ -254,6 +257,7 @@ def configure_logging(log_format: str, level: str) -> None:
     else:
         formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler.setFormatter(formatter)
+    handler.addFilter(PrintableMessages())  # a record's text stays on its line
     logging.basicConfig(
         level=getattr(logging, str(level).upper(), logging.INFO), handlers=[handler], force=True
     )

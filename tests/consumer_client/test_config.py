@@ -53,3 +53,12 @@ def test_bad_coordinator_address_is_rejected_naming_it(coordinator: str, bad: st
 def test_max_concurrency_below_one_is_rejected(max_concurrency: int) -> None:
     with pytest.raises(ValueError, match="max_concurrency"):
         _consumer(max_concurrency=max_concurrency)
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [("", "1..255 characters"), ("n" * 256, "1..255 characters"), ("a\nb", "line breaks")],
+)
+def test_a_name_the_coordinator_would_refuse_is_rejected(name: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        _consumer(name=name)

@@ -57,6 +57,8 @@ class ErrorCode(StrEnum):
 
 # --------------------------------------------------------------------------- field types
 
+MAX_CONSUMER_NAME = 255
+
 
 def _check_slot_range(value: tuple[int, int]) -> tuple[int, int]:
     start, end = value
@@ -80,6 +82,24 @@ def _check_unique_topics(topics: list[str]) -> list[str]:
     if duplicates := [topic for topic, n in Counter(topics).items() if n > 1]:
         raise ValueError(f"duplicate topics: {', '.join(map(repr, duplicates[:5]))}")
     return topics
+
+
+_LINE_BREAKING = frozenset("\u2028\u2029")  # line and paragraph separators
+
+
+def check_one_line(name: str) -> str:
+    """A name a client chooses goes into member ids and log lines: no control character
+    (a newline in it would forge a log line of its own) and no line separator."""
+    for i, c in enumerate(name):
+        if c < " " or "\x7f" <= c <= "\x9f" or c in _LINE_BREAKING:
+            raise ValueError(
+                f"a name must not contain control characters or line breaks ({c!r} at {i})"
+            )
+    return name
+
+
+_OneLine: TypeAlias = Annotated[str, AfterValidator(check_one_line)]
+"""Text a client chooses that the coordinator logs: a consumer name, a member id."""
 
 
 def _check_host_port(address: str) -> str:
@@ -171,7 +191,7 @@ class MemberClaim(_WireModel):
     """What a member that lost its coordinator still runs, to keep it with no pause:
     its id and epoch, the ranges it owns and their exact positions (docs/protocol.md §7.4)."""
 
-    member_id: str = Field(min_length=1, max_length=300)
+    member_id: _OneLine = Field(min_length=1, max_length=300)
     member_epoch: int = Field(ge=0)
     owned: list[WireRange]
     positions: list[PartitionPositions]
@@ -183,7 +203,7 @@ class RegisterRequest(_WireMessage):
     group: _Name
     topics: Annotated[list[_Name], Field(min_length=1), AfterValidator(_check_unique_topics)]
     consumer_id: str | None = None
-    consumer_name: str = Field(min_length=1, max_length=255)
+    consumer_name: _OneLine = Field(min_length=1, max_length=MAX_CONSUMER_NAME)
     session_timeout_ms: int = Field(ge=1000, le=300_000)
     capacity: int = Field(default=1, ge=1, le=100_000)
     fixed_ranges: list[WireRange] | None = None
@@ -289,7 +309,7 @@ class StartFetcherResponse(_WireMessage):
 
 class LeaveRequest(_WireMessage):
     type: Literal["leave_request"] = "leave_request"
-    member_id: str
+    member_id: _OneLine = Field(min_length=1, max_length=300)
     member_epoch: int
     positions: list[PartitionPositions]
 

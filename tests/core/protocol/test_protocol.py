@@ -56,6 +56,10 @@ NAME_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.
 
 names = st.text(alphabet=NAME_ALPHABET, min_size=1, max_size=40)
 free_text = st.text(max_size=30)  # any unicode (hypothesis excludes lone surrogates)
+# A name a client chooses and the coordinator logs: no control character, no line break.
+one_line = st.text(
+    alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), min_size=1, max_size=40
+)
 correlation_ids = st.integers(0, 2**31 - 1)
 epochs = st.integers(-(2**63), 2**63 - 1)
 int64 = st.integers(-(2**63), 2**63 - 1)
@@ -124,7 +128,7 @@ MESSAGE_STRATEGIES: dict[type[BaseModel], st.SearchStrategy[Any]] = {
         group=names,
         topics=st.lists(names, min_size=1, max_size=5, unique=True),
         consumer_id=st.none() | free_text,
-        consumer_name=st.text(min_size=1, max_size=60),
+        consumer_name=one_line,
         session_timeout_ms=st.integers(1000, 300_000),
         capacity=st.integers(1, 100_000),
         fixed_ranges=st.none() | st.lists(slot_ranges(), max_size=5),
@@ -171,7 +175,7 @@ MESSAGE_STRATEGIES: dict[type[BaseModel], st.SearchStrategy[Any]] = {
     LeaveRequest: st.builds(
         LeaveRequest,
         correlation_id=correlation_ids,
-        member_id=free_text,
+        member_id=one_line,
         member_epoch=epochs,
         positions=position_lists,
     ),
@@ -494,6 +498,44 @@ def test_register_topic_rules(topics: list[str], reason: str) -> None:
     exc = decode_error(json_frame({**VALID_REGISTER, "topics": topics}))
     assert exc.code is ErrorCode.INVALID_MESSAGE
     assert reason in exc.message
+
+
+@pytest.mark.parametrize(
+    "name", ["c0\n2026-01-01 WARNING forged", "tab\there", "esc\x1b[2J", "nel\x85", "ls\u2028"]
+)
+def test_a_consumer_name_that_would_break_a_log_line_is_refused(name: str) -> None:
+    exc = decode_error(json_frame({**VALID_REGISTER, "consumer_name": name}))
+    assert exc.code is ErrorCode.INVALID_MESSAGE
+    assert "consumer_name: a name must not contain control characters or line breaks" in exc.message
+    leave = {"type": "leave_request", "correlation_id": 1, "member_id": name,
+             "member_epoch": 1, "positions": []}  # fmt: skip
+    assert "member_id: a name must not" in decode_error(json_frame(leave)).message
+    (ok,) = FrameDecoder().feed(json_frame({**VALID_REGISTER, "consumer_name": "wörker 1 ✓"}))
+    assert isinstance(ok, RegisterRequest)
+
+
+def test_decoder_limit_and_screen_change_between_frames() -> None:
+    """A coordinator holds a connection to a small limit, screening each frame before it
+    is validated, until the connection registers; then the normal limit, unscreened."""
+    seen: list[Any] = []
+
+    def screen(document: Any) -> None:
+        seen.append(document)
+        if isinstance(document, dict) and document.get("auth_token") != "t":
+            raise ProtocolError(ErrorCode.AUTHENTICATION_FAILED, "no")
+
+    decoder = FrameDecoder(100_000, screen=screen)
+    (first,) = decoder.feed(json_frame({**VALID_REGISTER, "auth_token": "t"}))
+    assert isinstance(first, RegisterRequest) and seen == [{**VALID_REGISTER, "auth_token": "t"}]
+    decoder.max_frame_bytes, decoder.screen = 1000, None
+    (unscreened,) = decoder.feed(json_frame(VALID_REGISTER))
+    assert isinstance(unscreened, RegisterRequest) and len(seen) == 1
+    with pytest.raises(ProtocolError) as too_large:
+        decoder.feed(json_frame({**VALID_REGISTER, "consumer_name": "x" * 2000}))
+    assert too_large.value.code is ErrorCode.FRAME_TOO_LARGE
+    with pytest.raises(ProtocolError) as refused:
+        FrameDecoder(screen=screen).feed(json_frame({**VALID_REGISTER, "session_timeout_ms": 1}))
+    assert refused.value.code is ErrorCode.AUTHENTICATION_FAILED  # before validation
 
 
 def test_register_valid_fixture_decodes() -> None:
