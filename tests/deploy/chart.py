@@ -55,6 +55,7 @@ FULL: dict[str, Any] = {
         "registerTimeoutMs": 5_000,
         "maxConnections": 5_000,
         "maxConnectionsPerPeer": 200,
+        "preAuthMaxFrameBytes": 131_072,
     },
     "kafka": {
         "config": {

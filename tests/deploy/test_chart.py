@@ -75,6 +75,7 @@ def test_minimal_values_render_the_expected_objects() -> None:
         "ConfigMap",
         "Deployment",
         "PodDisruptionBudget",
+        "Secret",  # the replica secret, generated
         "Service",
         "Service",
         "Service",
@@ -90,7 +91,8 @@ def test_full_values_render_the_optional_objects() -> None:
         "ConfigMap",  # the Grafana dashboard
         "Deployment",
         "PodDisruptionBudget",
-        "Secret",
+        "Secret",  # the tokens
+        "Secret",  # the replica secret, generated
         "Service",
         "Service",
         "Service",
@@ -197,20 +199,27 @@ def test_security_context_is_locked_down() -> None:
     assert ctx["runAsUser"] != 0
     assert pod["automountServiceAccountToken"] is False
     assert pod["enableServiceLinks"] is False
-    mounts = {m["mountPath"] for m in container(objects)["volumeMounts"]}
-    assert mounts == {"/tmp"}  # the only writable path
+    mounts = container(objects)["volumeMounts"]
+    assert {m["mountPath"] for m in mounts if not m.get("readOnly")} == {
+        "/tmp"
+    }  # the only writable path
 
 
 def test_resources_come_from_values() -> None:
     assert container(manifests(FULL))["resources"] == FULL["resources"]
 
 
+TOKENS = "ks-keyshard"  # the chart's Secret of the tokens in FULL
+REPLICA_SECRET = "ks-keyshard-replica-secret"
+
+
 def test_tokens_go_to_a_secret_never_the_configmap() -> None:
     objects = manifests(FULL)
-    secret = find(objects, "Secret")
+    secret = find(objects, "Secret", TOKENS)
     decoded = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert decoded == {"consumer-token": "consumer-secret", "admin-token": "admin-secret"}
-    assert "secret" not in yaml.safe_dump(settings_map(objects)["data"])
+    settings = yaml.safe_dump(settings_map(objects)["data"])
+    assert not [token for token in decoded.values() if token in settings]
     env = {e["name"]: e for e in container(objects)["env"]}
     tokens = {"KEYSHARD_AUTH_TOKEN": "consumer-token", "KEYSHARD_ADMIN_TOKEN": "admin-token"}
     for var, key in tokens.items():
@@ -220,7 +229,7 @@ def test_tokens_go_to_a_secret_never_the_configmap() -> None:
 
 def test_existing_secret_is_referenced_not_created() -> None:
     objects = manifests(PARKED)
-    assert not [o for o in objects if o["kind"] == "Secret"]
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == [REPLICA_SECRET]
     env = {e["name"]: e for e in container(objects)["env"]}
     downward = {"POD_IP", "KEYSHARD_REPLICA_ID", "KEYSHARD_ADVERTISE"}
     assert set(env) - downward == {"KEYSHARD_ADMIN_TOKEN"}  # consumerTokenKey "": none
@@ -240,7 +249,7 @@ def test_service_monitor_scrapes_metrics_with_the_admin_token() -> None:
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] in {p["name"] for p in admin["spec"]["ports"]}
     assert endpoint["authorization"]["credentials"] == {
-        "name": find(objects, "Secret")["metadata"]["name"],
+        "name": find(objects, "Secret", TOKENS)["metadata"]["name"],
         "key": "admin-token",
     }
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
@@ -279,7 +288,32 @@ def test_tls_files_are_mounted_where_the_daemon_reads_them() -> None:
     assert container(plain)["livenessProbe"]["httpGet"]["scheme"] == "HTTP"
     assert [
         v["name"] for v in find(plain, "Deployment")["spec"]["template"]["spec"]["volumes"]
-    ] == ["tmp"]
+    ] == ["tmp", "replica-secret"]
+
+
+def test_replicas_share_a_replica_secret_the_chart_generates_or_takes() -> None:
+    """Every pod reads the replica secret from the file its Secret is mounted as: the
+    chart's own (a random one, no token of the values in it), or the user's."""
+    for values, secret_name in (
+        (MINIMAL, REPLICA_SECRET),
+        (merged(MINIMAL, {"replicaSecret": {"existingSecret": "mine", "key": "s"}}), "mine"),
+    ):
+        objects = manifests(values)
+        path = settings_map(objects)["data"]["KEYSHARD_REPLICA_SECRET_FILE"]
+        pod = find(objects, "Deployment")["spec"]["template"]["spec"]
+        mounts = {m["mountPath"]: m["name"] for m in container(objects)["volumeMounts"]}
+        folder, _, key = path.rpartition("/")
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mounts[folder]]
+        assert volume["secret"]["secretName"] == secret_name
+        assert key == values.get("replicaSecret", {}).get("key", "replica-secret")
+    generated = find(manifests(MINIMAL), "Secret", REPLICA_SECRET)
+    (value,) = generated["data"].values()
+    assert len(base64.b64decode(value)) >= 32
+    taken = manifests(merged(MINIMAL, {"replicaSecret": {"existingSecret": "mine"}}))
+    assert not [o for o in taken if o["kind"] == "Secret"]
+    # Not in the pod's checksums: keeping it over an upgrade restarts nothing.
+    annotations = find(manifests(MINIMAL), "Deployment")["spec"]["template"]["metadata"]
+    assert not [a for a in annotations["annotations"] if "replica" in a]
 
 
 def test_config_change_restarts_the_pod() -> None:

@@ -61,7 +61,10 @@ VALUE_FOR_DEST = {
     "register_timeout_ms": ("config", "registerTimeoutMs"),
     "max_connections": ("config", "maxConnections"),
     "max_connections_per_peer": ("config", "maxConnectionsPerPeer"),
-    # Files mounted from the Secret the value names.
+    "pre_auth_max_frame_bytes": ("config", "preAuthMaxFrameBytes"),
+    # Files mounted from the Secret the value names (the replica secret's is the chart's
+    # own unless one is named).
+    "replica_secret_file": ("replicaSecret", "existingSecret"),
     "tls_cert_file": ("tls", "existingSecret"),
     "tls_key_file": ("tls", "existingSecret"),
     "tls_client_ca_file": ("tls", "requireClientCert"),
@@ -75,8 +78,9 @@ FROM_THE_POD = {
     "advertise": "status.podIP",
 }
 # argparse dests that deliberately have no value: the chart requires bootstrapServers, so
-# the embedded broker these configure never runs in a pod.
-NOT_IN_THE_CHART = {"embedded_broker_listen"}
+# the embedded broker these configure never runs in a pod; the tokens come from the
+# chart's Secret through their variables, so their -file flags are not needed.
+NOT_IN_THE_CHART = {"embedded_broker_listen", "auth_token_file", "admin_token_file"}
 KAFKA_CONFIG_PATH = "/etc/keyshard/kafka/kafka.properties"
 
 
@@ -225,6 +229,8 @@ def test_full_values_set_every_variable_and_the_daemon_reads_them(
         "register_timeout_ms": config["registerTimeoutMs"],
         "max_connections": config["maxConnections"],
         "max_connections_per_peer": config["maxConnectionsPerPeer"],
+        "pre_auth_max_frame_bytes": config["preAuthMaxFrameBytes"],
+        "replica_secret_file": "/etc/keyshard/replica-secret/replica-secret",
         "tls_cert_file": "/etc/keyshard/tls/tls.crt",
         "tls_key_file": "/etc/keyshard/tls/tls.key",
         "tls_client_ca_file": "/etc/keyshard/tls/ca.crt",
@@ -260,12 +266,15 @@ def test_the_pods_kafka_settings_are_the_values_with_secrets_from_their_secret(
 
 def test_chart_defaults_are_the_daemons_defaults(clean_env: pytest.MonkeyPatch) -> None:
     """Only where the chart must differ: Kafka is required, in a pod the listeners bind
-    every interface instead of loopback, and each pod names itself and its address."""
+    every interface instead of loopback, each pod names itself and its address, and the
+    replicas always share a replica secret (the chart's own unless one is named)."""
     daemon = build_parser().parse_args(["coordinator"])
     chart = parse_with_env(clean_env, pod_environment(MINIMAL))
     dests = set(VALUE_FOR_DEST) | set(FROM_THE_POD)
     differ = {d for d in dests if getattr(daemon, d) != getattr(chart, d)}
-    assert differ == {"bootstrap_servers", "listen", "admin_listen", *FROM_THE_POD}
+    assert differ == {
+        "bootstrap_servers", "listen", "admin_listen", "replica_secret_file", *FROM_THE_POD
+    }  # fmt: skip
     assert chart.listen == ("0.0.0.0", daemon.listen[1])
     assert chart.admin_listen == ("0.0.0.0", daemon.admin_listen[1])
 

@@ -75,6 +75,16 @@ app.kubernetes.io/component: coordinator
 {{- default (include "keyshard.fullname" .) .Values.auth.existingSecret }}
 {{- end }}
 
+{{/* The Secret holding the replica secret: the user's, or the chart's own. */}}
+{{- define "keyshard.replicaSecretName" -}}
+{{- default (printf "%s-replica-secret" (include "keyshard.fullname" . | trunc 48 | trimSuffix "-")) .Values.replicaSecret.existingSecret }}
+{{- end }}
+
+{{/* Where the pod reads the replica secret (KEYSHARD_REPLICA_SECRET_FILE). */}}
+{{- define "keyshard.replicaSecretPath" -}}
+/etc/keyshard/replica-secret/{{ .Values.replicaSecret.key }}
+{{- end }}
+
 {{/* "true" when the pod reads the consumer token from a Secret. */}}
 {{- define "keyshard.hasConsumerToken" -}}
 {{- if .Values.auth.existingSecret }}
