@@ -220,7 +220,10 @@ class FrameDecoder:
                     pos = end
         except ProtocolError as exc:
             exc.decoded = tuple(messages)
-            self._failure = exc
+            # A copy without the traceback: the error's traceback holds this frame, whose
+            # `data` (up to a whole read) would otherwise live on in a reference cycle
+            # until the garbage collector's next full pass, for every peer that erred.
+            self._failure = ProtocolError(exc.code, exc.message, correlation_id=exc.correlation_id)
             buffer.clear()  # nothing here will ever be read; free it now
             raise
         del buffer[:pos]
