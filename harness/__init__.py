@@ -6,7 +6,7 @@ part of keyshard: the wheel has only `keyshard`, and nothing in it imports this.
   `harness.brokers.kafka`);
 - processes: `CoordinatorProcess`, `ReplicaSet`, `Workers` (free ports, stopped by pid),
   `cpu_seconds` and `rss_mib` of a pid; `harness.eos_app`, the exactly-once app;
-- topics and records: `create_topic`, `produce`;
+- topics and records: `create_topic`, `produce`, `append` (raw records, as a topic writer);
 - waiting: `wait_for`, on a condition with a deadline;
 - groups: `is_settled` (the one settle check), `owned_ranges`, `unsettled_reason`;
 - reports: `order_stats` (per-key order from handler logs), `median`, `percentile`,
@@ -24,7 +24,7 @@ from harness._processes import (
 )
 from harness._stats import median, percentile
 from harness._tables import markdown_table
-from harness._topics import create_topic, produce
+from harness._topics import append, create_topic, produce
 from harness._waiting import wait_for
 from keyshard.local.demo import GROUP, TOPIC
 
@@ -35,6 +35,7 @@ __all__ = [
     "OrderStats",
     "ReplicaSet",
     "Workers",
+    "append",
     "cpu_seconds",
     "create_topic",
     "is_settled",

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from keyshard.coordinator.storage.signing import ReplicaSecret
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.local.demo import TOPIC
 from keyshard.local.verify import Produced
@@ -29,6 +30,31 @@ async def create_topic(
         await admin.create_topics([NewTopic(topic, partitions, 1)])
     finally:
         await admin.close()
+
+
+async def append(
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    *records: tuple[bytes, bytes | None],
+    signed_by: ReplicaSecret | None = None,
+) -> None:
+    """Append (key, value) records to one partition, in one batch as far as the broker
+    goes: what anyone who may write to the topic can do (unsigned), or a holder of a
+    replica secret (`signed_by`)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=50)
+    await producer.start()
+    try:
+        sent = [
+            await producer.send(
+                topic, v, k, partition=partition,
+                headers=signed_by.headers(topic, partition, k, v) if signed_by else None,
+            )
+            for k, v in records
+        ]  # fmt: skip
+        await asyncio.wait_for(asyncio.gather(*sent), 20)
+    finally:
+        await producer.stop()
 
 
 async def produce(

@@ -4,6 +4,9 @@ Replica A claims partition 0 and writes; B, a hot standby, has A's records in it
 B claims the partition (epoch 2); A's next write is refused (Fenced): by the broker's
 transaction fencing on Kafka, by the epoch marker A's own tail sees on the embedded
 broker (which has no transactions).
+
+With a replica secret, what a mere topic writer appends (a beat, an epoch marker with a
+huge epoch) is not believed, and a record nobody can read is skipped alone.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from harness import wait_for
+from harness import append, wait_for
 from harness.brokers import Broker
 from keyshard.coordinator.storage.base import Fenced
 from keyshard.coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
-from keyshard.coordinator.storage.log_format import MemberRecord, encode
+from keyshard.coordinator.storage.log_format import EpochMarker, MemberRecord, ReplicaBeat, encode
+from keyshard.coordinator.storage.signing import ReplicaSecret
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.ranges import RangeSet
 
@@ -26,11 +30,14 @@ pytestmark = pytest.mark.integration
 TOPIC = "__keyshard_state"
 
 
-def replica(broker: Broker, name: str) -> KafkaStateLog:
+SECRET = ReplicaSecret.from_text("the-replicas-shared-secret")
+
+
+def replica(broker: Broker, name: str, secret: ReplicaSecret | None = None) -> KafkaStateLog:
     identity = ReplicaIdentity(name, f"{name}:7171", f"http://{name}:7172")
     return KafkaStateLog(
         broker.bootstrap_servers, TOPIC, settings=KafkaSettings.parse(), identity=identity,
-        partitions=3, timeout=20.0,
+        partitions=3, timeout=20.0, secret=secret,
     )  # fmt: skip
 
 
@@ -129,3 +136,74 @@ async def test_no_transactions_on_tansu_is_said_at_info_not_as_a_warning(
     said = [r for r in caplog.records if "takes no transactional producer" in r.getMessage()]
     assert [r.levelno for r in said] == [logging.INFO], said
     assert "expected of Tansu" in said[0].getMessage()
+
+
+@pytest.fixture
+async def signed(broker: Broker) -> AsyncIterator[tuple[KafkaStateLog, KafkaStateLog]]:
+    a, b = replica(broker, "a", SECRET), replica(broker, "b", SECRET)
+    try:
+        await a.start()
+        await b.start()
+        yield a, b
+    finally:
+        await asyncio.gather(a.stop(), b.stop())
+
+
+def _forged_marker(epoch: int) -> tuple[bytes, bytes]:
+    marker = EpochMarker(0, epoch, "forger", "forger:7171", "http://forger:7172")
+    value = encode(marker)
+    assert value is not None
+    return marker.key, value
+
+
+async def test_a_forged_marker_with_a_huge_epoch_moves_nothing(
+    signed: tuple[KafkaStateLog, KafkaStateLog], broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = signed
+    epoch, _ = await a.claim(0)
+    await wait_for(lambda: b.images[0].holder == "a", 20, "B to read A's claim")
+    with caplog.at_level(logging.WARNING, logger="keyshard.coordinator.storage.record_reader"):
+        await append(
+            broker.bootstrap_servers, TOPIC, 0, _forged_marker(2**40), _forged_marker(epoch + 1)
+        )
+        await wait_for(lambda: b.images[0].unverified_epoch == epoch + 1, 20, "B to read them")
+    for image in (a.images[0], b.images[0]):
+        assert (image.holder, image.epoch) == ("a", epoch)
+    await a.write(0, epoch, [record("m1", epoch)])  # A is not fenced
+    await wait_for(lambda: members(b) == {"m1"}, 20, "B to read A's write")
+    assert any("forger" in r.getMessage() and "not signed" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    # A takeover goes above the forged epoch it can count, never to the huge one.
+    assert (await b.claim(0))[0] == epoch + 2
+
+
+async def test_a_forged_beat_is_not_believed(
+    signed: tuple[KafkaStateLog, KafkaStateLog], broker: Broker
+) -> None:
+    a, b = signed
+    forged = ReplicaBeat("forger", "forger:7171", "http://forger:7172", 0)
+    value = encode(forged)
+    assert value is not None
+    await append(broker.bootstrap_servers, TOPIC, 0, (forged.key, value))
+
+    async def b_alive() -> None:
+        while "b" not in a.alive(4):
+            await asyncio.gather(a.beat(), b.beat())
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(b_alive(), 20)
+    assert set(a.beats) == {"a", "b"}  # the forged beat, before B's, was read and dropped
+
+
+async def test_an_unreadable_record_is_skipped_alone(
+    signed: tuple[KafkaStateLog, KafkaStateLog], broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    a, b = signed
+    epoch, _ = await a.claim(0)
+    with caplog.at_level(logging.ERROR, logger="keyshard.coordinator.storage.record_reader"):
+        await append(
+            broker.bootstrap_servers, TOPIC, 0, (b"M\x00g\x00junk", b"[]"), record("after", epoch)
+        )
+        await wait_for(lambda: members(b) == {"after"}, 20, "B to read the record after")
+    assert members(a) == {"after"}
+    assert any("skipping unreadable state record 0/" in r.getMessage() for r in caplog.records)
