@@ -12,6 +12,7 @@ huge epoch) is not believed, and a record nobody can read is skipped alone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -41,15 +42,24 @@ def replica(broker: Broker, name: str, secret: ReplicaSecret | None = None) -> K
     )  # fmt: skip
 
 
-@pytest.fixture
-async def logs(broker: Broker) -> AsyncIterator[tuple[KafkaStateLog, KafkaStateLog]]:
-    a, b = replica(broker, "a"), replica(broker, "b")
+@contextlib.asynccontextmanager
+async def started_pair(
+    broker: Broker, secret: ReplicaSecret | None = None
+) -> AsyncIterator[tuple[KafkaStateLog, KafkaStateLog]]:
+    """Replicas A and B, started on the state topic (both with `secret`, or neither)."""
+    a, b = replica(broker, "a", secret), replica(broker, "b", secret)
     try:
         await a.start()
         await b.start()
         yield a, b
     finally:
         await asyncio.gather(a.stop(), b.stop())
+
+
+@pytest.fixture
+async def logs(broker: Broker) -> AsyncIterator[tuple[KafkaStateLog, KafkaStateLog]]:
+    async with started_pair(broker) as pair:
+        yield pair
 
 
 def members(log: KafkaStateLog) -> set[str] | None:
@@ -140,13 +150,8 @@ async def test_no_transactions_on_tansu_is_said_at_info_not_as_a_warning(
 
 @pytest.fixture
 async def signed(broker: Broker) -> AsyncIterator[tuple[KafkaStateLog, KafkaStateLog]]:
-    a, b = replica(broker, "a", SECRET), replica(broker, "b", SECRET)
-    try:
-        await a.start()
-        await b.start()
-        yield a, b
-    finally:
-        await asyncio.gather(a.stop(), b.stop())
+    async with started_pair(broker, SECRET) as pair:
+        yield pair
 
 
 def _forged_marker(epoch: int) -> tuple[bytes, bytes]:
@@ -166,7 +171,10 @@ async def test_a_forged_marker_with_a_huge_epoch_moves_nothing(
         await append(
             broker.bootstrap_servers, TOPIC, 0, _forged_marker(2**40), _forged_marker(epoch + 1)
         )
-        await wait_for(lambda: b.images[0].unverified_epoch == epoch + 1, 20, "B to read them")
+        await wait_for(
+            lambda: a.images[0].unverified_epoch == b.images[0].unverified_epoch == epoch + 1,
+            20, "A and B to read them",
+        )  # fmt: skip
     for image in (a.images[0], b.images[0]):
         assert (image.holder, image.epoch) == ("a", epoch)
     await a.write(0, epoch, [record("m1", epoch)])  # A is not fenced
@@ -204,6 +212,7 @@ async def test_an_unreadable_record_is_skipped_alone(
         await append(
             broker.bootstrap_servers, TOPIC, 0, (b"M\x00g\x00junk", b"[]"), record("after", epoch)
         )
-        await wait_for(lambda: members(b) == {"after"}, 20, "B to read the record after")
-    assert members(a) == {"after"}
+        await wait_for(
+            lambda: members(a) == members(b) == {"after"}, 20, "A and B to read the record after"
+        )
     assert any("skipping unreadable state record 0/" in r.getMessage() for r in caplog.records)
