@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from keyshard.cli.bound_flags import bounds_from
 from keyshard.cli.endpoint_tls import endpoint_tls
 from keyshard.cli.extras import require_server_extra
 from keyshard.cli.parser import ADMIN_COMMANDS, build_parser
@@ -95,7 +96,8 @@ def _run_coordinator(args: argparse.Namespace) -> int:
 
     try:  # TLS files first: a bad one is one line naming its flag, before anything starts
         args.tls, args.admin_tls = endpoint_tls(args)
-    except TlsConfigError as err:
+        args.bounds = bounds_from(args)
+    except (TlsConfigError, ValueError) as err:
         print(f"keyshard coordinator: {err}", file=sys.stderr)
         return 2
     try:
@@ -177,6 +179,7 @@ def _serve(
         register_timeout_ms=int(args.register_timeout_ms),
         max_connections=args.max_connections,
         max_connections_per_peer=int(args.max_connections_per_peer),
+        bounds=args.bounds,
     )
     kafka = args.bootstrap_servers or "the embedded broker"
     try:

@@ -12,6 +12,7 @@ import argparse
 import os
 from typing import Any
 
+from keyshard.cli.bound_flags import add_bound_flags
 from keyshard.cli.flag_values import (
     LOG_LEVELS,
     assignor,
@@ -303,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="GROUP=earliest or GROUP=latest: where one new group starts (repeatable)",
     )
     add_endpoint_flags(coord)
+    add_bound_flags(coord, _add)
 
     add_admin_commands(command)
     add_worker_command(command)
