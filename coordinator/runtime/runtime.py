@@ -303,10 +303,12 @@ class CoordinatorRuntime:
             (request.auth_token or "").encode(), expected.encode()
         ):
             raise CoordinatorError(ErrorCode.AUTHENTICATION_FAILED, "invalid or missing auth token")
-        if request.group not in self._groups:
+        # Bounds before anything is created: a refused Register leaves no group behind.
+        refused = self.config.bounds.session_refusal(request.session_timeout_ms)
+        if refused is None and request.group not in self._groups:
             refused = self.config.bounds.groups_refusal(request.group, len(self._groups))
-            if refused is not None:
-                raise CoordinatorError(*refused)
+        if refused is not None:
+            raise CoordinatorError(*refused)
         topics = tuple(request.topics)
         counts = await self._partition_counts.get(topics)
         missing = [t for t in topics if t not in counts]
