@@ -29,7 +29,12 @@ from dataclasses import dataclass, field
 
 from keyshard.coordinator.group.records import FetchedCounts
 from keyshard.coordinator.group.state import GroupState
-from keyshard.core.model.positions import Position, PositionUpdate, TopicPartition
+from keyshard.core.model.positions import (
+    Position,
+    PositionUpdate,
+    RangePositionMap,
+    TopicPartition,
+)
 from keyshard.core.model.ranges import RangeSet, SlotRange
 
 Advanced = tuple[tuple[TopicPartition, tuple[tuple[SlotRange, Position], ...]], ...]
@@ -113,6 +118,20 @@ def _past_end(
     return True, end, tp in known.confirmed
 
 
+def _united(segments: Iterable[tuple[SlotRange, Position]]) -> RangePositionMap:
+    """What a report says of each slot, its segments for the same slots united.
+
+    A claim carries, beside the positions of the ranges a member runs, the final ones of
+    ranges it released since it last registered; a range it was given back meanwhile has
+    both, the released one older. Each alone may be behind the stored position; what the
+    member says of a slot is all of them together."""
+    united = RangePositionMap()
+    for seg, position in segments:
+        for slots, before in united.segments(RangeSet((seg,))):
+            united.assign(slots, before.union(position))
+    return united
+
+
 def check_positions(
     state: GroupState,
     positions: PositionUpdate,
@@ -138,6 +157,7 @@ def check_positions(
             )
             return out
         stored = state.position_map(tp)
+        said = _united(segments)
         kept: list[tuple[SlotRange, Position]] = []
         growth = 0
         for i, (seg, reported) in enumerate(segments):
@@ -169,10 +189,11 @@ def check_positions(
                 for slots, held in stored.segments(RangeSet((part,))):
                     # (A clipped position may be below what is stored: merged by union,
                     # it lowers nothing, and it says nothing false.)
-                    if position.next_offset < held.next_offset and not clipped:
+                    lowest = said.minimum_offset(RangeSet((slots,)))
+                    if lowest < held.next_offset and not clipped:
                         out.refusal = Refusal(
                             f"{where}.next_offset",
-                            f"{position.next_offset} is behind {held.next_offset}, where "
+                            f"{lowest} is behind {held.next_offset}, where "
                             f"slots {slots.start}-{slots.end} of {_name(tp)} already are",
                         )
                         return out

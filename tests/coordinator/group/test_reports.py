@@ -161,6 +161,9 @@ def test_reports_for_slots_given_up_are_stale_not_lies(group3: GroupState) -> No
         (r, Position(42)) for r in m1
     ]
     checked = check_positions(state, everything, m1, field="positions", known=None)
+    assert checked.refusal is None  # m1's slots at 3 and at 42: together, 42
+    behind = report(RangeSet.full(), {TPS[0]: Position(3)})
+    checked = check_positions(state, behind, m1, field="positions", known=None)
     assert checked.refusal is not None  # the part of m1 at 3 is behind 10
     fine = report(RangeSet.full() - m1, {TPS[0]: Position(0)}) | {
         TPS[1]: [(r, Position(42)) for r in m1]
@@ -204,6 +207,37 @@ def test_a_claim_past_the_end_is_refused(group3: GroupState) -> None:
     )  # fmt: skip
     assert result.error is not None and result.error[0] is ErrorCode.FENCED_MEMBER
     assert "claim.positions[t/0]" in result.error[1] and not result.records
+
+
+def test_a_claim_with_an_older_released_position_beside_a_newer_one_is_honest(
+    group3: GroupState,
+) -> None:
+    """A claim carries the final positions of ranges released since the member last
+    registered beside those of the ranges it runs; a range given back to it has both. The
+    older one alone is behind the stored position; the claim as a whole is not."""
+    state = group3
+    owned = state.members["m1"].owned
+    stored = state.position_map(TPS[0]).minimum_offset(owned)
+    run(state, h.connection_lost(state, member_id="m1", now=2.0), 2.0)
+    released = report(owned, {TPS[0]: Position(0)})
+    running = report(owned, {TPS[0]: Position(stored + 5)})
+    claim = {tp: released[tp] + running[tp] for tp in released}
+
+    def reclaim(positions: Upd) -> Result:
+        return h.reclaim(
+            state, member_id="m1", member_epoch=state.claims["m1"].member_epoch,
+            claimed=owned, positions=positions, name="m1", capacity=1,
+            session_timeout_ms=10_000, topics=("t",), partitions=TPS, now=3.0,
+            known=confirmed({TPS[0]: 100, TPS[1]: 100}),
+        )  # fmt: skip
+
+    assert stored > 0, "nothing stored: the older position would not be behind"
+    assert reclaim(released).error is not None  # alone, it is behind
+    result = reclaim(claim)
+    assert result.error is None, result.error
+    assert state.position_map(TPS[0]).minimum_offset(owned) == stored  # not yet applied
+    run(state, result, 3.0)
+    assert state.position_map(TPS[0]).minimum_offset(owned) == stored + 5
 
 
 def test_an_end_kafka_did_not_answer_for_clips_instead_of_fencing(group3: GroupState) -> None:
