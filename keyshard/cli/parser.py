@@ -545,6 +545,10 @@ def add_admin_commands(command: Any) -> None:
     command("groups", parents=[common], help="list groups")
     status = command("status", parents=[common], help="members, ranges, handoffs")
     status.add_argument("group")
+    positions = command(
+        "positions", parents=[common], help="where a group resumes: slot ranges, next offsets"
+    )
+    positions.add_argument("group")
     where = command("where", parents=[common], help="which member runs a key")
     where.add_argument("group")
     where.add_argument("key")
@@ -556,4 +560,4 @@ def add_admin_commands(command: Any) -> None:
     fence.add_argument("member")
 
 
-ADMIN_COMMANDS = {"groups", "status", "where", "rebalance", "fence"}
+ADMIN_COMMANDS = {"groups", "status", "positions", "where", "rebalance", "fence"}
