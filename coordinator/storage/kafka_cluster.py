@@ -226,14 +226,19 @@ class KafkaCluster:
                 fetch_max_wait_ms=ENDS_FETCH_WAIT_MS, max_partition_fetch_bytes=ENDS_FETCH_BYTES,
                 **self.settings.client_options(),
             )  # fmt: skip
-            try:
-                await asyncio.wait_for(reader.start(), self.timeout)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(reader.stop(), self.timeout)
-                raise
-            self._reader = reader
+            self._reader = await self._started(reader)
         return self._reader
+
+    async def _started(self, client: AIOKafkaConsumer) -> AIOKafkaConsumer:
+        """`client` started within the timeout; stopped again if it could not start, so a
+        half-started client holds no connection."""
+        try:
+            await asyncio.wait_for(client.start(), self.timeout)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.stop(), self.timeout)
+            raise
+        return client
 
     async def _drop_reader(self) -> None:
         reader, self._reader = self._reader, None
@@ -278,11 +283,5 @@ class KafkaCluster:
                 bootstrap_servers=self.bootstrap, group_id=group, enable_auto_commit=False,
                 **options,
             )  # fmt: skip
-            try:
-                await asyncio.wait_for(committer.start(), self.timeout)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(committer.stop(), self.timeout)
-                raise
-            self._committers[group] = committer
+            self._committers[group] = await self._started(committer)
         return committer
