@@ -186,6 +186,7 @@ async def _all_processed(
     assert "Traceback" not in coordinator.read_log(), coordinator.read_log()[-3000:]
 
 
+@pytest.mark.brokers("tansu", "kafka")
 async def test_a_member_reporting_positions_past_the_end_is_fenced_and_nothing_is_lost(
     coordinator: CoordinatorProcess, workers: Workers
 ) -> None:
@@ -216,7 +217,7 @@ async def test_a_member_reporting_positions_past_the_end_is_fenced_and_nothing_i
     before = _rate(workers, honest, max(first, liar_at - 5 * 10**9), liar_at)
     after_end = min(e.t1 for e in workers.processed() if e.t1 >= fenced_at) + 5 * 10**9
     after = _rate(workers, honest, fenced_at, after_end)
-    print(f"honest rate: {before:.0f}/s in the 5 s before the liar, {after:.0f}/s in the 5 s "
+    print(f"honest rate: {before:.0f}/s in the last 5 s before the liar, {after:.0f}/s in the 5 s "
           "after it was fenced (produced at 150/s)")  # fmt: skip
     assert after >= 0.5 * before, (before, after)
     assert await coordinator.settled(2), "the honest members do not own every slot again"
