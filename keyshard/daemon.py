@@ -20,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from keyshard.api.app import create_app
+from keyshard.coordinator.group.bounds import Bounds
 from keyshard.coordinator.group.state import GroupConfig, OffsetReset
 from keyshard.coordinator.replication.manager import ReplicaManager, ReplicationSettings
 from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
@@ -62,6 +63,8 @@ class DaemonConfig:
     max_connections: int | None = None  # None: 10,000, or what the open-file limit allows
     max_connections_per_peer: int | None = None
     pre_auth_max_frame_bytes: int = PRE_AUTH_MAX_FRAME_BYTES  # until a Register succeeds
+    # What one member may declare and report, and how many (coordinator.group.bounds).
+    bounds: Bounds = field(default_factory=Bounds)
     # Replicas (docs/protocol.md §7): this one's name and where consumers reach it, the
     # state topic's partitions (used when creating it), and how long a replica's beats
     # may be silent before its partitions are taken over.
@@ -197,6 +200,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             group_assignors=dict(config.group_assignors),
             group_offset_resets=dict(config.group_offset_resets),
             coordinator_id=config.replica_id,
+            bounds=config.bounds,
         )
         runtime = CoordinatorRuntime(
             runtime_config, state_log, metadata=cluster, partitions=state_log.partitions

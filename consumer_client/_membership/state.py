@@ -56,6 +56,10 @@ FATAL_CODES = frozenset(
         ErrorCode.INCONSISTENT_TOPICS,
         ErrorCode.INVALID_MESSAGE,
         ErrorCode.INVALID_RANGES,
+        # The coordinator's bounds (its operator's to change): as Kafka's consumer does.
+        ErrorCode.INVALID_SESSION_TIMEOUT,
+        ErrorCode.GROUP_MAX_SIZE_REACHED,
+        ErrorCode.TOO_MANY_GROUPS,
     }
 )
 #: Silent this long (as a share of the session timeout), a member asks around whether its

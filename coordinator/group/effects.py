@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from keyshard.coordinator.group.records import Record
-from keyshard.core.model.positions import PositionUpdate
+from keyshard.core.model.positions import PositionUpdate, TopicPartition
 from keyshard.core.model.ranges import RangeSet
 from keyshard.core.protocol.messages import ErrorCode
 
@@ -94,3 +94,6 @@ class Result:
     records: list[Record] = field(default_factory=list)
     effects: list[Effect] = field(default_factory=list)
     error: tuple[ErrorCode, str] | None = None
+    # Nothing is decided yet: a report passes these partition ends as known so far, and
+    # is judged again once Kafka has said where they are (coordinator.group.reports).
+    confirm: dict[TopicPartition, int] = field(default_factory=dict)

@@ -42,6 +42,13 @@ from keyshard.coordinator.group.records import (
     Record,
     TargetComputed,
 )
+from keyshard.coordinator.group.reports import (
+    KnownEnds,
+    Refusal,
+    check_positions,
+    check_progress,
+    counted_completions,
+)
 from keyshard.coordinator.group.speed import speed_factors
 from keyshard.coordinator.group.state import GroupState, HandoffKind
 from keyshard.coordinator.strategies.base import (
@@ -51,8 +58,8 @@ from keyshard.coordinator.strategies.base import (
     MemberSpec,
     RangeValidator,
 )
-from keyshard.core.model.positions import Position, PositionUpdate, TopicPartition
-from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
+from keyshard.core.model.positions import PositionUpdate, TopicPartition
+from keyshard.core.model.ranges import EMPTY, RangeSet
 from keyshard.core.protocol.messages import ErrorCode
 
 # How long grants wait at most for the recompute that places members who joined after the
@@ -91,12 +98,18 @@ def register(
 ) -> Result:
     """A consumer joins.
 
-    1. Validate: every member of a group reads the same topics, because the slot space is
-       shared by all of them (one key, one owner, in every topic).
+    1. Validate: the session timeout within the server's bounds, room in the group
+       (coordinator.group.bounds), and every member of a group reads the same topics,
+       because the slot space is shared by all of them (one key, one owner, in every topic).
     2. A strategy with declared ranges (sticky) validates them against the other members'.
-    3. Record the member and arm its session timer.
+    3. Record the member (its capacity capped by the server's maximum) and arm its
+       session timer.
     The next `reconcile` computes the new target and starts the handoff.
     """
+    refusal = state.bounds.session_refusal(session_timeout_ms)
+    refusal = refusal or state.bounds.members_refusal(state.group, len(state.members))
+    if refusal is not None:
+        return Result(error=refusal)
     if (refused := _inconsistent_topics(state, topics)) is not None:
         return refused
     if validate_ranges is not None:
@@ -106,6 +119,7 @@ def register(
         problem = validate_ranges(declared, member_id, fixed_ranges)
         if problem is not None:
             return Result(error=(ErrorCode.INVALID_RANGES, problem))
+    capacity = state.bounds.capped_capacity(capacity)
     return Result(
         records=[
             MemberJoined(
@@ -127,42 +141,72 @@ def ping_answered(
     high_watermarks: Iterable[tuple[TopicPartition, int, bool]] = (),
     fetched: Iterable[FetchedCounts] = (),
     busy: tuple[int, int] | None = None,
+    known: KnownEnds | None = None,
 ) -> Result:
     """A Ping reply: proof of life, progress, load, demand and the partition ends it sees.
 
     1. Unknown member (fenced or removed meanwhile): error, nothing applied.
-    2. Renew the session.
-    3. A stale epoch still proves life but its positions are dropped: they may describe
+    2. Check every number against what the coordinator knows (coordinator.group.reports,
+       `known`: the partition ends): a lie fences the member and nothing of the reply
+       counts; numbers past ends not confirmed yet wait (`Result.confirm`), the runtime
+       then judges the reply again (its liveness counted meanwhile: `heard`).
+    3. Renew the session.
+    4. A stale epoch still proves life but its positions are dropped: they may describe
        ranges this member has since given up.
-    4. Positions are applied only for slots the member owns right now.
+    5. Positions are applied only for slots the member owns right now; its completions
+       count as far as its positions moved.
     """
     member = state.members.get(member_id)
     if member is None:
         return Result(error=(ErrorCode.UNKNOWN_MEMBER, f"member {member_id!r} is not in the group"))
+    progress = check_progress(state, high_watermarks, fetched, known)
+    stale = epoch != member.epoch
+    checked = check_positions(
+        state, {} if stale else positions, member.owned, field="positions", known=known
+    )
+    refusal = progress.refusal or checked.refusal
+    if refusal is not None:
+        return fenced_for(state, member_id, refusal, now)
+    if progress.confirm or checked.confirm:
+        return Result(confirm={**progress.confirm, **checked.confirm})
+    load, busy = counted_completions(tuple(load), busy, member.credit + checked.growth)
+    heard = MemberHeard(
+        member_id, now, load, progress.high_watermarks, progress.fetched, ping=True,
+        busy=busy, advanced=checked.growth,
+    )  # fmt: skip
     result = Result(
-        records=[
-            MemberHeard(
-                member_id,
-                now,
-                tuple(load),
-                tuple(high_watermarks),
-                tuple(fetched),
-                ping=True,
-                busy=busy,
-            )
-        ],
+        records=[heard],
         effects=[SetTimer(SessionTimer(member_id), now + member.session_timeout_ms / 1000)],
     )
-    if epoch != member.epoch:
+    if stale:
         result.error = (
             ErrorCode.STALE_EPOCH,
             f"epoch {epoch} is stale, member {member_id!r} is at {member.epoch}",
         )
         return result
-    advanced = _clip_positions(positions, member.owned)
-    if advanced:
-        result.records.append(PositionsAdvanced(advanced))
+    if checked.advanced:
+        result.records.append(PositionsAdvanced(checked.advanced))
     return result
+
+
+def heard(state: GroupState, *, member_id: str, now: float) -> Result:
+    """A reply that proves the member alive, whatever its numbers turn out to be."""
+    member = state.members.get(member_id)
+    if member is None:
+        return Result()
+    return Result(
+        records=[MemberHeard(member_id, now)],
+        effects=[SetTimer(SessionTimer(member_id), now + member.session_timeout_ms / 1000)],
+    )
+
+
+def fenced_for(state: GroupState, member_id: str, refusal: Refusal, now: float) -> Result:
+    """A member whose report was refused: removed, its ranges moving from the last good
+    positions once it must have stopped (it may run on while its lease lasts)."""
+    member = state.members[member_id]
+    stopped_by = now + member.session_timeout_ms / 1000
+    close = (ErrorCode.FENCED_MEMBER, refusal.message)
+    return _remove(state, member_id, HandoffKind.FENCED, stopped_by, now, close)
 
 
 def stop_completed(
@@ -172,20 +216,26 @@ def stop_completed(
     ranges: RangeSet,
     positions: PositionUpdate,
     now: float,
+    known: KnownEnds | None = None,
 ) -> Result:
     """A StopFetcher reply: the member drained `ranges`; its final positions make them free.
 
-    Positions are applied before the release so the next owner starts exactly where this
-    one stopped: a graceful handoff produces no duplicates.
+    Positions are checked as a Ping's are (a lie fences the member: its ranges move from
+    the last good positions) and applied before the release, so the next owner starts
+    exactly where this one stopped: a graceful handoff produces no duplicates.
     """
     member = state.members.get(member_id)
     if member is None:
         return Result()  # fenced meanwhile: its ranges move from their last positions
     released = ranges & member.draining
+    checked = check_positions(state, positions, released, field="positions", known=known)
+    if checked.refusal is not None:
+        return fenced_for(state, member_id, checked.refusal, now)
+    if checked.confirm:
+        return Result(confirm=checked.confirm)
     result = Result(records=[MemberHeard(member_id, now)])
-    advanced = _clip_positions(positions, released)
-    if advanced:
-        result.records.append(PositionsAdvanced(advanced))
+    if checked.advanced:
+        result.records.append(PositionsAdvanced(checked.advanced))
     if released:
         result.records.append(RangesReleased(member_id, released, now))
     left = [d for r, d in member.drains if r - released]
@@ -229,16 +279,30 @@ def start_completed(state: GroupState, *, member_id: str, ranges: RangeSet, now:
     return Result(records=[MemberHeard(member_id, now), GrantAcknowledged(member_id, ranges, now)])
 
 
-def leave(state: GroupState, *, member_id: str, positions: PositionUpdate, now: float) -> Result:
+def leave(
+    state: GroupState,
+    *,
+    member_id: str,
+    positions: PositionUpdate,
+    now: float,
+    known: KnownEnds | None = None,
+) -> Result:
     """Graceful leave: the consumer drained everything and reports final positions, so its
-    ranges are free at once (no quarantine)."""
+    ranges are free at once (no quarantine). Final positions that do not check out
+    fence it instead: its ranges then wait out its lease and move from the last good ones."""
     member = state.members.get(member_id)
     if member is None:
         return Result(error=(ErrorCode.UNKNOWN_MEMBER, f"member {member_id!r} is not in the group"))
+    checked = check_positions(state, positions, member.owned, field="positions", known=known)
+    if checked.refusal is not None:
+        fenced = fenced_for(state, member_id, checked.refusal, now)
+        fenced.error = (ErrorCode.FENCED_MEMBER, checked.refusal.message)
+        return fenced
+    if checked.confirm:
+        return Result(confirm=checked.confirm)
     result = Result()
-    advanced = _clip_positions(positions, member.owned)
-    if advanced:
-        result.records.append(PositionsAdvanced(advanced))
+    if checked.advanced:
+        result.records.append(PositionsAdvanced(checked.advanced))
     result.records.append(MemberRemoved(member_id, HandoffKind.LEAVE, None, now))
     result.effects += [CancelTimer(SessionTimer(member_id)), CancelTimer(DrainTimer(member_id))]
     return result
@@ -272,11 +336,14 @@ def reclaim(
     partitions: tuple[TopicPartition, ...],
     now: float,
     fixed_ranges: RangeSet | None = None,
+    known: KnownEnds | None = None,
 ) -> Result:
     """A member that lost its coordinator is back, with what it still runs and exact
     positions (docs/protocol.md §7.4).
 
-    1. Validate the topics, as for any Register.
+    1. Validate the session timeout and the topics, as for any Register, and the claim's
+       positions as a Ping's (coordinator.group.reports): a claim that does not check
+       out is refused (FENCED_MEMBER), and what it held waits out its lease.
     2. It keeps what it claims *and* its pending claim (the durable state, or what it
        owned when its channel closed) says it owns: no StopFetcher, no StartFetcher, no
        pause. What it claims beyond that is not adopted (it must stop those now); what
@@ -291,19 +358,28 @@ def reclaim(
     The caller checks that a pending claim exists (else this is a fresh Register).
     """
     pending = state.claims[member_id]
+    if (refusal := state.bounds.session_refusal(session_timeout_ms)) is not None:
+        return Result(error=refusal)
     if (refused := _inconsistent_topics(state, topics)) is not None:
         return refused
+    checked = check_positions(
+        state, positions, pending.owned, field="claim.positions", known=known,
+        partitions=partitions,
+    )  # fmt: skip
+    if checked.refusal is not None:
+        return Result(error=(ErrorCode.FENCED_MEMBER, checked.refusal.message))
+    if checked.confirm:
+        return Result(confirm=checked.confirm)
     owned = claimed & pending.owned
     records: list[Record] = []
-    advanced = _clip_positions(positions, pending.owned)
-    if advanced:
-        records.append(PositionsAdvanced(advanced))
+    if checked.advanced:
+        records.append(PositionsAdvanced(checked.advanced))
     epoch = max(member_epoch, pending.member_epoch) + 1
     records.append(
         MemberAdopted(
             member_id=member_id,
             name=name,
-            capacity=capacity,
+            capacity=state.bounds.capped_capacity(capacity),
             session_timeout_ms=session_timeout_ms,
             topics=topics,
             partitions=partitions,
@@ -434,7 +510,10 @@ def assignment_spec(state: GroupState, now: float) -> AssignmentSpec:
 
 def speed_factors_of(state: GroupState) -> dict[str, float]:
     """Each member's measured speed per unit of capacity against the group's median."""
-    return speed_factors({mid: (m.capacity, m.speed.speed) for mid, m in state.members.items()})
+    return speed_factors(
+        {mid: (m.capacity, m.speed.speed) for mid, m in state.members.items()},
+        state.bounds.max_speed_factor,
+    )
 
 
 def backlog_now(state: GroupState, now: float) -> list[float] | None:
@@ -562,14 +641,3 @@ def reconcile(
             result.effects.append(SendStart(mid, grant, epochs[mid], positions))
             free = free - grant
     return result
-
-
-def _clip_positions(
-    positions: PositionUpdate, allowed: RangeSet
-) -> tuple[tuple[TopicPartition, tuple[tuple[SlotRange, Position], ...]], ...]:
-    out = []
-    for tp, segments in positions.items():
-        clipped = tuple((part, pos) for seg, pos in segments for part in RangeSet((seg,)) & allowed)
-        if clipped:
-            out.append((tp, clipped))
-    return tuple(out)

@@ -41,6 +41,9 @@ class MemberHeard:
     ping: bool = False  # a Ping reply: `load` is everything completed since the last one
     # A Ping reply's (records completed in lanes, their handler time in ms), if reported.
     busy: tuple[int, int] | None = None
+    # Offsets the same reply's positions moved: the member's credit for completions, of
+    # which `load` (and `busy`) spend what they count (coordinator.group.reports).
+    advanced: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,7 +72,9 @@ def replay(state: GroupState, record: Record) -> None:
         case MemberHeard():
             member = state.members.get(record.member_id)
             if member is not None:
-                member.last_heard = record.at
+                # (A report judged after a check with Kafka may follow one heard later.)
+                member.last_heard = max(member.last_heard, record.at)
+                member.credit = max(0, member.credit + record.advanced - _completions(record))
                 for tp, start, end, buckets in record.fetched:  # before the completions
                     state.demand.fetched(tp, start, end, buckets, record.at)
                 if record.ping:
@@ -225,6 +227,11 @@ def replay(state: GroupState, record: Record) -> None:
             state.positions[record.tp] = record.positions.copy()
         case GroupConfigChanged():
             state.config = record.config
+
+
+def _completions(record: MemberHeard) -> int:
+    """Records a reply says its member completed (`busy` counts some of `load`'s)."""
+    return max(sum(c for _, c in record.load), record.busy[0] if record.busy else 0)
 
 
 def _adopt(state: GroupState, record: MemberAdopted) -> None:

@@ -16,7 +16,12 @@ out (docs/protocol.md §8.7 says why).
 
 Speeds only ever count against the group's own median, and within `DEAD_BAND` of it
 they count as equal: identical members measure a few percent apart from sample to
-sample, and a weight that wobbled with them would move ranges for nothing.
+sample, and a weight that wobbled with them would move ranges for nothing. Beyond the
+server's bound (`--max-speed-factor`) they count no further, either way: a member's
+speed is what it says of itself (checked against its positions' advance, but a fast
+liar could still claim the speed of every record it passes), and with two members the
+median is halfway to a liar, so an unbounded factor would let one member weigh the
+others down to nothing.
 """
 
 from __future__ import annotations
@@ -56,11 +61,14 @@ class SpeedMeter:
         self.records, self.busy_s = 0, 0.0
 
 
-def speed_factors(members: Mapping[str, tuple[int, float | None]]) -> dict[str, float]:
+def speed_factors(
+    members: Mapping[str, tuple[int, float | None]], max_factor: float = float("inf")
+) -> dict[str, float]:
     """Per member (capacity, measured speed or None): the factor its capacity is weighed
     with, its speed per unit of capacity over the group's median, 1.0 within the dead
-    band and for members not measured yet (they are taken to be typical). Fewer than two
-    measured members: no median to compare with, every factor is 1.0."""
+    band and for members not measured yet (they are taken to be typical), and within
+    1/`max_factor`..`max_factor`. Fewer than two measured members: no median to compare
+    with, every factor is 1.0."""
     per_unit = {
         mid: speed / max(1, capacity)
         for mid, (capacity, speed) in members.items()
@@ -72,5 +80,6 @@ def speed_factors(members: Mapping[str, tuple[int, float | None]]) -> dict[str, 
     factors = {}
     for mid in members:
         ratio = per_unit.get(mid, median) / median
+        ratio = min(max(ratio, 1 / max_factor), max_factor)
         factors[mid] = 1.0 if 1 / DEAD_BAND <= ratio <= DEAD_BAND else ratio
     return factors

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from keyshard.coordinator.group.bounds import Bounds
 from keyshard.coordinator.group.demand import BucketDemand
 from keyshard.coordinator.group.load import BucketLoad
 from keyshard.coordinator.group.speed import SpeedMeter
@@ -109,6 +110,9 @@ class Member:
     processed_per_s: float = 0.0
     # Records per second of handler time, from its Ping replies (coordinator.group.speed).
     speed: SpeedMeter = field(default_factory=SpeedMeter)
+    # Offsets its positions moved that no completion has counted yet: what it may still
+    # say it completed (coordinator.group.reports.counted_completions).
+    credit: int = 0
 
     @property
     def phase(self) -> MemberPhase:
@@ -175,6 +179,8 @@ class Handoff:
 class GroupState:
     group: str
     config: GroupConfig = field(default_factory=GroupConfig)
+    # The server's bounds on what members declare and report (coordinator.group.bounds).
+    bounds: Bounds = field(default_factory=Bounds)
     topics: tuple[str, ...] = ()
     partitions: tuple[TopicPartition, ...] = ()
     members: dict[str, Member] = field(default_factory=dict)

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from keyshard.coordinator.group.bounds import Bounds
 from keyshard.coordinator.group.state import GroupConfig, OffsetReset
 from keyshard.coordinator.storage.base import DEFAULT_STATE_TOPIC
 
@@ -17,6 +18,8 @@ class RuntimeConfig:
     state_topic: str = DEFAULT_STATE_TOPIC
     auth_token: str | None = None
     group_defaults: GroupConfig = field(default_factory=GroupConfig)
+    # What a member may declare, report, and how many of them (coordinator.group.bounds).
+    bounds: Bounds = field(default_factory=Bounds)
     flush_interval_ms: int = 200
     # A stale target is recomputed once membership was quiet this long (a storm of
     # joins shares one recompute), but at most this long after it went stale.

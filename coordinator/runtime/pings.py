@@ -15,16 +15,16 @@ import random
 import time
 from collections.abc import Callable, Mapping
 
-from keyshard.coordinator.group import handlers
 from keyshard.coordinator.group.effects import Result
 from keyshard.coordinator.group.state import GroupState
 from keyshard.coordinator.runtime.activity import Activity
+from keyshard.coordinator.runtime.judges import ping_judge
+from keyshard.coordinator.runtime.report_order import Judge
 from keyshard.coordinator.runtime.sender import reply_timeout
 from keyshard.coordinator.runtime.timers import Clock
 from keyshard.coordinator.runtime.verdicts import PendingReplies
 from keyshard.core.protocol.channel import Channel, ChannelClosed, RemoteError
 from keyshard.core.protocol.messages import ErrorCode, Message, PingRequest, PingResponse
-from keyshard.core.protocol.wire import positions_from_wire
 
 log = logging.getLogger(__name__)
 PING_TICK_S = 0.1
@@ -48,7 +48,7 @@ class Pinger:
         replies: PendingReplies,
         activity: Activity,
         clock: Clock,
-        run: Callable[[str, Result], None],
+        report: Callable[[str, str, Judge, Callable[[Result | None], None]], None],
         contacted: Callable[[str, str], None],
         epoch_of: Callable[[str], int],
     ) -> None:
@@ -56,7 +56,7 @@ class Pinger:
         self._replies = replies
         self._activity = activity
         self._clock = clock
-        self._run = run  # the runtime's apply path: replay, reconcile, effects
+        self._report = report  # judged in order, checked first (ReportJudge.submit)
         self._contacted = contacted  # records that we are sending the member a request
         self._epoch_of = epoch_of  # the group's coordinator epoch
 
@@ -96,7 +96,7 @@ class Pinger:
                     reply = await channel.response(
                         future, timeout=reply_timeout(member.session_timeout_ms)
                     )
-                    self._answered(group, state, member_id, channel, reply, sent)
+                    self._answered(group, member_id, channel, reply, sent)
             except (TimeoutError, RemoteError) as err:
                 log.info("ping of %s failed: %s", member_id, err)
                 continue
@@ -106,7 +106,6 @@ class Pinger:
     def _answered(
         self,
         group: str,
-        state: GroupState,
         member_id: str,
         channel: Channel,
         reply: Message,
@@ -118,22 +117,11 @@ class Pinger:
             )
             return
         self._activity.timed("ping round trip", time.perf_counter() - sent)
-        result = handlers.ping_answered(
-            state,
-            member_id=member_id,
-            epoch=reply.member_epoch,
-            positions=positions_from_wire(reply.positions),
-            load=sorted(reply.load.items()),
-            now=self._clock(),
-            high_watermarks=[
-                ((h.topic, h.partition), h.offset, h.stable) for h in reply.high_watermarks
-            ],
-            fetched=[
-                ((f.topic, f.partition), f.start, f.end, tuple(sorted(f.buckets.items())))
-                for f in reply.fetched
-            ],
-            busy=None if reply.busy_ms is None else (reply.busy_records, reply.busy_ms),
-        )
-        if result.error is not None and result.error[0] != ErrorCode.STALE_EPOCH:
-            log.info("ping reply of %s rejected: %s", member_id, result.error[1])
-        self._run(group, result)
+
+        def judged(result: Result | None) -> None:
+            error = None if result is None else result.error
+            if error is not None and error[0] != ErrorCode.STALE_EPOCH:
+                log.info("ping reply of %s rejected: %s", member_id, error[1])
+
+        judge = ping_judge(self._groups, group, member_id, reply, self._clock())
+        self._report(group, member_id, judge, judged)

@@ -59,7 +59,9 @@ from keyshard.coordinator.group.replay import replay
 from keyshard.coordinator.group.state import GroupState, MemberPhase
 from keyshard.coordinator.runtime.activity import Activity, report_loop, watch_loop
 from keyshard.coordinator.runtime.config import RuntimeConfig
+from keyshard.coordinator.runtime.confirmed_ends import ConfirmedEnds
 from keyshard.coordinator.runtime.durability import NotOwned, StateWriter
+from keyshard.coordinator.runtime.judges import claim_judge, leave_judge
 from keyshard.coordinator.runtime.partition_counts import CoalescedPartitionCounts
 from keyshard.coordinator.runtime.partition_ends import (
     PartitionEndsUnknown,
@@ -68,6 +70,7 @@ from keyshard.coordinator.runtime.partition_ends import (
 )
 from keyshard.coordinator.runtime.pings import Pinger, ping_interval_ms
 from keyshard.coordinator.runtime.recompute import TargetRecomputer
+from keyshard.coordinator.runtime.report_order import ReportJudge
 from keyshard.coordinator.runtime.sender import OrderedSender
 from keyshard.coordinator.runtime.takeover import takeover_result
 from keyshard.coordinator.runtime.timers import AsyncioTimers, Clock, Timers
@@ -82,7 +85,7 @@ from keyshard.core.protocol.messages import (
     RegisterRequest,
     RegisterResponse,
 )
-from keyshard.core.protocol.wire import positions_from_wire, ranges_from_wire, ranges_to_wire
+from keyshard.core.protocol.wire import ranges_from_wire, ranges_to_wire
 
 log = logging.getLogger(__name__)
 PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced, DrainStarted)
@@ -143,6 +146,12 @@ class CoordinatorRuntime:
             idle_quiet_s=config.recompute_idle_quiet_ms / 1000,
         )
         self._replies = PendingReplies()
+        # Partition ends from Kafka, and members' reports judged against them in order.
+        self.ends = ConfirmedEnds(metadata)
+        self.reports = ReportJudge(
+            ends=self.ends, replies=self._replies, run=self._run, heard=self._heard,
+            spawn=self._spawn,
+        )  # fmt: skip
         self._sender = OrderedSender(
             groups=self._groups,
             channels=self.channels,
@@ -151,6 +160,7 @@ class CoordinatorRuntime:
             activity=self.activity,
             clock=clock,
             run=self._run,
+            report=self.reports.submit,
             contacted=self._contacted,
             epoch_of=self.epoch_of,
             write_failed=self._write_failed,
@@ -160,7 +170,7 @@ class CoordinatorRuntime:
             replies=self._replies,
             activity=self.activity,
             clock=clock,
-            run=self._run,
+            report=self.reports.submit,
             contacted=self._contacted,
             epoch_of=self.epoch_of,
         )
@@ -293,6 +303,12 @@ class CoordinatorRuntime:
             (request.auth_token or "").encode(), expected.encode()
         ):
             raise CoordinatorError(ErrorCode.AUTHENTICATION_FAILED, "invalid or missing auth token")
+        # Bounds before anything is created: a refused Register leaves no group behind.
+        refused = self.config.bounds.session_refusal(request.session_timeout_ms)
+        if refused is None and request.group not in self._groups:
+            refused = self.config.bounds.groups_refusal(request.group, len(self._groups))
+        if refused is not None:
+            raise CoordinatorError(*refused)
         topics = tuple(request.topics)
         counts = await self._partition_counts.get(topics)
         missing = [t for t in topics if t not in counts]
@@ -313,29 +329,21 @@ class CoordinatorRuntime:
         self._require_owned(request.group)
         state = self._group(request.group)
         if ends is not None and (started := starting.start_positions(state, ends)).records:
+            self.ends.learned(ends)
             self._apply(request.group, state, started)
             log.info(
                 "new group %s starts at the partitions' ends: %s", request.group, describe(ends)
             )
         fixed = None if request.fixed_ranges is None else ranges_from_wire(request.fixed_ranges)
         claim = request.claim
+        result: Result | None = None
         if claim is not None and claim.member_id in state.claims:
             member_id = claim.member_id
-            result = handlers.reclaim(
-                state,
-                member_id=member_id,
-                member_epoch=claim.member_epoch,
-                claimed=ranges_from_wire(claim.owned),
-                positions=positions_from_wire(claim.positions),
-                name=request.consumer_name,
-                capacity=request.capacity,
-                session_timeout_ms=request.session_timeout_ms,
-                topics=topics,
-                partitions=partitions,
-                now=self.clock(),
-                fixed_ranges=fixed,
-            )
-        else:
+            judge = claim_judge(state, request, partitions, fixed, self.clock())
+            result = await self.reports.verdict(judge)  # None: its lease ran out meanwhile
+            if self._groups.get(request.group) is not state:  # handed over meanwhile
+                raise CoordinatorError(ErrorCode.NOT_COORDINATOR, "the group moved: try again")
+        if result is None:
             member_id = f"{request.consumer_name}-{uuid.uuid4().hex[:8]}"
             result = handlers.register(
                 state,
@@ -379,19 +387,22 @@ class CoordinatorRuntime:
             coordinator_epoch=self.epoch_of(request.group),
         )
 
-    def leave(
+    async def leave(
         self, group: str, member_id: str, positions: list[PartitionPositions]
     ) -> ErrorCode | None:
-        state = self._groups.get(group)
-        if state is None:
+        """A Leave, judged after the member's earlier reports (its final positions are
+        checked like any): the error to answer, or None."""
+        if self._groups.get(group) is None:
             return ErrorCode.UNKNOWN_GROUP
-        result = handlers.leave(
-            state, member_id=member_id, positions=positions_from_wire(positions), now=self.clock()
-        )
+        judge = leave_judge(self._groups, group, member_id, positions, self.clock())
+        result = await self.reports.submitted(group, member_id, judge)
         self.channels.pop((group, member_id), None)
-        self._run(group, result)
+        if result is None:
+            return ErrorCode.UNKNOWN_GROUP
+        if result.error is not None:
+            return result.error[0]
         log.info("member %s left group %s", member_id, group)
-        return result.error[0] if result.error else None
+        return None
 
     def channel_closed(self, group: str, member_id: str, reason: str) -> None:
         self.channels.pop((group, member_id), None)
@@ -430,7 +441,7 @@ class CoordinatorRuntime:
         if state is None:
             config = self.config.config_for(group)
             state = self._groups[group] = GroupState(
-                group, config, load=BucketLoad(config.load_half_life_ms / 1000)
+                group, config, self.config.bounds, load=BucketLoad(config.load_half_life_ms / 1000)
             )
             owner = self.owner_of(group)
             if owner is not None:
@@ -505,6 +516,11 @@ class CoordinatorRuntime:
                     self._arm(group, key, at)
                 case CancelTimer(key):
                     self.timers.cancel((group, key))
+
+    def _heard(self, group: str, member_id: str) -> None:
+        state = self._groups.get(group)
+        if state is not None:
+            self._run(group, handlers.heard(state, member_id=member_id, now=self.clock()))
 
     def _contacted(self, group: str, member_id: str) -> None:
         state = self._groups[group]

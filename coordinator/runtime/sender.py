@@ -22,6 +22,8 @@ from keyshard.coordinator.group.effects import Result, SendStart, SendStop
 from keyshard.coordinator.group.state import GroupState
 from keyshard.coordinator.runtime.activity import Activity
 from keyshard.coordinator.runtime.durability import StateWriter
+from keyshard.coordinator.runtime.judges import stop_judge
+from keyshard.coordinator.runtime.report_order import Judge
 from keyshard.coordinator.runtime.timers import Clock
 from keyshard.coordinator.runtime.verdicts import MemberKey, PendingReplies
 from keyshard.core.model.ranges import RangeSet
@@ -34,7 +36,7 @@ from keyshard.core.protocol.messages import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from keyshard.core.protocol.wire import positions_from_wire, positions_to_wire, ranges_to_wire
+from keyshard.core.protocol.wire import positions_to_wire, ranges_to_wire
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class OrderedSender:
         activity: Activity,
         clock: Clock,
         run: Callable[[str, Result], None],
+        report: Callable[[str, str, Judge], None],
         contacted: Callable[[str, str], None],
         epoch_of: Callable[[str], int],
         write_failed: Callable[[str, BaseException], None],
@@ -69,6 +72,7 @@ class OrderedSender:
         self._activity = activity
         self._clock = clock
         self._run = run  # the runtime's apply path: replay, reconcile, effects
+        self._report = report  # a report with numbers to check first (ReportJudge.submit)
         self._contacted = contacted  # records that we are sending the member a request
         self._epoch_of = epoch_of  # the group's coordinator epoch
         self._write_failed = write_failed  # the state log refused a write (fenced)
@@ -92,19 +96,10 @@ class OrderedSender:
         if not isinstance(reply, StopFetcherResponse):
             self._fail_member(group, effect.member_id, reply)
             return
-        state = self._groups.get(group)
-        if state is None:
-            return  # the group's partition was let go of meanwhile
-        self._run(
-            group,
-            handlers.stop_completed(
-                state,
-                member_id=effect.member_id,
-                ranges=effect.ranges,
-                positions=positions_from_wire(reply.positions),
-                now=self._clock(),
-            ),
+        judge = stop_judge(
+            self._groups, group, effect.member_id, effect.ranges, reply, self._clock()
         )
+        self._report(group, effect.member_id, judge)
 
     async def send_start(self, group: str, effect: SendStart, decided: float) -> None:
         request = StartFetcherRequest(

@@ -11,9 +11,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from keyshard.core.protocol.channel import Channel
-from keyshard.core.protocol.messages import Message
 
 MemberKey = tuple[str, str]  # (group, member id)
 
@@ -26,12 +26,10 @@ class PendingReplies:
     """
 
     def __init__(self) -> None:
-        self._futures: dict[MemberKey, set[asyncio.Future[Message]]] = {}
+        self._futures: dict[MemberKey, set[asyncio.Future[Any]]] = {}
 
     @contextlib.contextmanager
-    def awaiting(
-        self, group: str, member_id: str, future: asyncio.Future[Message]
-    ) -> Iterator[None]:
+    def awaiting(self, group: str, member_id: str, future: asyncio.Future[Any]) -> Iterator[None]:
         key = (group, member_id)
         self._futures.setdefault(key, set()).add(future)
         try:
@@ -42,6 +40,15 @@ class PendingReplies:
                 futures.discard(future)
                 if not futures:
                     del self._futures[key]
+
+    @contextlib.contextmanager
+    def judging(self, group: str, member_id: str) -> Iterator[None]:
+        """A reply read whose handling waits (its report is being checked with Kafka):
+        unhandled until the block ends."""
+        read: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        read.set_result(None)
+        with self.awaiting(group, member_id, read):
+            yield
 
     def unhandled(self, group: str, member_id: str) -> bool:
         return any(f.done() for f in self._futures.get((group, member_id), ()))

@@ -89,19 +89,25 @@ class MemberSession:
                     )
                     return
                 self.state = ConnectionState.LEFT
-                error = self.runtime.leave(self.group, message.member_id, message.positions)
-                if error is None:
-                    channel.reply(message, LeaveResponse(correlation_id=0))
-                else:
-                    channel.fail(
-                        error, f"leave of {message.member_id!r} failed", message.correlation_id
-                    )
+                task = asyncio.create_task(self._leave(self.group, message))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             case _:
                 channel.fail(
                     ErrorCode.UNEXPECTED_MESSAGE,
                     f"a consumer may not send {message.type}",
                     message.correlation_id,
                 )
+
+    async def _leave(self, group: str, message: LeaveRequest) -> None:
+        """Answered once its final positions are judged (checked with Kafka if need be)."""
+        error = await self.runtime.leave(group, message.member_id, message.positions)
+        if error is None:
+            self.channel.reply(message, LeaveResponse(correlation_id=0))
+        else:
+            self.channel.fail(
+                error, f"leave of {message.member_id!r} failed", message.correlation_id
+            )
 
     def _metadata(self, group: str | None) -> MetadataResponse:
         """Who serves `group`: the replica that owns its state partition (any replica can

@@ -12,7 +12,7 @@ mypy check like the real thing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from keyshard.core.model.hashing import positive_hash
@@ -60,6 +60,14 @@ class ClusterMetadata(Protocol):
     ) -> dict[TopicPartition, int]:
         """Where each partition ends for a reader of committed data, right now: where a
         group that starts at the end (`OffsetReset.LATEST`) starts."""
+        ...
+
+    async def high_watermarks(
+        self, partitions: Sequence[TopicPartition], needed: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, int]:
+        """Where each partition ends for any reader (its high watermark), right now: what
+        no position a member reports can pass. `needed`: the offsets reports name; where
+        a cheap answer already reaches them, it is enough (it can only under-report)."""
         ...
 
     async def probe(self) -> None:

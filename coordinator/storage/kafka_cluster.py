@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer
@@ -31,7 +31,7 @@ from aiokafka.errors import (
 
 from keyshard.coordinator.storage.base import Positions, StoreError
 from keyshard.core.kafka.connect import quiet_bootstrap, start_client, unreachable
-from keyshard.core.kafka.ends import partition_ends
+from keyshard.core.kafka.ends import fetched_ends, partition_ends
 from keyshard.core.kafka.metadata import fetch_partitions
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.positions import TopicPartition
@@ -39,6 +39,10 @@ from keyshard.core.model.positions import TopicPartition
 log = logging.getLogger(__name__)
 #: What the state topic must be, and what a new one is created with.
 STATE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
+#: The ends reader's fetches: short waits (a fetch at the end of a partition answers once
+#: this is up) and little data (it only needs the answer's high watermark).
+ENDS_FETCH_WAIT_MS = 50
+ENDS_FETCH_BYTES = 64 * 1024
 
 
 def denied(settings: KafkaSettings, topic: str, operation: str, err: BaseException) -> StoreError:
@@ -137,6 +141,10 @@ class KafkaCluster:
         self._metadata: AIOKafkaClient | None = None
         self._committers: dict[str, AIOKafkaConsumer] = {}
         self._commit_locks: dict[str, asyncio.Lock] = {}
+        # One reader, in no group, for where partitions end: one question at a time
+        # (each replaces its assignment).
+        self._reader: AIOKafkaConsumer | None = None
+        self._reader_lock = asyncio.Lock()
 
     async def start(self) -> None:
         self._metadata = AIOKafkaClient(
@@ -154,6 +162,7 @@ class KafkaCluster:
             ) from err
 
     async def stop(self) -> None:
+        await self._drop_reader()
         for committer in self._committers.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(committer.stop(), self.timeout)
@@ -184,6 +193,56 @@ class KafkaCluster:
             await asyncio.wait_for(reader.start(), self.timeout)
             return await partition_ends(reader, partitions, self.timeout)
         finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(reader.stop(), self.timeout)
+
+    async def high_watermarks(
+        self, partitions: Sequence[TopicPartition], needed: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, int]:
+        """Each partition's high watermark: ListOffsets, and where that answers less than
+        `needed`, a fetch's answer (right on brokers whose ListOffsets under-reports,
+        keyshard.core.kafka.ends) from the listed offset on."""
+        async with self._reader_lock:
+            reader = await self._open_reader()
+            try:
+                ktps = [KafkaTP(*tp) for tp in partitions]
+                listed = await asyncio.wait_for(reader.end_offsets(ktps), self.timeout)
+                ends = {tp: int(listed[KafkaTP(*tp)]) for tp in partitions}
+                short = [tp for tp in partitions if ends[tp] < needed.get(tp, 0)]
+                if short:
+                    seek = {KafkaTP(*tp): ends[tp] for tp in short}
+                    fetched = await fetched_ends(reader, short, seek, self.timeout)
+                    for tp in short:
+                        ends[tp] = max(ends[tp], fetched[tp])
+                return ends
+            except BaseException:
+                await self._drop_reader()  # a fresh one next time
+                raise
+
+    async def _open_reader(self) -> AIOKafkaConsumer:
+        if self._reader is None:
+            reader = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                fetch_max_wait_ms=ENDS_FETCH_WAIT_MS, max_partition_fetch_bytes=ENDS_FETCH_BYTES,
+                **self.settings.client_options(),
+            )  # fmt: skip
+            self._reader = await self._started(reader)
+        return self._reader
+
+    async def _started(self, client: AIOKafkaConsumer) -> AIOKafkaConsumer:
+        """`client` started within the timeout; stopped again if it could not start, so a
+        half-started client holds no connection."""
+        try:
+            await asyncio.wait_for(client.start(), self.timeout)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.stop(), self.timeout)
+            raise
+        return client
+
+    async def _drop_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(reader.stop(), self.timeout)
 
@@ -224,11 +283,5 @@ class KafkaCluster:
                 bootstrap_servers=self.bootstrap, group_id=group, enable_auto_commit=False,
                 **options,
             )  # fmt: skip
-            try:
-                await asyncio.wait_for(committer.start(), self.timeout)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(committer.stop(), self.timeout)
-                raise
-            self._committers[group] = committer
+            self._committers[group] = await self._started(committer)
         return committer

@@ -1,4 +1,4 @@
-"""`keyshard groups|status|where|rebalance|fence`: the CLI over the admin HTTP API.
+"""`keyshard groups|status|positions|where|rebalance|fence`: the CLI over the admin HTTP API.
 
 The CLI holds no logic of its own, only HTTP calls and tables: whatever it shows, the API
 and the dashboard show too. Every failure an operator can cause (daemon down, wrong
@@ -43,7 +43,7 @@ def run_admin_command(args: argparse.Namespace) -> int:
         print(f"keyshard {args.command}: {err}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(data, indent=2))
+        print(json.dumps(data["partitions"] if args.command == "positions" else data, indent=2))
         return 0
     _show(args, data, console)
     return 0
@@ -60,6 +60,8 @@ def _call(args: argparse.Namespace) -> Any:
                 "group": _request(args, "GET", f"{base}/v1/groups/{group}"),
                 "handoffs": _request(args, "GET", f"{base}/v1/groups/{group}/handoffs"),
             }
+        case "positions":
+            return _request(args, "GET", f"{base}/v1/groups/{group}")
         case "where":
             params = {"topic": args.topic} if args.topic else None
             url = f"{base}/v1/groups/{group}/keys/{_segment(args.key)}"
@@ -137,6 +139,8 @@ def _show(args: argparse.Namespace, data: Any, console: Console) -> None:
             console.print(table)
         case "status":
             _show_status(data["group"], data["handoffs"], console)
+        case "positions":
+            _show_positions(data, console)
         case "where":
             owner = data["owner"] or "nobody"
             state = "BLOCKED" if data["blocked"] else "running"
@@ -147,6 +151,20 @@ def _show(args: argparse.Namespace, data: Any, console: Console) -> None:
             console.print(f"group {data['group']}: target recomputed, {data['moved_slots']} moved")
         case "fence":
             console.print(f"member {data['member_id']} of group {data['group']} fenced")
+
+
+def _show_positions(view: dict[str, Any], console: Console) -> None:
+    """Where the group resumes: per topic-partition, each slot range and its next offset
+    (offsets past it already done, `acked`, shown with it)."""
+    table = Table("topic", "partition", "slots", "next offset", "acked", title=view["group"])
+    for p in view["partitions"]:
+        for s in p["segments"]:
+            acked = ", ".join(f"{a}-{b - 1}" for a, b in s["acked"])
+            table.add_row(
+                p["topic"], str(p["partition"]), _ranges([[s["start"], s["end"]]]),
+                str(s["next_offset"]), acked,
+            )  # fmt: skip
+    console.print(table)
 
 
 def _show_status(view: dict[str, Any], handoffs: dict[str, Any], console: Console) -> None:

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from keyshard.cli.bound_flags import bounds_from
 from keyshard.cli.endpoint_tls import endpoint_tls
 from keyshard.cli.extras import require_server_extra
 from keyshard.cli.parser import ADMIN_COMMANDS, build_parser
@@ -105,7 +106,8 @@ def _run_coordinator(args: argparse.Namespace) -> int:
         args.replica_secret = (
             ReplicaSecret.from_file(args.replica_secret_file) if args.replica_secret_file else None
         )
-    except (TlsConfigError, SecretFileError, SecretError) as err:
+        args.bounds = bounds_from(args)
+    except (TlsConfigError, SecretFileError, SecretError, ValueError) as err:
         print(f"keyshard coordinator: {err}", file=sys.stderr)
         return 2
     try:
@@ -189,6 +191,7 @@ def _serve(
         max_connections=args.max_connections,
         max_connections_per_peer=int(args.max_connections_per_peer),
         pre_auth_max_frame_bytes=int(args.pre_auth_max_frame_bytes),
+        bounds=args.bounds,
     )
     kafka = args.bootstrap_servers or "the embedded broker"
     try:

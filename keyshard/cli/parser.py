@@ -12,6 +12,7 @@ import argparse
 import os
 from typing import Any
 
+from keyshard.cli.bound_flags import add_bound_flags
 from keyshard.cli.flag_values import (
     LOG_LEVELS,
     assignor,
@@ -301,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_endpoint_flags(coord)
     add_coordinator_secret_flags(coord, _add)
+    add_bound_flags(coord, _add)
 
     add_admin_commands(command)
     add_worker_command(command)
@@ -547,6 +549,10 @@ def add_admin_commands(command: Any) -> None:
     command("groups", parents=[common], help="list groups")
     status = command("status", parents=[common], help="members, ranges, handoffs")
     status.add_argument("group")
+    positions = command(
+        "positions", parents=[common], help="where a group resumes: slot ranges, next offsets"
+    )
+    positions.add_argument("group")
     where = command("where", parents=[common], help="which member runs a key")
     where.add_argument("group")
     where.add_argument("key")
@@ -558,4 +564,4 @@ def add_admin_commands(command: Any) -> None:
     fence.add_argument("member")
 
 
-ADMIN_COMMANDS = {"groups", "status", "where", "rebalance", "fence"}
+ADMIN_COMMANDS = {"groups", "status", "positions", "where", "rebalance", "fence"}

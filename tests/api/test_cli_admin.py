@@ -1,4 +1,4 @@
-"""`keyshard groups|status|where|rebalance|fence` as an operator runs them: subprocesses
+"""`keyshard groups|status|positions|where|rebalance|fence` as an operator runs them: subprocesses
 against a real coordinator, and one-line errors (exit 1, no traceback) when things go wrong."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import GROUP, CoordinatorProcess, Workers, create_topic, wait_for
+from harness import GROUP, TOPIC, CoordinatorProcess, Workers, create_topic, wait_for
 from keyshard.local.processes import free_port
 from tests.api.conftest import ADMIN_ARGS, ADMIN_TOKEN
 
@@ -41,7 +41,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], needle: str)
 
 def test_daemon_down_is_one_clear_line() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    for args in (["groups"], ["status", "g"], ["where", "g", "k"], ["rebalance", "g"]):
+    for args in (["groups"], ["status", "g"], ["positions", "g"], ["where", "g", "k"]):
         assert_one_line_error(keyshard(*args, "--admin", url), "cannot reach the keyshard daemon")
     # The environment variable works as well as the flag.
     assert_one_line_error(keyshard("groups", KEYSHARD_ADMIN=url), url)
@@ -75,6 +75,17 @@ async def test_cli_against_a_live_daemon(coordinator: CoordinatorProcess, worker
     narrow = keyshard("status", GROUP, *admin, COLUMNS="40")
     for member in view["members"]:
         assert member["member_id"] in narrow.stdout, narrow.stdout
+
+    positions = keyshard("positions", GROUP, *admin, "--json")
+    assert positions.returncode == 0, positions.stderr
+    partitions = json.loads(positions.stdout)
+    assert [(p["topic"], p["partition"]) for p in partitions] == [(TOPIC, 0)], partitions
+    segments = partitions[0]["segments"]
+    assert segments[0]["start"] == 0 and segments[-1]["end"] == 65535, segments
+    table = keyshard("positions", GROUP, *admin)
+    assert table.returncode == 0, table.stderr
+    assert "next offset" in table.stdout and f"{TOPIC}" in table.stdout, table.stdout
+    assert_one_line_error(keyshard("positions", "nope", *admin), "unknown group 'nope'")
 
     where = keyshard("where", GROUP, "key-3", *admin, "--json")
     assert where.returncode == 0, where.stderr

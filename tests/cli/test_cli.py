@@ -70,6 +70,11 @@ def _error_line(result: subprocess.CompletedProcess[str]) -> str:
         (["--state-partitions", "0"], "--state-partitions", "0"),
         (["--advertise", "nohost"], "--advertise", "nohost"),
         (["--lost-member-margin-ms", "-1"], "--lost-member-margin-ms", "-1"),
+        (["--max-capacity", "0"], "--max-capacity", "0"),
+        (["--max-session-timeout-ms", "ten"], "--max-session-timeout-ms", "ten"),
+        (["--max-members-per-group", "-1"], "--max-members-per-group", "-1"),
+        (["--max-groups", "0"], "--max-groups", "0"),
+        (["--max-speed-factor", "0.5"], "--max-speed-factor", "0.5"),
     ],
 )
 def test_bad_flag_exits_2_naming_flag_and_value(args: list[str], flag: str, value: str) -> None:
@@ -93,6 +98,15 @@ def test_bad_env_var_exits_2_naming_flag_and_value(env: str, flag: str, value: s
     assert result.returncode == 2, result
     line = _error_line(result)
     assert flag in line and value in line, line
+
+
+def test_session_timeout_bounds_that_contradict_each_other_exit_2_naming_both() -> None:
+    result = _coordinator(
+        "--min-session-timeout-ms", "30000", KEYSHARD_MAX_SESSION_TIMEOUT_MS="20000"
+    )
+    assert result.returncode == 2, result
+    assert "30000" in result.stderr and "20000" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
 
 
 def test_a_bad_flag_is_rejected_even_with_a_valid_env_var() -> None:

@@ -32,7 +32,8 @@ def test_the_command_list_has_no_internal_command() -> None:
     helped = keyshard("--help")
     assert helped.returncode == 0, helped.stderr
     assert "SUPPRESS" not in helped.stdout and "demo-worker" not in helped.stdout
-    listed = {"broker", "coordinator", "groups", "status", "where", "rebalance", "fence"}
+    listed = {"broker", "coordinator", "groups", "status", "positions", "where", "rebalance"}
+    listed |= {"fence"}
     assert listed | {"worker", "demo"} == set(subcommands())
 
 

@@ -28,6 +28,11 @@ from keyshard.core.model.addresses import parse_host_port
 from keyshard.core.model.hashing import MAX_SLOT
 
 _NAME_PATTERN = r"^[A-Za-z0-9._-]+$"  # Kafka's legal topic characters
+#: Upper bounds of every number on the wire, Kafka's own types: an offset is an int64, a
+#: partition, an epoch and a count an int32. A peer's 10**400 is then an INVALID_MESSAGE,
+#: never a Python integer that overflows a float somewhere in the coordinator.
+MAX_OFFSET = 2**63 - 1
+MAX_INT32 = 2**31 - 1
 
 
 class ErrorCode(StrEnum):
@@ -53,6 +58,11 @@ class ErrorCode(StrEnum):
     # A consumer refusing a request from an older coordinator than one it has heard from
     # (a fenced replica; docs/protocol.md §7.3).
     STALE_COORDINATOR = "STALE_COORDINATOR"
+    # Register refused by a server bound (docs/protocol.md §4.3): Kafka's
+    # INVALID_SESSION_TIMEOUT and GROUP_MAX_SIZE_REACHED, and a replica's group cap.
+    INVALID_SESSION_TIMEOUT = "INVALID_SESSION_TIMEOUT"
+    GROUP_MAX_SIZE_REACHED = "GROUP_MAX_SIZE_REACHED"
+    TOO_MANY_GROUPS = "TOO_MANY_GROUPS"
 
 
 # --------------------------------------------------------------------------- field types
@@ -76,6 +86,10 @@ WireRange: TypeAlias = Annotated[tuple[int, int], AfterValidator(_check_slot_ran
 _Name: TypeAlias = Annotated[
     str, StringConstraints(min_length=1, max_length=249, pattern=_NAME_PATTERN)
 ]
+_Offset: TypeAlias = Annotated[int, Field(ge=0, le=MAX_OFFSET)]
+_Partition: TypeAlias = Annotated[int, Field(ge=0, le=MAX_INT32)]
+_Epoch: TypeAlias = Annotated[int, Field(ge=0, le=MAX_INT32)]
+_Count: TypeAlias = Annotated[int, Field(ge=0, le=MAX_INT32)]
 
 
 def _check_unique_topics(topics: list[str]) -> list[str]:
@@ -118,7 +132,7 @@ class _WireModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-_Interval: TypeAlias = tuple[int, int]  # half-open [a, b) offset interval
+_Interval: TypeAlias = tuple[_Offset, _Offset]  # half-open [a, b) offset interval
 
 
 class PositionModel(_WireModel):
@@ -130,7 +144,7 @@ class PositionModel(_WireModel):
     are checked here so the coordinator's merge code can rely on them.
     """
 
-    next_offset: int = Field(ge=0)
+    next_offset: _Offset
     acked: list[_Interval] = Field(default_factory=list)
 
     @field_validator("acked")
@@ -161,7 +175,7 @@ class RangePosition(_WireModel):
 
 class PartitionPositions(_WireModel):
     topic: str = Field(min_length=1, max_length=249)
-    partition: int = Field(ge=0)
+    partition: _Partition
     ranges: list[RangePosition]
 
 
@@ -184,7 +198,7 @@ class MetadataResponse(_WireMessage):
     coordinator: Annotated[str, AfterValidator(_check_host_port)]
     active: bool
     # The coordinator epoch of the group's state partition (0: none yet).
-    coordinator_epoch: int = Field(default=0, ge=0)
+    coordinator_epoch: _Epoch = 0
 
 
 class MemberClaim(_WireModel):
@@ -192,10 +206,10 @@ class MemberClaim(_WireModel):
     its id and epoch, the ranges it owns and their exact positions (docs/protocol.md §7.4)."""
 
     member_id: _OneLine = Field(min_length=1, max_length=300)
-    member_epoch: int = Field(ge=0)
+    member_epoch: _Epoch
     owned: list[WireRange]
     positions: list[PartitionPositions]
-    coordinator_epoch: int = Field(ge=0)
+    coordinator_epoch: _Epoch
 
 
 class RegisterRequest(_WireMessage):
@@ -215,18 +229,18 @@ class RegisterRequest(_WireMessage):
 class RegisterResponse(_WireMessage):
     type: Literal["register_response"] = "register_response"
     member_id: str
-    member_epoch: int
+    member_epoch: _Epoch
     ping_interval_ms: int
     session_timeout_ms: int
     # With a claim: the ranges it keeps (it stops any other it still runs, at once).
     adopted: list[WireRange] = Field(default_factory=list)
-    coordinator_epoch: int = Field(default=0, ge=0)
+    coordinator_epoch: _Epoch = 0
 
 
 class PingRequest(_WireMessage):
     type: Literal["ping_request"] = "ping_request"
-    member_epoch: int
-    coordinator_epoch: int = Field(default=0, ge=0)
+    member_epoch: _Epoch
+    coordinator_epoch: _Epoch = 0
 
 
 class HighWatermark(_WireModel):
@@ -237,8 +251,8 @@ class HighWatermark(_WireModel):
     read to while a transaction is open (the high watermark when `stable` is false)."""
 
     topic: str = Field(min_length=1, max_length=249)
-    partition: int = Field(ge=0)
-    offset: int = Field(ge=0)
+    partition: _Partition
+    offset: _Offset
     stable: bool = False
 
 
@@ -250,12 +264,10 @@ class FetchedWindow(_WireModel):
     so the coordinator merges windows by offset instead of adding them up."""
 
     topic: str = Field(min_length=1, max_length=249)
-    partition: int = Field(ge=0)
-    start: int = Field(ge=0)
-    end: int = Field(ge=0)
-    buckets: dict[Annotated[int, Field(ge=0, le=4095)], Annotated[int, Field(ge=0)]] = Field(
-        default_factory=dict
-    )
+    partition: _Partition
+    start: _Offset
+    end: _Offset
+    buckets: dict[Annotated[int, Field(ge=0, le=4095)], _Count] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -266,51 +278,49 @@ class FetchedWindow(_WireModel):
 
 class PingResponse(_WireMessage):
     type: Literal["ping_response"] = "ping_response"
-    member_epoch: int
+    member_epoch: _Epoch
     positions: list[PartitionPositions] = Field(default_factory=list)
     high_watermarks: list[HighWatermark] = Field(default_factory=list)
     # load bucket (0..4095, 16 slots each) -> records processed since the last ping.
-    load: dict[Annotated[int, Field(ge=0, le=4095)], Annotated[int, Field(ge=0)]] = Field(
-        default_factory=dict
-    )
+    load: dict[Annotated[int, Field(ge=0, le=4095)], _Count] = Field(default_factory=dict)
     fetched: list[FetchedWindow] = Field(default_factory=list)
     # Records completed by handlers that held a lane since the last reply, and the time
     # they held lanes, in milliseconds of the member's whole concurrency (lane-time /
     # max_concurrency): its measured speed (docs/protocol.md §8.7). None: not reported.
-    busy_records: int = Field(default=0, ge=0)
-    busy_ms: int | None = Field(default=None, ge=0)
+    busy_records: _Count = 0
+    busy_ms: _Count | None = None
 
 
 class StopFetcherRequest(_WireMessage):
     type: Literal["stop_fetcher_request"] = "stop_fetcher_request"
-    member_epoch: int
+    member_epoch: _Epoch
     ranges: list[WireRange] = Field(min_length=1)
-    coordinator_epoch: int = Field(default=0, ge=0)
+    coordinator_epoch: _Epoch = 0
 
 
 class StopFetcherResponse(_WireMessage):
     type: Literal["stop_fetcher_response"] = "stop_fetcher_response"
-    member_epoch: int
+    member_epoch: _Epoch
     positions: list[PartitionPositions]
 
 
 class StartFetcherRequest(_WireMessage):
     type: Literal["start_fetcher_request"] = "start_fetcher_request"
-    member_epoch: int
+    member_epoch: _Epoch
     ranges: list[WireRange] = Field(min_length=1)
     positions: list[PartitionPositions]
-    coordinator_epoch: int = Field(default=0, ge=0)
+    coordinator_epoch: _Epoch = 0
 
 
 class StartFetcherResponse(_WireMessage):
     type: Literal["start_fetcher_response"] = "start_fetcher_response"
-    member_epoch: int
+    member_epoch: _Epoch
 
 
 class LeaveRequest(_WireMessage):
     type: Literal["leave_request"] = "leave_request"
     member_id: _OneLine = Field(min_length=1, max_length=300)
-    member_epoch: int
+    member_epoch: _Epoch
     positions: list[PartitionPositions]
 
 

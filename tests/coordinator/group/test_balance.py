@@ -13,7 +13,7 @@ from keyshard.coordinator.strategies.load_aware import LoadAwareAssignor
 from keyshard.coordinator.strategies.registry import strategy_named
 from keyshard.core.model.hashing import LOAD_BUCKET_SHIFT
 from keyshard.core.model.ranges import RangeSet
-from tests.coordinator.group.test_handlers import TPS, apply, group3, run
+from tests.coordinator.group.test_handlers import TPS, apply, group3, moved_on, run
 
 __all__ = ["group3"]  # the fixture, imported to be found here
 
@@ -47,7 +47,9 @@ def buckets_of(ranges: RangeSet, count: int) -> list[int]:
 def heard(state: GroupState, now: float, **report: object) -> None:
     for mid, m in list(state.members.items()):
         kw = {"load": (), **report}
-        run(state, h.ping_answered(state, member_id=mid, epoch=m.epoch, positions={}, now=now,
+        done = sum(c for _, c in kw["load"])  # type: ignore[attr-defined]
+        run(state, h.ping_answered(state, member_id=mid, epoch=m.epoch, now=now,
+                                   positions=moved_on(state, mid, done),
                                    **kw), now)  # type: ignore[arg-type]  # fmt: skip
         report = {}  # one member's report is enough: the others read the same records
 
@@ -165,7 +167,7 @@ def test_what_an_owner_completed_since_its_last_ping_is_not_a_backlog(
     hot = buckets_of(state.target["m1"], 30)
     m1 = state.members["m1"]
     reply = h.ping_answered(
-        state, member_id="m1", epoch=m1.epoch, positions={}, now=3.0,
+        state, member_id="m1", epoch=m1.epoch, positions=moved_on(state, "m1", 300), now=3.0,
         load=tuple((b, 10) for b in hot), fetched=[(TPS[0], 0, 900, tuple((b, 30) for b in hot))],
     )  # fmt: skip
     run(state, reply, 3.0)
@@ -220,7 +222,8 @@ def measure_speeds(state: GroupState, per_second: dict[str, int], now: float) ->
     handler time, spread over its own ranges (before any backlog: nothing to lower)."""
     for mid, m in state.members.items():
         done = tuple((b, per_second[mid] // 10) for b in buckets_of(state.target[mid], 10))
-        run(state, h.ping_answered(state, member_id=mid, epoch=m.epoch, positions={}, now=now,
+        moved = moved_on(state, mid, per_second[mid])
+        run(state, h.ping_answered(state, member_id=mid, epoch=m.epoch, positions=moved, now=now,
                                    load=done, busy=(per_second[mid], 1000)), now)  # fmt: skip
 
 

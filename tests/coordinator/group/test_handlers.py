@@ -107,6 +107,15 @@ def report(ranges: RangeSet, by_tp: dict[tuple[str, int], Position]) -> Upd:
     return {tp: [(r, pos) for r in ranges] for tp, pos in by_tp.items()}
 
 
+def moved_on(state: GroupState, mid: str, records: int) -> Upd:
+    """The positions of a member that completed `records` records since its last report:
+    its ranges in TPS[0], that many offsets past the furthest it had reached (completions
+    count only as far as positions move)."""
+    owned = state.members[mid].owned
+    furthest = max(p.next_offset for _, p in state.position_map(TPS[0]).segments(owned))
+    return report(owned, {TPS[0]: Position(furthest + records)})
+
+
 def assert_start_positions(start: SendStart, expected: dict[tuple[str, int], Position]) -> None:
     assert set(start.positions) == set(TPS)
     for tp, segments in start.positions.items():
@@ -165,8 +174,9 @@ def test_fourth_join_hands_over_exactly_the_moved_slots(group3: GroupState) -> N
         assert SetTimer(DrainTimer(s.member_id), 2.0 + DRAIN) in effects
         assert state.members[s.member_id].epoch == s.epoch
     assert state.members["m4"].owned == EMPTY
-    # tp0 is ahead of what the coordinator knew; tp1 is behind it: positions never go back
-    p_new = {TPS[0]: Position(40, ((45, 50),)), TPS[1]: Position(3, ((30, 33),))}
+    # tp0 is ahead of what the coordinator knew; tp1 leaves out offsets it had acked:
+    # done offsets stay done (positions merge by union)
+    p_new = {TPS[0]: Position(40, ((45, 50),)), TPS[1]: Position(20, ((30, 33),))}
     p_got = {TPS[0]: p_new[TPS[0]], TPS[1]: Position(20, ((25, 27), (30, 33)))}
     granted: list[SendStart] = []
     for i, stop in enumerate(stops):

@@ -9,7 +9,7 @@ every partition (at epoch 1), as a lone replica does after its claims.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from keyshard.coordinator.runtime.config import RuntimeConfig
@@ -30,6 +30,10 @@ class MemoryLog:
         self.on_write: Callable[[], None] | None = None
         self.ends: dict[TopicPartition, int] = {}  # where partitions end (default 0)
         self.ends_asked = 0
+        # High watermarks: where no reported position may pass (default: wherever
+        # reports say, as for a partition that always holds what its members read).
+        self.high: dict[TopicPartition, int] = {}
+        self.high_asked: list[dict[TopicPartition, int]] = []
 
     async def write(
         self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
@@ -50,6 +54,12 @@ class MemoryLog:
     ) -> dict[TopicPartition, int]:
         self.ends_asked += 1
         return {tp: self.ends.get(tp, 0) for tp in partitions}
+
+    async def high_watermarks(
+        self, partitions: Sequence[TopicPartition], needed: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, int]:
+        self.high_asked.append(dict(needed))
+        return {tp: self.high.get(tp, needed.get(tp, 0)) for tp in partitions}
 
     async def commit_low_watermarks(self, group: str, positions: Any) -> None: ...
 

@@ -24,6 +24,8 @@ from keyshard.core.protocol.codec import (
     encode,
 )
 from keyshard.core.protocol.messages import (
+    MAX_INT32,
+    MAX_OFFSET,
     REQUEST_TYPES,
     RESPONSE_TYPES,
     ErrorCode,
@@ -61,7 +63,8 @@ one_line = st.text(
     alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), min_size=1, max_size=40
 )
 correlation_ids = st.integers(0, 2**31 - 1)
-epochs = st.integers(-(2**63), 2**63 - 1)
+epochs = st.integers(0, MAX_INT32)  # Kafka's int32 epochs
+counts = st.integers(0, MAX_INT32)
 int64 = st.integers(-(2**63), 2**63 - 1)
 
 
@@ -94,7 +97,7 @@ def fetched_windows(draw: st.DrawFn) -> FetchedWindow:
         partition=draw(st.integers(0, 10_000)),
         start=start,
         end=draw(st.integers(start, start + 2**20)),
-        buckets=draw(st.dictionaries(st.integers(0, 4095), st.integers(0, 2**40), max_size=8)),
+        buckets=draw(st.dictionaries(st.integers(0, 4095), counts, max_size=8)),
     )
 
 
@@ -148,10 +151,10 @@ MESSAGE_STRATEGIES: dict[type[BaseModel], st.SearchStrategy[Any]] = {
         correlation_id=correlation_ids,
         member_epoch=epochs,
         positions=position_lists,
-        load=st.dictionaries(st.integers(0, 4095), st.integers(0, 2**40), max_size=8),
+        load=st.dictionaries(st.integers(0, 4095), counts, max_size=8),
         fetched=st.lists(fetched_windows(), max_size=3),
-        busy_records=st.integers(0, 2**40),
-        busy_ms=st.none() | st.integers(0, 2**40),
+        busy_records=counts,
+        busy_ms=st.none() | counts,
     ),
     StopFetcherRequest: st.builds(
         StopFetcherRequest, correlation_id=correlation_ids, member_epoch=epochs, ranges=range_lists
@@ -652,6 +655,52 @@ def test_busy_time_is_optional_and_never_negative() -> None:
         exc = decode_error(json_frame({**reply, field: -1}))
         assert exc.code is ErrorCode.INVALID_MESSAGE
         assert f"{field}: Input should be greater than or equal to 0" in exc.message
+
+
+HUGE = 10**400  # a valid JSON integer; as a float it would overflow
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "bound"),
+    [
+        (("positions", 0, "ranges", 0, "position", "next_offset"), HUGE, MAX_OFFSET),
+        (("positions", 0, "ranges", 0, "position", "acked", 0, 1), HUGE, MAX_OFFSET),
+        (("positions", 0, "partition"), 2**31, MAX_INT32),
+        (("high_watermarks", 0, "offset"), HUGE, MAX_OFFSET),
+        (("fetched", 0, "end"), 2**63, MAX_OFFSET),
+        (("fetched", 0, "buckets", "7"), HUGE, MAX_INT32),
+        (("load", "7"), 10**308, MAX_INT32),
+        (("busy_records",), HUGE, MAX_INT32),
+        (("busy_ms",), 2**31, MAX_INT32),
+        (("member_epoch",), HUGE, MAX_INT32),
+    ],
+    ids=lambda v: ".".join(map(str, v)) if isinstance(v, tuple) else "",
+)
+def test_every_number_on_the_wire_has_an_upper_bound(
+    path: tuple[str | int, ...], value: int, bound: int
+) -> None:
+    """Kafka's own types (int64 offsets, int32 partitions, epochs and counts): a peer's
+    10**400 is an INVALID_MESSAGE naming the field, never a number that overflows a
+    float in the coordinator."""
+    reply: dict[str, Any] = {
+        "type": "ping_response", "correlation_id": 8, "member_epoch": 1,
+        "positions": [{"topic": "t", "partition": 0, "ranges": [
+            {"range": [0, 9], "position": {"next_offset": 5, "acked": [[7, 9]]}}]}],
+        "high_watermarks": [{"topic": "t", "partition": 0, "offset": 9}],
+        "fetched": [{"topic": "t", "partition": 0, "start": 0, "end": 9, "buckets": {"7": 3}}],
+        "load": {"7": 3}, "busy_records": 3, "busy_ms": 10,
+    }  # fmt: skip
+    FrameDecoder(DEFAULT_MAX_FRAME_BYTES).feed(json_frame(reply))  # valid as it is
+    parent: Any = reply
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    exc = decode_error(json_frame(reply))
+    assert exc.code is ErrorCode.INVALID_MESSAGE
+    field = "".join(
+        f"[{k}]" if isinstance(k, int) else f"['{k}']" if k.isdigit() else f".{k}" for k in path
+    ).lstrip(".")
+    assert f"{field}: Input should be less than or equal to {bound}" in exc.message
 
 
 def test_adjacent_acked_intervals_are_disjoint() -> None:
