@@ -96,7 +96,8 @@ async def test_cli_against_a_live_daemon(coordinator: CoordinatorProcess, worker
     assert_one_line_error(keyshard("status", "nope", *admin), "unknown group 'nope'")
     assert_one_line_error(keyshard("rebalance", GROUP, *admin), "authentication needed")
     assert_one_line_error(
-        keyshard("rebalance", GROUP, *admin, "--token", "wrong"), "not allowed: wrong admin token"
+        keyshard("rebalance", GROUP, *admin, KEYSHARD_ADMIN_TOKEN="wrong"),
+        "not allowed: wrong admin token",
     )
     assert_one_line_error(
         keyshard("fence", GROUP, "x", *admin, KEYSHARD_ADMIN_TOKEN="wrong"), "wrong admin token"
@@ -106,9 +107,9 @@ async def test_cli_against_a_live_daemon(coordinator: CoordinatorProcess, worker
     assert "0 moved" in rebalance.stdout
 
     victim = view["members"][0]["member_id"]
-    fence = keyshard("fence", GROUP, victim, *admin, "--token", ADMIN_TOKEN)
+    fence = keyshard("fence", GROUP, victim, *admin, KEYSHARD_ADMIN_TOKEN=ADMIN_TOKEN)
     assert fence.returncode == 0, fence.stderr
     assert f"member {victim} of group {GROUP} fenced" in fence.stdout
     assert_one_line_error(
-        keyshard("fence", GROUP, victim, *admin, "--token", ADMIN_TOKEN), "has no member"
+        keyshard("fence", GROUP, victim, *admin, KEYSHARD_ADMIN_TOKEN=ADMIN_TOKEN), "has no member"
     )
