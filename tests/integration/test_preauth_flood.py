@@ -1,6 +1,7 @@
 """Almost nothing before authentication, under a flood: 600 connections at once, each
-sending the first half of a 1 MiB frame and then nothing, over and over for 10 s, while
-two real consumers process keyed records.
+sending the first half of a 1 MiB frame and then nothing, and a second after each is
+closed another in its place, for 10 s, while two real consumers process keyed records.
+(A flood of connections as such, and the admission limits against it, are test_flood's.)
 
 Buffered, those half frames would hold about 300 MiB in the coordinator, and 600 whole
 ones more than the Helm chart's memory limit. Each is refused at its 4-byte header
@@ -33,6 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.brokers("tansu")]
 FLOOD = 600  # connections at once
 FRAME = 1 << 20  # the frame each one announces
 FLOOD_S = 10.0
+REOPEN_S = 1.0  # how long each of the 600 waits, after its connection closed, to open the next
 RATE, RECORDS, KEYS = 300.0, 9000, 300  # 30 s of keyed traffic
 
 
@@ -45,7 +47,8 @@ def chart_memory_limit_mib() -> float:
 
 async def _half_frame(port: int, deadline: float) -> int:
     """Connections, one after another until `deadline`, each announcing a 1 MiB frame and
-    sending half of it, then waiting for the coordinator to close it. Returns how many."""
+    sending half of it, then waiting for the coordinator to close it (and REOPEN_S more).
+    Returns how many."""
     loop = asyncio.get_running_loop()
     half = struct.pack(">I", FRAME) + bytes((PROTOCOL_VERSION,)) + b"{" + b" " * (FRAME // 2)
     sent = 0
@@ -62,9 +65,10 @@ async def _half_frame(port: int, deadline: float) -> int:
                     while await loop.sock_recv(sock, 65536):
                         pass
         except OSError:
-            await asyncio.sleep(0.05)  # a refused or reset connect: try again
+            pass  # a refused or reset connect: try again
         finally:
             sock.close()
+        await asyncio.sleep(REOPEN_S)
     return sent
 
 
