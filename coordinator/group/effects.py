@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from keyshard.coordinator.group.records import Record
-from keyshard.core.model.positions import PositionUpdate
+from keyshard.core.model.positions import PositionUpdate, TopicPartition
 from keyshard.core.model.ranges import RangeSet
 from keyshard.core.protocol.messages import ErrorCode
 
@@ -27,6 +27,11 @@ class SendStart:
     ranges: RangeSet
     epoch: int
     positions: PositionUpdate
+    # An extension (coordinator.group.growth): `ranges` already run on the member, and
+    # this starts them on the partitions in `positions` (added to the group) and stops
+    # `dropped` (no longer the group's). No grant: nothing to acknowledge.
+    extends: bool = False
+    dropped: tuple[TopicPartition, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

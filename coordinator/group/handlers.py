@@ -62,10 +62,26 @@ from keyshard.core.protocol.messages import ErrorCode
 GRANT_HOLD_S = 4.0
 
 
-def _inconsistent_topics(state: GroupState, topics: tuple[str, ...]) -> Result | None:
+def _inconsistent_topics(
+    state: GroupState, topics: tuple[str, ...], pattern: str | None = None
+) -> Result | None:
     """Every member of a group reads the same topics: the slot space is shared by all of
-    them (one key, one owner, in every topic)."""
-    if state.members and set(topics) != set(state.topics):
+    them (one key, one owner, in every topic). A group subscribed by pattern: the same
+    pattern (the topics it matches change with the cluster, not with the member)."""
+    if not state.members:
+        return None
+    if pattern is not None or state.topic_pattern is not None:
+        if pattern == state.topic_pattern:
+            return None
+        theirs = _subscription(state.topics, state.topic_pattern)
+        return Result(
+            error=(
+                ErrorCode.INCONSISTENT_TOPICS,
+                f"group {state.group!r} reads {theirs}; this consumer asked for "
+                f"{_subscription(topics, pattern)}",
+            )
+        )
+    if set(topics) != set(state.topics):
         return Result(
             error=(
                 ErrorCode.INCONSISTENT_TOPICS,
@@ -74,6 +90,10 @@ def _inconsistent_topics(state: GroupState, topics: tuple[str, ...]) -> Result |
             )
         )
     return None
+
+
+def _subscription(topics: tuple[str, ...], pattern: str | None) -> str:
+    return f"topics {sorted(topics)}" if pattern is None else f"topic pattern {pattern!r}"
 
 
 def register(
@@ -88,6 +108,7 @@ def register(
     now: float,
     fixed_ranges: RangeSet | None = None,
     validate_ranges: RangeValidator | None = None,
+    topic_pattern: str | None = None,
 ) -> Result:
     """A consumer joins.
 
@@ -97,7 +118,7 @@ def register(
     3. Record the member and arm its session timer.
     The next `reconcile` computes the new target and starts the handoff.
     """
-    if (refused := _inconsistent_topics(state, topics)) is not None:
+    if (refused := _inconsistent_topics(state, topics, topic_pattern)) is not None:
         return refused
     if validate_ranges is not None:
         declared = {
@@ -109,7 +130,15 @@ def register(
     return Result(
         records=[
             MemberJoined(
-                member_id, name, capacity, session_timeout_ms, topics, partitions, now, fixed_ranges
+                member_id,
+                name,
+                capacity,
+                session_timeout_ms,
+                topics,
+                partitions,
+                now,
+                fixed_ranges,
+                topic_pattern,
             )
         ],
         effects=[SetTimer(SessionTimer(member_id), now + session_timeout_ms / 1000)],
@@ -272,6 +301,7 @@ def reclaim(
     partitions: tuple[TopicPartition, ...],
     now: float,
     fixed_ranges: RangeSet | None = None,
+    topic_pattern: str | None = None,
 ) -> Result:
     """A member that lost its coordinator is back, with what it still runs and exact
     positions (docs/protocol.md §7.4).
@@ -291,7 +321,7 @@ def reclaim(
     The caller checks that a pending claim exists (else this is a fresh Register).
     """
     pending = state.claims[member_id]
-    if (refused := _inconsistent_topics(state, topics)) is not None:
+    if (refused := _inconsistent_topics(state, topics, topic_pattern)) is not None:
         return refused
     owned = claimed & pending.owned
     records: list[Record] = []
@@ -311,6 +341,7 @@ def reclaim(
             owned=owned,
             at=now,
             fixed_ranges=fixed_ranges,
+            topic_pattern=topic_pattern,
         )
     )
     others = (t for mid, t in state.target.items() if mid != member_id)

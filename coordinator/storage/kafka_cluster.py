@@ -137,6 +137,8 @@ class KafkaCluster:
         self._metadata: AIOKafkaClient | None = None
         self._committers: dict[str, AIOKafkaConsumer] = {}
         self._commit_locks: dict[str, asyncio.Lock] = {}
+        self._reader: AIOKafkaConsumer | None = None  # partition ends (`partition_ends`)
+        self._reader_lock = asyncio.Lock()
 
     async def start(self) -> None:
         self._metadata = AIOKafkaClient(
@@ -158,6 +160,9 @@ class KafkaCluster:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(committer.stop(), self.timeout)
         self._committers.clear()
+        if self._reader is not None:
+            await _stop_quietly(self._reader, self.timeout)
+            self._reader = None
         if self._metadata is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._metadata.close(), self.timeout)
@@ -171,21 +176,42 @@ class KafkaCluster:
         answer = await fetch_partitions(self._metadata, topics, self.timeout)
         return {topic: len(parts) for topic, parts in answer.partitions.items()}
 
+    async def topic_counts(self) -> dict[str, int]:
+        """Partition count of every topic on the cluster, internal ones included."""
+        if self._metadata is None:
+            raise StoreError("cluster metadata is not started")
+        cluster = await asyncio.wait_for(self._metadata.fetch_all_metadata(), self.timeout)
+        return {
+            topic: len(cluster.partitions_for_topic(topic) or ())
+            for topic in cluster.topics(exclude_internal_topics=False)
+        }
+
     async def partition_ends(
         self, partitions: Sequence[TopicPartition]
     ) -> dict[TopicPartition, int]:
         """Where each partition ends for a reader of committed data (a fetch answer's last
-        stable offset: keyshard.core.kafka.ends), read by a consumer of its own."""
-        reader = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-            isolation_level="read_committed", **self.settings.client_options(),
-        )  # fmt: skip
-        try:
-            await asyncio.wait_for(reader.start(), self.timeout)
-            return await partition_ends(reader, partitions, self.timeout)
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(reader.stop(), self.timeout)
+        stable offset: keyshard.core.kafka.ends), read by a consumer kept for it (the
+        partition watcher asks every few seconds); one read at a time."""
+        async with self._reader_lock:
+            try:
+                if self._reader is None:
+                    reader = AIOKafkaConsumer(
+                        bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                        isolation_level="read_committed", **self.settings.client_options(),
+                    )  # fmt: skip
+                    try:
+                        await asyncio.wait_for(reader.start(), self.timeout)
+                    except BaseException:
+                        await _stop_quietly(reader, self.timeout)
+                        raise
+                    self._reader = reader
+                return await partition_ends(self._reader, partitions, self.timeout)
+            except BaseException:
+                # A reader that failed may be stuck on a partition or a broker: start over.
+                if self._reader is not None:
+                    await _stop_quietly(self._reader, self.timeout)
+                    self._reader = None
+                raise
 
     async def probe(self) -> None:
         """One metadata round trip to the cluster: raises when Kafka is unreachable (the
@@ -232,3 +258,8 @@ class KafkaCluster:
                 raise
             self._committers[group] = committer
         return committer
+
+
+async def _stop_quietly(consumer: AIOKafkaConsumer, timeout: float) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(consumer.stop(), timeout)

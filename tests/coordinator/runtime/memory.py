@@ -30,6 +30,9 @@ class MemoryLog:
         self.on_write: Callable[[], None] | None = None
         self.ends: dict[TopicPartition, int] = {}  # where partitions end (default 0)
         self.ends_asked = 0
+        # Topics on the "cluster" -> partitions: those named at a Register appear with
+        # `topic_partitions`; a test grows, adds or deletes topics here.
+        self.counts: dict[str, int] = {}
 
     async def write(
         self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
@@ -43,7 +46,12 @@ class MemoryLog:
         self.writes += 1
 
     async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
-        return dict.fromkeys(topics, self.topic_partitions)
+        for topic in topics:
+            self.counts.setdefault(topic, self.topic_partitions)
+        return {topic: self.counts[topic] for topic in topics}
+
+    async def topic_counts(self) -> dict[str, int]:
+        return dict(self.counts)
 
     async def partition_ends(
         self, partitions: Sequence[TopicPartition]
