@@ -177,6 +177,8 @@ def _serve(
         register_timeout_ms=int(args.register_timeout_ms),
         max_connections=args.max_connections,
         max_connections_per_peer=int(args.max_connections_per_peer),
+        metadata_refresh_ms=int(args.metadata_refresh_ms),
+        partition_growth_window_ms=int(args.partition_growth_window_ms),
     )
     kafka = args.bootstrap_servers or "the embedded broker"
     try:

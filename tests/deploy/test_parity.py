@@ -56,6 +56,8 @@ VALUE_FOR_DEST = {
     "demand_horizon_ms": ("config", "demandHorizonMs"),
     "balance_check_ms": ("config", "balanceCheckMs"),
     "load_half_life_ms": ("config", "loadHalfLifeMs"),
+    "metadata_refresh_ms": ("config", "metadataRefreshMs"),
+    "partition_growth_window_ms": ("config", "partitionGrowthWindowMs"),
     "log_level": ("config", "logLevel"),
     "kafka_config": ("kafka", "config"),
     "register_timeout_ms": ("config", "registerTimeoutMs"),
