@@ -106,6 +106,7 @@ async def _main(args: argparse.Namespace) -> int:
         out.write(
             json.dumps(
                 {
+                    "t": record.topic,
                     "p": record.partition,
                     "o": record.offset,
                     "k": (okey or b"").decode(errors="replace"),
