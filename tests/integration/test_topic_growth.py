@@ -211,3 +211,65 @@ async def test_a_pattern_picks_up_a_new_topic_and_drops_a_deleted_one(
     assert {p["topic"] for p in view["partitions"]} == {"orders-b"}
     assert all(workers.procs[n].poll() is None for n in ("a", "b")), "both members still run"
     print(f"\npattern: new topic's first record {picked_up_s:.2f} s after it was created")
+
+
+def concurrent_owners(processed: Sequence[Processed]) -> int:
+    """Handler runs of a slot that overlapped a run of the same slot by another member."""
+    by_slot: dict[int, list[Processed]] = defaultdict(list)
+    for e in processed:
+        by_slot[e.slot].append(e)
+    overlaps = 0
+    for runs in by_slot.values():
+        latest_end: dict[str, int] = {}
+        for e in sorted(runs, key=lambda r: r.t0):
+            if any(m != e.member and end > e.t0 for m, end in latest_end.items()):
+                overlaps += 1
+            latest_end[e.member] = max(latest_end.get(e.member, -1), e.t1)
+    return overlaps
+
+
+@pytest.mark.brokers("kafka")
+@pytest.mark.coordinator_args(*GROWTH_FLAGS)
+async def test_churn_while_a_topic_grows(coordinator: CoordinatorProcess, workers: Workers) -> None:
+    """A join, a graceful leave and a kill -9 around the growth: nothing lost, no two
+    members ever run one slot at once, per-key order kept, and the only duplicates are
+    records the killed consumer ran and never reported."""
+    await create_topic(coordinator.bootstrap, partitions=2)
+    session = ("--handler-ms", "2", "--session-timeout-ms", "3000")
+    for name in ("a", "b", "c"):
+        workers.spawn(name, *session)
+    await wait_for(lambda: coordinator.settled(3), 60, "three members settled")
+    producer = PacedProducer(coordinator.bootstrap)
+    producing = asyncio.create_task(producer.run(15 * RATE))
+    await wait_for(lambda: len(producer.sent) >= 3 * RATE, 30, "traffic")
+    workers.spawn("d", *session)
+    await wait_for(lambda: len(producer.sent) >= 5 * RATE, 30, "the growth's moment")
+    await grow(coordinator.bootstrap, TOPIC, 4)
+    await wait_for(lambda: len(producer.sent) >= 6 * RATE, 30, "the leave's moment")
+    workers.stop("b")
+    await wait_for(lambda: len(producer.sent) >= 8 * RATE, 30, "the kill's moment")
+    workers.kill("c")
+    produced = await producing
+    wanted = {(r.partition, r.offset) for r in produced}
+
+    def missing() -> set[tuple[int, int]]:
+        return wanted - {(e.partition, e.offset) for e in workers.processed()}
+
+    await wait_for(lambda: not missing(), 120, "every record processed")
+    processed = workers.processed()
+    runs: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for e in processed:
+        runs[(e.partition, e.offset)].add(e.worker)
+    duplicated = {k: w for k, w in runs.items() if len(w) > 1}
+    violations = order_violations(produced, processed)
+    overlapping = concurrent_owners(processed)
+    print(
+        f"\nchurn while growing 2 -> 4: {len(produced)} produced, lost {len(missing())}, "
+        f"{overlapping} concurrent-owner overlaps, {violations} order violations, "
+        f"{len(duplicated)} duplicates (all of the killed consumer: "
+        f"{all('c' in w for w in duplicated.values())})"
+    )
+    assert not missing()
+    assert overlapping == 0
+    assert violations == 0
+    assert all("c" in w for w in duplicated.values()), duplicated
