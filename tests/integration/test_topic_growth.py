@@ -273,3 +273,44 @@ async def test_churn_while_a_topic_grows(coordinator: CoordinatorProcess, worker
     assert overlapping == 0
     assert violations == 0
     assert all("c" in w for w in duplicated.values()), duplicated
+
+
+@pytest.mark.brokers("kafka")
+@pytest.mark.coordinator_args(*GROWTH_FLAGS)
+async def test_a_backlog_across_the_growth_is_read_in_key_order(
+    coordinator: CoordinatorProcess, workers: Workers
+) -> None:
+    """The members are away while the topic grows under traffic, and come back to a
+    backlog in which one key's records are in an old partition and, written later, in a
+    new one: a new partition is short and read at once, an old one takes many fetches,
+    so without the merge a key's newer records would run before its older ones."""
+    await create_topic(coordinator.bootstrap, partitions=2)
+    for name in ("a", "b", "c"):
+        workers.spawn(name, "--handler-ms", "2")
+    await wait_for(lambda: coordinator.settled(3), 60, "three members settled")
+    for name in ("a", "b", "c"):
+        workers.stop(name)
+
+    async def nobody() -> bool:
+        view = await coordinator.group(GROUP)
+        return view is not None and not view["members"]
+
+    await wait_for(nobody, 30, "every member gone")
+    producer = PacedProducer(coordinator.bootstrap)
+    producing = asyncio.create_task(producer.run(15 * RATE))
+    await wait_for(lambda: len(producer.sent) >= 5 * RATE, 30, "traffic before the growth")
+    await grow(coordinator.bootstrap, TOPIC, 4)
+    produced = await producing
+    await wait_for(lambda: "grew from 2 to 4" in coordinator.read_log(), 30, "the growth seen")
+    for name in ("d", "e", "f"):
+        workers.spawn(name, "--handler-ms", "2")
+    wanted = {(r.partition, r.offset) for r in produced}
+
+    def missing() -> set[tuple[int, int]]:
+        return wanted - {(e.partition, e.offset) for e in workers.processed()}
+
+    await wait_for(lambda: not missing(), 120, "every record processed")
+    processed = workers.processed()
+    violations = order_violations(produced, processed)
+    print(f"\nbacklog across 2 -> 4: {len(produced)} produced, {violations} order violations")
+    assert violations == 0
