@@ -219,18 +219,7 @@ class Membership:
         last_error: Exception | None = None
         for host, port in self.member.probe_order(self.coordinators):
             try:
-                probe = await self._connect(host, port, f"{self.name}-probe")
-                probe.start()
-                try:
-                    meta = await probe.request(
-                        MetadataRequest(correlation_id=0, group=self.member.registration.group),
-                        timeout=METADATA_TIMEOUT_S,
-                    )
-                except ChannelClosed:
-                    self._check_refusal(probe, host, port)
-                    raise
-                finally:
-                    await probe.aclose()
+                meta = await self._ask_metadata(host, port, METADATA_TIMEOUT_S, check=True)
                 if not isinstance(meta, MetadataResponse) or not meta.active:
                     raise ChannelClosed(f"{host}:{port} is not an active coordinator")
                 # A coordinator listening on every interface cannot advertise where it is
@@ -367,15 +356,7 @@ class Membership:
         answer would only come after the probe's timeout)."""
         for host, port in self.member.probe_order(self.coordinators):
             try:
-                probe = await self._connect(host, port, f"{self.name}-probe")
-                probe.start()
-                try:
-                    meta = await probe.request(
-                        MetadataRequest(correlation_id=0, group=self.member.registration.group),
-                        timeout=PROBE_TIMEOUT_S,
-                    )
-                finally:
-                    await probe.aclose()
+                meta = await self._ask_metadata(host, port, PROBE_TIMEOUT_S, check=False)
             except (OSError, ChannelClosed, RemoteError, TimeoutError, ConsumerError):
                 continue
             if isinstance(meta, MetadataResponse):
@@ -383,6 +364,23 @@ class Membership:
                 if moved is not None:
                     return moved
         return False
+
+    async def _ask_metadata(self, host: str, port: int, timeout: float, *, check: bool) -> Message:
+        """Who serves our group, asked of `host:port` on a channel of its own. `check`: a
+        close before the answer is examined for a TLS mismatch (`ConsumerError`)."""
+        probe = await self._connect(host, port, f"{self.name}-probe")
+        probe.start()
+        try:
+            return await probe.request(
+                MetadataRequest(correlation_id=0, group=self.member.registration.group),
+                timeout=timeout,
+            )
+        except ChannelClosed:
+            if check:
+                self._check_refusal(probe, host, port)
+            raise
+        finally:
+            await probe.aclose()
 
     def _on_request(self, hooks: MemberHooks, channel: Channel, message: Message) -> None:
         match self.member.on_request(channel, message, time.monotonic()):
