@@ -144,6 +144,8 @@ class KafkaCluster:
         # One reader, in no group, for where partitions end: one question at a time
         # (each replaces its assignment).
         self._reader: AIOKafkaConsumer | None = None
+        # And one reading committed data, for the partition watcher's regular question.
+        self._committed_reader: AIOKafkaConsumer | None = None
         self._reader_lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -162,7 +164,7 @@ class KafkaCluster:
             ) from err
 
     async def stop(self) -> None:
-        await self._drop_reader()
+        await self._drop_readers()
         for committer in self._committers.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(committer.stop(), self.timeout)
@@ -180,21 +182,34 @@ class KafkaCluster:
         answer = await fetch_partitions(self._metadata, topics, self.timeout)
         return {topic: len(parts) for topic, parts in answer.partitions.items()}
 
+    async def topic_counts(self) -> dict[str, int]:
+        """Partition count of every topic on the cluster, internal ones included."""
+        if self._metadata is None:
+            raise StoreError("cluster metadata is not started")
+        cluster = await asyncio.wait_for(self._metadata.fetch_all_metadata(), self.timeout)
+        return {
+            topic: len(cluster.partitions_for_topic(topic) or ())
+            for topic in cluster.topics(exclude_internal_topics=False)
+        }
+
     async def partition_ends(
         self, partitions: Sequence[TopicPartition]
     ) -> dict[TopicPartition, int]:
         """Where each partition ends for a reader of committed data (a fetch answer's last
-        stable offset: keyshard.core.kafka.ends), read by a consumer of its own."""
-        reader = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-            isolation_level="read_committed", **self.settings.client_options(),
-        )  # fmt: skip
-        try:
-            await asyncio.wait_for(reader.start(), self.timeout)
-            return await partition_ends(reader, partitions, self.timeout)
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(reader.stop(), self.timeout)
+        stable offset: keyshard.core.kafka.ends), read by a consumer kept for it (the
+        partition watcher asks every few seconds); one read at a time."""
+        async with self._reader_lock:
+            try:
+                if self._committed_reader is None:
+                    reader = AIOKafkaConsumer(
+                        bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                        isolation_level="read_committed", **self.settings.client_options(),
+                    )  # fmt: skip
+                    self._committed_reader = await self._started(reader)
+                return await partition_ends(self._committed_reader, partitions, self.timeout)
+            except BaseException:
+                await self._drop_readers()  # one stuck on a partition or a broker: fresh ones
+                raise
 
     async def high_watermarks(
         self, partitions: Sequence[TopicPartition], needed: Mapping[TopicPartition, int]
@@ -216,7 +231,7 @@ class KafkaCluster:
                         ends[tp] = max(ends[tp], fetched[tp])
                 return ends
             except BaseException:
-                await self._drop_reader()  # a fresh one next time
+                await self._drop_readers()  # a fresh one next time
                 raise
 
     async def _open_reader(self) -> AIOKafkaConsumer:
@@ -240,11 +255,13 @@ class KafkaCluster:
             raise
         return client
 
-    async def _drop_reader(self) -> None:
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(reader.stop(), self.timeout)
+    async def _drop_readers(self) -> None:
+        readers = (self._reader, self._committed_reader)
+        self._reader = self._committed_reader = None
+        for reader in readers:
+            if reader is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(reader.stop(), self.timeout)
 
     async def probe(self) -> None:
         """One metadata round trip to the cluster: raises when Kafka is unreachable (the
