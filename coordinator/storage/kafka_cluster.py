@@ -144,9 +144,11 @@ class KafkaCluster:
         # One reader, in no group, for where partitions end: one question at a time
         # (each replaces its assignment).
         self._reader: AIOKafkaConsumer | None = None
-        # And one reading committed data, for the partition watcher's regular question.
-        self._committed_reader: AIOKafkaConsumer | None = None
         self._reader_lock = asyncio.Lock()
+        # And one reading committed data, for the partition watcher's regular question:
+        # its own, so a slow check of a member's report does not hold the watcher up.
+        self._committed_reader: AIOKafkaConsumer | None = None
+        self._committed_reader_lock = asyncio.Lock()
 
     async def start(self) -> None:
         self._metadata = AIOKafkaClient(
@@ -164,10 +166,10 @@ class KafkaCluster:
             ) from err
 
     async def stop(self) -> None:
-        await self._drop_readers()
-        for committer in self._committers.values():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(committer.stop(), self.timeout)
+        readers = (self._reader, self._committed_reader)
+        self._reader = self._committed_reader = None
+        for client in (*readers, *self._committers.values()):
+            await self._stop(client)
         self._committers.clear()
         if self._metadata is not None:
             with contextlib.suppress(Exception):
@@ -198,7 +200,7 @@ class KafkaCluster:
         """Where each partition ends for a reader of committed data (a fetch answer's last
         stable offset: keyshard.core.kafka.ends), read by a consumer kept for it (the
         partition watcher asks every few seconds); one read at a time."""
-        async with self._reader_lock:
+        async with self._committed_reader_lock:
             try:
                 if self._committed_reader is None:
                     reader = AIOKafkaConsumer(
@@ -208,7 +210,9 @@ class KafkaCluster:
                     self._committed_reader = await self._started(reader)
                 return await partition_ends(self._committed_reader, partitions, self.timeout)
             except BaseException:
-                await self._drop_readers()  # one stuck on a partition or a broker: fresh ones
+                # One stuck on a partition or a broker: a fresh one next time.
+                reader, self._committed_reader = self._committed_reader, None
+                await self._stop(reader)
                 raise
 
     async def high_watermarks(
@@ -231,7 +235,8 @@ class KafkaCluster:
                         ends[tp] = max(ends[tp], fetched[tp])
                 return ends
             except BaseException:
-                await self._drop_readers()  # a fresh one next time
+                reader, self._reader = self._reader, None
+                await self._stop(reader)  # a fresh one next time
                 raise
 
     async def _open_reader(self) -> AIOKafkaConsumer:
@@ -250,18 +255,14 @@ class KafkaCluster:
         try:
             await asyncio.wait_for(client.start(), self.timeout)
         except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.stop(), self.timeout)
+            await self._stop(client)
             raise
         return client
 
-    async def _drop_readers(self) -> None:
-        readers = (self._reader, self._committed_reader)
-        self._reader = self._committed_reader = None
-        for reader in readers:
-            if reader is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(reader.stop(), self.timeout)
+    async def _stop(self, client: AIOKafkaConsumer | None) -> None:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.stop(), self.timeout)
 
     async def probe(self) -> None:
         """One metadata round trip to the cluster: raises when Kafka is unreachable (the

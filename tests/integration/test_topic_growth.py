@@ -136,17 +136,23 @@ async def test_a_topic_grown_under_traffic_is_read_at_once_in_key_order(
     assert duplicates == 0
     assert f"grew from 2 to {grown_to} partitions" in coordinator.read_log()
 
-    async def every_partition() -> dict[str, Any] | None:
+    ends = {p: 1 + max(r.offset for r in produced if r.partition == p) for p in range(grown_to)}
+
+    async def every_partition_done() -> dict[str, Any] | None:
+        """The view once it lists every partition at its end with no lag (members report
+        ends with their next Ping, which the coordinator checks against Kafka first)."""
         view = await coordinator.group(GROUP)
         if view is None:
             return None
-        listed = {p["partition"] for p in view["partitions"] if p["topic"] == TOPIC}
-        return view if listed == set(range(grown_to)) else None
+        rows = [p for p in view["partitions"] if p["topic"] == TOPIC]
+        done = {
+            p["partition"] for p in rows if p["end_offset"] == ends[p["partition"]] and not p["lag"]
+        }
+        return view if done == set(range(grown_to)) == {p["partition"] for p in rows} else None
 
-    view = await wait_for(every_partition, 30, "the admin API to list every partition")
-    ends = {p: 1 + max(r.offset for r in produced if r.partition == p) for p in range(grown_to)}
-    for p in view["partitions"]:
-        assert p["end_offset"] == ends[p["partition"]] and p["lag"] == 0, p
+    await wait_for(
+        every_partition_done, 30, "the admin API to list every partition at its end, lag 0"
+    )
 
     def tool_rows() -> dict[int, dict[str, str]] | None:
         rows = describe(coordinator.bootstrap, GROUP)
