@@ -11,7 +11,7 @@ part of keyshard: the wheel has only `keyshard`, and nothing in it imports this.
 - groups: `is_settled` (the one settle check), `owned_ranges`, `unsettled_reason`;
 - Kafka's own failovers: `BrokerStep`s run on a 3-node cluster (`run_steps`, a step's
   node `leader` of a partition or fixed), `PlainReader` (Kafka's own availability),
-  `longest_stop`, `issue_schedule`, `FailoverOutcome`;
+  `longest_stop`, `issue_schedule`;
 - reports: `order_stats` (per-key order from handler logs), `median`, `percentile`,
   `markdown_table`.
 """
@@ -19,7 +19,6 @@ part of keyshard: the wheel has only `keyshard`, and nothing in it imports this.
 from harness._groups import is_settled, owned_ranges, unsettled_reason
 from harness._kafka_failover import (
     BrokerStep,
-    FailoverOutcome,
     PlainReader,
     issue_schedule,
     leader,
@@ -45,7 +44,6 @@ __all__ = [
     "TOPIC",
     "BrokerStep",
     "CoordinatorProcess",
-    "FailoverOutcome",
     "OrderStats",
     "PlainReader",
     "ReplicaSet",

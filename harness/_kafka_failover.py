@@ -21,7 +21,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from aiokafka import AIOKafkaConsumer
@@ -142,25 +142,3 @@ def longest_stop(starts_ns: Iterable[int], since_ns: int, until_ns: int | None =
     inside = sorted(t for t in starts_ns if t >= since_ns and (until_ns is None or t <= until_ns))
     edges = [since_ns, *inside, *([until_ns] if until_ns is not None else [])]
     return max((b - a for a, b in itertools.pairwise(edges)), default=0) / 1e9
-
-
-@dataclass(slots=True)
-class FailoverOutcome:
-    replicas: int
-    produced: int = 0
-    lost: int = 0
-    duplicates: int = 0
-    order_violations: int = 0
-    longest_stop_s: float = 0.0  # keyshard's group, from the first step to the traffic's end
-    plain_stop_s: float = 0.0  # the plain reader's, over the same window
-    reference_stop_s: float | None = None  # a KIP-848 consumer's, where one ran beside
-    steps: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def describe_steps(self, done: Sequence[StepDone], began_ns: int) -> None:
-        self.steps = [
-            f"{(d.at_ns - began_ns) / 1e9:.1f} s {d.step.action} node {d.node}"
-            + (f" ({d.step.label})" if d.step.label else "")
-            + f", {d.took_s:.1f} s"
-            for d in done
-        ]
