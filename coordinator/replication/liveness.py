@@ -9,12 +9,14 @@ Two causes look alike from inside a replica, and call for opposite answers:
   stop commanding its consumers well before: it is *cut off* and lets go.
 - **Kafka's own failover**: the partition the beats go to has no leader, or its leader is
   gone (a crashed broker stays named as leader until the controller notices, after
-  `broker.session.timeout.ms`, 9 s by default), or a new leader was just elected and the
-  clients have not caught up. The cluster still answers. Nobody's beats get through, so
-  nobody counts anybody gone, and no replica can claim a partition meanwhile (a claim
-  writes an epoch marker). Letting go would only turn Kafka's hiccup into an outage: the
-  replica *holds*, serving from its image (a grant waits for durability, so nothing new
-  is granted) and keeping its consumers' leases alive, for at most `hold_limit_s`.
+  `broker.session.timeout.ms`, 9 s by default), or a follower in its in-sync replicas is
+  gone (an acks=all write waits for it until the controller notices, just as long), or a
+  new leader was just elected and the clients have not caught up. The cluster still
+  answers. Nobody's beats get through, so nobody counts anybody gone, and no replica can
+  claim a partition meanwhile (a claim writes an epoch marker). Letting go would only turn
+  Kafka's hiccup into an outage: the replica *holds*, serving from its image (a grant
+  waits for durability, so nothing new is granted) and keeping its consumers' leases
+  alive, for at most `hold_limit_s`.
 
 A replica that reaches some brokers but not the beat partition's leader, while the other
 replicas reach it, looks like the second case and is the first: the others take its
@@ -68,13 +70,23 @@ class BeatPartitionView:
     leader: int | None = None  # as that answer named it; None: no leader
     leader_since: float = 0.0  # when that leader (or having none) was first seen
     leader_answers: bool = True  # the leader accepted a connection from us
+    # A follower in the partition's in-sync replicas that refused us a connection: an
+    # acks=all write waits for it until Kafka drops it from them (a crash, noticed after
+    # broker.session.timeout.ms); None: every one answered.
+    silent_follower: int | None = None
 
-    def seen(self, now: float, leader: int | None, leader_answers: bool) -> BeatPartitionView:
+    def seen(
+        self,
+        now: float,
+        leader: int | None,
+        leader_answers: bool,
+        silent_follower: int | None = None,
+    ) -> BeatPartitionView:
         """The view after a metadata answer at `now` (the first answer's leader counts as
         there all along: nothing was elected that we know of)."""
         first = self.answered_at is None
         since = self.leader_since if first or leader == self.leader else now
-        return BeatPartitionView(now, leader, since, leader_answers)
+        return BeatPartitionView(now, leader, since, leader_answers, silent_follower)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,15 +108,15 @@ def standing(
     """Serve, hold or let go (see the module docstring).
 
     1. Beats got through lately (`cut_off` says not yet): serving.
-    2. The cluster answered since our last beat got through, within the replica
-       timeout, and the beat partition has no leader, a leader that does not answer us,
-       or a leader newer than that beat (clients catch up after an election): holding,
-       while the silence is shorter than `hold_limit_s`. An isolated replica gets no
-       answer after its beats stop, so the answers it has say nothing of a failover;
-       one isolated in the middle of a failover holds at most a replica timeout past
-       its last answer, and the others count it gone only a replica timeout after their
-       own beats get through again.
-    3. Otherwise: cut off, as before any of this (today's rule for isolation).
+    2. The cluster answered since our last beat got through, within the replica timeout,
+       and the beat partition has no leader, a leader or an in-sync follower that does not
+       answer us, or a leader newer than that beat (clients catch up after an election):
+       holding, while the silence is shorter than `hold_limit_s`. An isolated replica gets
+       no answer after its beats stop, so the answers it has say nothing of a failover;
+       one isolated in the middle of a failover holds at most a replica timeout past its
+       last answer, and the others count it gone only a replica timeout after their own
+       beats get through again.
+    3. Otherwise: cut off (the rule for isolation).
     """
     silent = now - last_beat_at
     if not cut_off(silent, replica_timeout_s, others_alive=others_alive):
@@ -135,6 +147,8 @@ def _failover(view: BeatPartitionView, last_beat_at: float) -> str | None:
         return "has no leader"
     if not view.leader_answers:
         return f"is led by broker {view.leader}, which does not answer"
+    if view.silent_follower is not None:
+        return f"waits for broker {view.silent_follower}, in sync with it, which does not answer"
     if view.leader_since > last_beat_at:
         return f"has a new leader, broker {view.leader}"
     return None

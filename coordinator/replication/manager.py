@@ -356,7 +356,7 @@ class ReplicaManager:
                 sight = None
             if sight is not None:
                 self._beat_partition = self._beat_partition.seen(
-                    loop.time(), sight.leader, sight.leader_answers
+                    loop.time(), sight.leader, sight.leader_answers, sight.silent_follower
                 )
             await asyncio.sleep(self.settings.beat_interval_s / 2)
 

@@ -28,6 +28,7 @@ from keyshard.core.kafka.settings import KafkaSettings
 class LeaderSight:
     leader: int | None  # None: the partition has no leader now
     leader_answers: bool  # a connection to the leader could be made
+    silent_follower: int | None = None  # an in-sync follower no connection could be made to
 
 
 class LeaderProbe:
@@ -92,10 +93,26 @@ class LeaderProbe:
         leader = answer.leader_for_partition(self.partition)
         if leader is None or leader < 0:
             return LeaderSight(None, False)
-        return LeaderSight(leader, await self._answers(client, leader))
+        followers = [node for node in _in_sync(response, self.partition) if node != leader]
+        answers = await asyncio.gather(
+            *(self._answers(client, node) for node in [leader, *followers])
+        )
+        silent = [node for node, ok in zip(followers, answers[1:], strict=True) if not ok]
+        return LeaderSight(leader, answers[0], silent[0] if silent else None)
 
     async def _answers(self, client: AIOKafkaClient, node: int) -> bool:
         try:
             return bool(await asyncio.wait_for(client.ready(node), self.timeout))
         except (KafkaError, OSError, TimeoutError):
             return False
+
+
+def _in_sync(response: Any, partition: KafkaTP) -> list[int]:
+    """The in-sync replicas of `partition` in a MetadataResponse (a topic is (error, name,
+    [is_internal,] partitions), a partition (error, index, leader, replicas, isr, ...))."""
+    for topic in response.topics:
+        if topic[1] == partition.topic:
+            for entry in topic[-1]:
+                if entry[1] == partition.partition:
+                    return list(entry[4])
+    return []

@@ -61,6 +61,16 @@ def test_a_leader_that_does_not_answer_is_a_crashed_broker_until_kafka_notices()
     assert "broker 1, which does not answer" in verdict.reason
 
 
+def test_an_in_sync_follower_that_does_not_answer_holds_writes_up() -> None:
+    """A crashed follower stays in the in-sync replicas until Kafka notices: acks=all
+    writes to a partition whose leader is alive wait for it meanwhile."""
+    view = led_by(1).seen(T0 + 1.0, 1, True, silent_follower=3)
+    verdict = judge(T0 + 1.0, view)
+    assert verdict.standing is Standing.HOLDING
+    assert "waits for broker 3" in verdict.reason
+    assert judge(T0 + 1.0, led_by(1).seen(T0 + 1.0, 1, True)).standing is Standing.CUT_OFF
+
+
 def test_a_new_leader_holds_until_a_beat_gets_through_to_it() -> None:
     """A controlled shutdown moved the leader: clients catch up after an election."""
     moved = led_by(1).seen(T0 + 0.4, 2, True).seen(T0 + 1.5, 2, True)
