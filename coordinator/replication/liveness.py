@@ -110,7 +110,7 @@ def standing(
     1. Beats got through lately (`cut_off` says not yet): serving.
     2. The cluster answered since our last beat got through, within the replica timeout,
        and the beat partition has no leader, a leader or an in-sync follower that does not
-       answer us, or a leader newer than that beat (clients catch up after an election):
+       answer us, or a leader elected lately (clients catch up after an election):
        holding, while the silence is shorter than `hold_limit_s`. An isolated replica gets
        no answer after its beats stop, so the answers it has say nothing of a failover;
        one isolated in the middle of a failover holds at most a replica timeout past its
@@ -125,7 +125,7 @@ def standing(
     reached = (
         answered is not None and answered > last_beat_at and now - answered < replica_timeout_s
     )
-    failover = _failover(view, last_beat_at)
+    failover = _failover(view, last_beat_at, replica_timeout_s)
     if reached and failover and silent < hold_limit_s:
         return Verdict(
             Standing.HOLDING,
@@ -139,8 +139,11 @@ def standing(
     return Verdict(Standing.CUT_OFF, silent, why)
 
 
-def _failover(view: BeatPartitionView, last_beat_at: float) -> str | None:
-    """How the beat partition is failing over, if it is, in words; else None."""
+def _failover(view: BeatPartitionView, last_beat_at: float, recent_s: float) -> str | None:
+    """How the beat partition is failing over, if it is, in words; else None. A leader
+    elected up to `recent_s` before the last beat that got through counts as new: a beat
+    read back (or acknowledged) just after an election may have been written before it,
+    while the clients still had the old leader."""
     if view.answered_at is None:
         return None
     if view.leader is None:
@@ -149,6 +152,6 @@ def _failover(view: BeatPartitionView, last_beat_at: float) -> str | None:
         return f"is led by broker {view.leader}, which does not answer"
     if view.silent_follower is not None:
         return f"waits for broker {view.silent_follower}, in sync with it, which does not answer"
-    if view.leader_since > last_beat_at:
+    if view.leader_since > last_beat_at - recent_s:
         return f"has a new leader, broker {view.leader}"
     return None

@@ -79,6 +79,13 @@ def test_a_new_leader_holds_until_a_beat_gets_through_to_it() -> None:
     assert judge(T0 + 1.5, led_by(1).seen(T0 + 1.5, 1, True)).standing is Standing.CUT_OFF
 
 
+def test_an_election_just_before_the_last_beat_read_back_still_explains_the_silence() -> None:
+    """A controlled shutdown: the leader moves, and a beat written to the old one is
+    read back just after; the clients catch up with the new leader later."""
+    moved = led_by(1).seen(T0 - 0.3, 2, True).seen(T0 + 1.0, 2, True)
+    assert judge(T0 + 1.0, moved).standing is Standing.HOLDING
+
+
 def test_holding_ends_with_the_hold_limit() -> None:
     view = led_by(1).seen(T0 + HOLD, None, False)
     verdict = judge(T0 + HOLD, view)
