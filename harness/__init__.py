@@ -9,9 +9,9 @@ part of keyshard: the wheel has only `keyshard`, and nothing in it imports this.
 - topics and records: `create_topic`, `produce`;
 - waiting: `wait_for`, on a condition with a deadline;
 - groups: `is_settled` (the one settle check), `owned_ranges`, `unsettled_reason`;
-- Kafka's own failovers: `BrokerStep`s run on a 3-node cluster (`run_steps`, a step's
-  node `leader` of a partition or fixed), `PlainReader` (Kafka's own availability),
-  `longest_stop`, `issue_schedule`;
+- Kafka's own failovers: the scenario's `KeyedGroup`, `BrokerStep`s run on a 3-node
+  cluster (`run_steps`, a step's node `leader` of a partition or fixed), `PlainReader`
+  (Kafka's own availability), `longest_stop`, `issue_schedule`;
 - reports: `order_stats` (per-key order from handler logs), `median`, `percentile`,
   `markdown_table`.
 """
@@ -19,6 +19,7 @@ part of keyshard: the wheel has only `keyshard`, and nothing in it imports this.
 from harness._groups import is_settled, owned_ranges, unsettled_reason
 from harness._kafka_failover import (
     BrokerStep,
+    KeyedGroup,
     PlainReader,
     issue_schedule,
     leader,
@@ -44,6 +45,7 @@ __all__ = [
     "TOPIC",
     "BrokerStep",
     "CoordinatorProcess",
+    "KeyedGroup",
     "OrderStats",
     "PlainReader",
     "ReplicaSet",

@@ -22,10 +22,16 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
+
+from harness._processes import CoordinatorProcess, ReplicaSet, Workers
+from harness._topics import create_topic
+from harness._waiting import wait_for
+from keyshard.local.demo import TOPIC
 
 if TYPE_CHECKING:  # imported where a node is wanted (harness.brokers)
     from harness.brokers.kafka_cluster import KafkaCluster
@@ -50,6 +56,35 @@ class StepDone:
     node: int
     at_ns: int  # CLOCK_MONOTONIC, as handler logs have it
     took_s: float  # until the action returned (a start: until the node serves)
+
+
+class KeyedGroup:
+    """The group of the scenario: coordinator replicas r0, r1, ... and consumer processes
+    given every replica's address, on a 2-partition `TOPIC` at the cluster's replication
+    factor. `stop` ends every process, whatever `start` got to."""
+
+    def __init__(self, bootstrap: str, work: Path, replicas: int) -> None:
+        self.bootstrap = bootstrap
+        self.replicas = ReplicaSet(bootstrap, work, extra=["--drain-timeout-ms", "2000"])
+        self.ids = [f"r{i}" for i in range(replicas)]
+        for replica_id in self.ids:
+            self.replicas.add(replica_id)
+        self.consumers = Workers(CoordinatorProcess(bootstrap, work), work)
+
+    async def start(self, consumers: int, *consumer_args: str, timeout: float = 90) -> None:
+        """Replicas up, the topic made, `consumers` members settled."""
+        await self.replicas.start(*self.ids)
+        await create_topic(self.bootstrap, TOPIC, partitions=2, replication_factor=-1)
+        self.consumers.addresses = self.replicas.addresses
+        for i in range(consumers):
+            self.consumers.spawn(f"c{i}", *consumer_args)
+        await wait_for(
+            lambda: self.replicas.settled(consumers), timeout, f"{consumers} settled members"
+        )
+
+    def stop(self) -> None:
+        self.consumers.stop_all()
+        self.replicas.stop_all()
 
 
 def issue_schedule(gap_s: float = 10.0, first_s: float = 15.0) -> list[BrokerStep]:

@@ -196,6 +196,19 @@ def check(outputs: list[tuple[int, int, dict[str, Any]]], count: int, keys: int)
     assert len(outputs) == count
 
 
+async def finish(
+    reader: OutputReader, apps: Apps, survivors: tuple[str, ...], count: int, keys: int
+) -> None:
+    """Every input in: every output there, the surviving apps alive and stopped, and the
+    output, read to its end, has every input exactly once in per-key order."""
+    await outputs_reach(reader, apps, count, 180)
+    for name in survivors:
+        assert apps.alive(name), apps.logs()
+        apps.stop(name)
+    await wait_for(reader.at_end, 60, "the output read to its end")
+    check(reader.outputs, count, keys)
+
+
 async def make_topics(bootstrap: str, replication_factor: int = 1) -> None:
     await create_topic(bootstrap, INPUT, 2, replication_factor=replication_factor)
     await create_topic(bootstrap, OUTPUT, OUTPUT_PARTITIONS, replication_factor=replication_factor)
@@ -229,12 +242,7 @@ async def test_exactly_once_output_through_churn_and_crashes(
         apps.kill("d")
         apps.spawn("f")
         await producing
-        await outputs_reach(reader, apps, count, 180)
-        for name in ("e", "f"):
-            assert apps.alive(name), apps.logs()
-            apps.stop(name)
-        await wait_for(reader.at_end, 60, "the output read to its end")
-        check(reader.outputs, count, keys)
+        await finish(reader, apps, ("e", "f"), count, keys)
     finally:
         await reader.stop()
 
@@ -322,12 +330,7 @@ async def test_exactly_once_through_a_replica_failover(broker: Any, tmp_path: Pa
         await outputs_reach(reader, apps, 2500)
         apps.spawn("d")
         await producing
-        await outputs_reach(reader, apps, count, 180)
-        for name in ("b", "c", "d"):
-            assert apps.alive(name), apps.logs()
-            apps.stop(name)
-        await wait_for(reader.at_end, 60, "the output read to its end")
-        check(reader.outputs, count, keys)
+        await finish(reader, apps, ("b", "c", "d"), count, keys)
     finally:
         apps.stop_all()
         await reader.stop()
@@ -366,12 +369,7 @@ async def test_exactly_once_through_churn_and_a_kafka_node_crash(
         await outputs_reach(reader, apps, 2400)
         await asyncio.to_thread(kafka3.start_node, node)
         await producing
-        await outputs_reach(reader, apps, count, 180)
-        for name in ("b", "c", "d"):
-            assert apps.alive(name), apps.logs()
-            apps.stop(name)
-        await wait_for(reader.at_end, 60, "the output read to its end")
-        check(reader.outputs, count, keys)
+        await finish(reader, apps, ("b", "c", "d"), count, keys)
     finally:
         apps.stop_all()
         await reader.stop()

@@ -21,11 +21,8 @@ from harness import (
     GROUP,
     TOPIC,
     BrokerStep,
-    CoordinatorProcess,
+    KeyedGroup,
     PlainReader,
-    ReplicaSet,
-    Workers,
-    create_topic,
     leader,
     longest_stop,
     produce,
@@ -51,19 +48,11 @@ async def test_a_rolling_restart_and_a_crash_of_kafka_nodes_go_unnoticed(
     kafka3: KafkaCluster, tmp_path: Path, replicas: int
 ) -> None:
     bootstrap = kafka3.bootstrap_servers
-    replica_set = ReplicaSet(bootstrap, tmp_path, extra=["--drain-timeout-ms", "2000"])
-    ids = [f"r{i}" for i in range(replicas)]
-    for replica_id in ids:
-        replica_set.add(replica_id)
-    consumers = Workers(CoordinatorProcess(bootstrap, tmp_path), tmp_path)
+    group = KeyedGroup(bootstrap, tmp_path, replicas)
+    consumers, replica_set = group.consumers, group.replicas
     reader = PlainReader(bootstrap, TOPIC, 2)
     try:
-        await replica_set.start(*ids)
-        await create_topic(bootstrap, TOPIC, partitions=2, replication_factor=-1)
-        consumers.addresses = replica_set.addresses
-        for i in range(CONSUMERS):
-            consumers.spawn(f"c{i}", *SESSION)
-        await wait_for(lambda: replica_set.settled(CONSUMERS), 90, "3 settled members")
+        await group.start(CONSUMERS, *SESSION)
         await reader.start()
         state_partition = partition_of(GROUP, DEFAULT_STATE_PARTITIONS)
         state_leader = leader(kafka3, replica_set.state_topic, state_partition)
@@ -100,5 +89,4 @@ async def test_a_rolling_restart_and_a_crash_of_kafka_nodes_go_unnoticed(
         assert group_stop <= kafka_stop + ALLOWANCE_S, (group_stop, kafka_stop)
     finally:
         await reader.stop()
-        consumers.stop_all()
-        replica_set.stop_all()
+        group.stop()
