@@ -74,6 +74,10 @@ class BeatPartitionView:
     # acks=all write waits for it until Kafka drops it from them (a crash, noticed after
     # broker.session.timeout.ms); None: every one answered.
     silent_follower: int | None = None
+    # When an answer last showed the partition unwritable (no leader, or a leader or an
+    # in-sync follower that does not answer): writes waiting meanwhile complete a moment
+    # after Kafka fixed it, so it still explains the silence for a while.
+    unwritable_at: float | None = None
 
     def seen(
         self,
@@ -86,7 +90,11 @@ class BeatPartitionView:
         there all along: nothing was elected that we know of)."""
         first = self.answered_at is None
         since = self.leader_since if first or leader == self.leader else now
-        return BeatPartitionView(now, leader, since, leader_answers, silent_follower)
+        unwritable = leader is None or not leader_answers or silent_follower is not None
+        return BeatPartitionView(
+            now, leader, since, leader_answers, silent_follower,
+            now if unwritable else self.unwritable_at,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,4 +162,6 @@ def _failover(view: BeatPartitionView, last_beat_at: float, recent_s: float) -> 
         return f"waits for broker {view.silent_follower}, in sync with it, which does not answer"
     if view.leader_since > last_beat_at - recent_s:
         return f"has a new leader, broker {view.leader}"
+    if view.unwritable_at is not None and view.unwritable_at > view.answered_at - recent_s:
+        return "could not be written moments ago"
     return None

@@ -71,6 +71,15 @@ def test_an_in_sync_follower_that_does_not_answer_holds_writes_up() -> None:
     assert judge(T0 + 1.0, led_by(1).seen(T0 + 1.0, 1, True)).standing is Standing.CUT_OFF
 
 
+def test_writes_that_waited_for_a_failover_complete_a_moment_after_it() -> None:
+    """Kafka dropped the crashed follower from the in-sync replicas: the writes that
+    waited for it complete a moment later, and until then the silence is still its."""
+    fixed = led_by(1).seen(T0 + 9.0, 1, True, silent_follower=3).seen(T0 + 9.5, 1, True)
+    assert judge(T0 + 9.5, fixed).standing is Standing.HOLDING
+    later = fixed.seen(T0 + 11.5, 1, True)
+    assert judge(T0 + 11.5, later).standing is Standing.CUT_OFF
+
+
 def test_a_new_leader_holds_until_a_beat_gets_through_to_it() -> None:
     """A controlled shutdown moved the leader: clients catch up after an election."""
     moved = led_by(1).seen(T0 + 0.4, 2, True).seen(T0 + 1.5, 2, True)
