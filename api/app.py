@@ -242,9 +242,9 @@ def create_app(
     )
     async def put_config(group: str, update: GroupConfigUpdate) -> GroupConfigView:
         """Change a group's knobs at run time: assignor, drain timeout, lost-member margin,
-        ping interval, rebalance threshold / hold / check interval, and where the group
-        starts while it has no positions (auto_offset_reset). A new assignor takes
-        effect at once (the target is recomputed)."""
+        ping interval, stall timeout, rebalance threshold / hold / check interval, and
+        where the group starts while it has no positions (auto_offset_reset). A new
+        assignor takes effect at once (the target is recomputed)."""
         state_of(group)
         config = operations.update_config(runtime, group, **update.model_dump())
         return config_view(config)

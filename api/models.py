@@ -130,6 +130,9 @@ class GroupConfigView(BaseModel):
     drain_timeout_ms: int
     lost_member_margin_ms: int
     ping_interval_ms: int | None
+    # No progress this long while records wait in its slots, a member is fenced (None:
+    # its session timeout).
+    stall_timeout_ms: int | None
     rebalance_threshold: float
     rebalance_hold_ms: int
     backlog_hold_ms: int
@@ -370,6 +373,7 @@ class GroupConfigUpdate(BaseModel):
     drain_timeout_ms: int | None = Field(default=None, ge=100, le=3_600_000)
     lost_member_margin_ms: int | None = Field(default=None, ge=0, le=600_000)
     ping_interval_ms: int | None = Field(default=None, ge=100, le=600_000)
+    stall_timeout_ms: int | None = Field(default=None, ge=1000, le=3_600_000)
     rebalance_threshold: float | None = Field(default=None, gt=1.0, le=100.0)
     rebalance_hold_ms: int | None = Field(default=None, ge=0, le=3_600_000)
     backlog_hold_ms: int | None = Field(default=None, ge=0, le=3_600_000)

@@ -122,6 +122,16 @@ class BucketDemand:
         """Nothing waits anywhere: every partition is read and done to its end."""
         self._scaled = {}
 
+    def waiting_in(self, buckets: Iterable[int], at: float) -> float:
+        """Records waiting in `buckets` as of `at`: what `backlog` says of them, at the cost
+        of those buckets only."""
+        if self._origin is None or not self._scaled:
+            return 0.0
+        levels = self._scaled
+        return math.exp(-self._lambda * (at - self._origin)) * sum(
+            levels.get(bucket, 0.0) for bucket in buckets
+        )
+
     def backlog(self, at: float) -> list[float] | None:
         """Records waiting per bucket as of `at`; None when nothing is."""
         if self._origin is None or not self._scaled:

@@ -7,7 +7,7 @@ channel, arm or cancel a keyed timer). Tests drive these with a hand-moved clock
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from keyshard.coordinator.group.demand import demand_profile, discounted
 from keyshard.coordinator.group.effects import (
@@ -50,6 +50,7 @@ from keyshard.coordinator.group.reports import (
     counted_completions,
 )
 from keyshard.coordinator.group.speed import speed_factors
+from keyshard.coordinator.group.stalls import judge_progress
 from keyshard.coordinator.group.state import GroupState, HandoffKind
 from keyshard.coordinator.strategies.base import (
     Assignment,
@@ -171,6 +172,7 @@ def ping_answered(
     fetched: Iterable[FetchedCounts] = (),
     busy: tuple[int, int] | None = None,
     known: KnownEnds | None = None,
+    silences: Mapping[TopicPartition, float] | None = None,
 ) -> Result:
     """A Ping reply: proof of life, progress, load, demand and the partition ends it sees.
 
@@ -184,6 +186,8 @@ def ping_answered(
        ranges this member has since given up.
     5. Positions are applied only for slots the member owns right now; its completions
        count as far as its positions moved.
+    6. No progress for the stall bound while records wait in its slots: the member has
+       failed, whatever its channel says (coordinator.group.stalls): fenced.
     """
     member = state.members.get(member_id)
     if member is None:
@@ -199,9 +203,16 @@ def ping_answered(
     if progress.confirm or checked.confirm:
         return Result(confirm={**progress.confirm, **checked.confirm})
     load, busy = counted_completions(tuple(load), busy, member.credit + checked.growth)
+    stall = member.stalled_since
+    if not stale:
+        stall, verdict = judge_progress(
+            state, member, advanced=checked.growth > 0, silences=silences or {}, now=now
+        )
+        if verdict is not None:
+            return fence(state, member_id, verdict, now)
     heard = MemberHeard(
         member_id, now, load, progress.high_watermarks, progress.fetched, ping=True,
-        busy=busy, advanced=checked.growth,
+        busy=busy, advanced=checked.growth, stalled_since=stall,
     )  # fmt: skip
     result = Result(
         records=[heard],
@@ -230,11 +241,16 @@ def heard(state: GroupState, *, member_id: str, now: float) -> Result:
 
 
 def fenced_for(state: GroupState, member_id: str, refusal: Refusal, now: float) -> Result:
-    """A member whose report was refused: removed, its ranges moving from the last good
-    positions once it must have stopped (it may run on while its lease lasts)."""
+    """A member whose report was refused: see `fence`."""
+    return fence(state, member_id, refusal.message, now)
+
+
+def fence(state: GroupState, member_id: str, why: str, now: float) -> Result:
+    """A member judged failed: removed, its ranges moving from the last good positions
+    once it must have stopped (it may run on while its lease lasts)."""
     member = state.members[member_id]
     stopped_by = now + member.session_timeout_ms / 1000
-    close = (ErrorCode.FENCED_MEMBER, refusal.message)
+    close = (ErrorCode.FENCED_MEMBER, why)
     return _remove(state, member_id, HandoffKind.FENCED, stopped_by, now, close)
 
 
@@ -560,13 +576,7 @@ def backlog_now(state: GroupState, now: float) -> list[float] | None:
     if backlog is None:
         return None
     owned = {mid: m.owned for mid, m in state.members.items() if m.owned}
-    # A member that stopped answering is not assumed to go on completing records for
-    # longer than half its session (after a whole one it is removed anyway).
-    done = {
-        mid: m.processed_per_s * min(now - m.pinged_at, m.session_timeout_ms / 2000)
-        for mid, m in state.members.items()
-        if m.pinged_at is not None and now > m.pinged_at
-    }
+    done = {mid: m.completed_since_ping(now) for mid, m in state.members.items()}
     return discounted(backlog, owned, done)
 
 

@@ -45,6 +45,9 @@ class MemberHeard:
     # Offsets the same reply's positions moved: the member's credit for completions, of
     # which `load` (and `busy`) spend what they count (coordinator.group.reports).
     advanced: int = 0
+    # A Ping reply's: since when the member has made no progress while records wait in
+    # its slots (None: it progresses, or nothing waits; coordinator.group.stalls).
+    stalled_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

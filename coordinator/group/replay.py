@@ -35,6 +35,7 @@ from keyshard.coordinator.group.records import (
     TargetComputed,
     TransitionsChanged,
 )
+from keyshard.coordinator.group.stalls import latest_readers
 from keyshard.coordinator.group.state import (
     GroupState,
     Handoff,
@@ -79,11 +80,14 @@ def replay(state: GroupState, record: Record) -> None:
                 member.credit = max(0, member.credit + record.advanced - _completions(record))
                 for tp, start, end, buckets in record.fetched:  # before the completions
                     state.demand.fetched(tp, start, end, buckets, record.at)
+                if record.fetched:
+                    state.readers = latest_readers(state.readers, record.member_id, record.at)
                 if record.ping:
                     if member.pinged_at is not None and record.at > member.pinged_at:
                         completed = sum(c for _, c in record.load)
                         member.processed_per_s = completed / (record.at - member.pinged_at)
                     member.pinged_at = record.at
+                    member.stalled_since = record.stalled_since
                 if record.busy is not None:
                     busy_records, busy_ms = record.busy
                     member.speed.add(busy_records, busy_ms / 1000)

@@ -60,6 +60,10 @@ class GroupConfig:
     # clock skew and the member's own detection delay.
     lost_member_margin_ms: int = 500
     ping_interval_ms: int | None = None  # None: a third of each member's session timeout
+    # A member with records waiting in its slots whose positions stand still this long
+    # has failed: fenced, its ranges moved (coordinator.group.stalls). None: its session
+    # timeout.
+    stall_timeout_ms: int | None = None
     auto_offset_reset: OffsetReset = OffsetReset.EARLIEST
 
 
@@ -113,6 +117,9 @@ class Member:
     # Offsets its positions moved that no completion has counted yet: what it may still
     # say it completed (coordinator.group.reports.counted_completions).
     credit: int = 0
+    # Since when it has made no progress while records wait in its slots, as of its last
+    # Ping reply (None: it progresses, or nothing waits; coordinator.group.stalls).
+    stalled_since: float | None = None
 
     @property
     def phase(self) -> MemberPhase:
@@ -125,6 +132,14 @@ class Member:
     @property
     def drain_deadline(self) -> float | None:
         return min((deadline for _, deadline in self.drains), default=None)
+
+    def completed_since_ping(self, now: float) -> float:
+        """Records it has likely completed since its last Ping reply, at its last measured
+        rate: a member that stopped answering is not assumed to go on completing them for
+        longer than half its session (after a whole one it is removed anyway)."""
+        if self.pinged_at is None or now <= self.pinged_at:
+            return 0.0
+        return self.processed_per_s * min(now - self.pinged_at, self.session_timeout_ms / 2000)
 
     def must_have_stopped_by(self) -> float:
         """Without contact a member stops itself one session timeout after the last thing
@@ -220,6 +235,9 @@ class GroupState:
     # threshold: while the measure is no worse than this (+5%), asking again would only
     # recompute what the strategy already placed (a load it cannot pack any better).
     last_rebalance_imbalance: float | None = None
+    # The two members that last reported fetched records, newest first, with when: whether
+    # members other than one judged read what waits in its slots (coordinator.group.stalls).
+    readers: tuple[tuple[str, float], ...] = ()
     # Partition ends as the members' fetches last saw them: what lag is measured against.
     high_watermarks: dict[TopicPartition, int] = field(default_factory=dict)
     # Partitions whose reported end is a last stable offset (read_committed members).

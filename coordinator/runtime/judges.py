@@ -39,6 +39,7 @@ def ping_judge(
         for f in reply.fetched
     ]
     busy = None if reply.busy_ms is None else (reply.busy_records, reply.busy_ms)
+    silences = {(f.topic, f.partition): f.ms / 1000 for f in reply.fetch_silences}
 
     def judge(known: KnownEnds) -> Result | None:
         state = groups.get(group)
@@ -47,6 +48,7 @@ def ping_judge(
         return handlers.ping_answered(
             state, member_id=member_id, epoch=reply.member_epoch, positions=positions,
             load=load, now=now, high_watermarks=marks, fetched=fetched, busy=busy, known=known,
+            silences=silences,
         )  # fmt: skip
 
     return judge

@@ -168,6 +168,7 @@ def _serve(
             assignor=args.assignor,
             drain_timeout_ms=int(args.drain_timeout_ms),
             lost_member_margin_ms=int(args.lost_member_margin_ms),
+            stall_timeout_ms=args.stall_timeout_ms,
             rebalance_threshold=float(args.rebalance_threshold),
             rebalance_hold_ms=int(args.rebalance_hold_ms),
             backlog_hold_ms=int(args.backlog_hold_ms),

@@ -233,6 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(
         coord,
+        "--stall-timeout-ms",
+        type=positive_ms,
+        default=None,
+        help="a member with records waiting in its slots whose positions stand still this "
+        "long is fenced and its ranges move (default: its session timeout)",
+    )
+    _add(
+        coord,
         "--assignor",
         type=assignor,
         default=GROUP_DEFAULTS.assignor,

@@ -43,6 +43,7 @@ FULL: dict[str, Any] = {
         "groupAutoOffsetResets": {"orders": "earliest", "clicks": "latest"},
         "drainTimeoutMs": 12_345,
         "lostMemberMarginMs": 750,
+        "stallTimeoutMs": 15_000,
         "rebalanceThreshold": 1.5,
         "rebalanceHoldMs": 45_000,
         "backlogHoldMs": 1_500,

@@ -302,6 +302,15 @@ class FetchedWindow(_WireModel):
         return self
 
 
+class FetchSilence(_WireModel):
+    """How long ago the member's fetches of one partition last succeeded (an answer from
+    Kafka, records or not), in milliseconds: how a member cut off from Kafka says so."""
+
+    topic: str = Field(min_length=1, max_length=249)
+    partition: _Partition
+    ms: _Count
+
+
 class PingResponse(_WireMessage):
     type: Literal["ping_response"] = "ping_response"
     member_epoch: _Epoch
@@ -315,6 +324,8 @@ class PingResponse(_WireMessage):
     # max_concurrency): its measured speed (docs/protocol.md §8.7). None: not reported.
     busy_records: _Count = 0
     busy_ms: _Count | None = None
+    # Per partition the member fetches: since when no fetch of it succeeded (§7.6).
+    fetch_silences: list[FetchSilence] = Field(default_factory=list)
 
 
 class StopFetcherRequest(_WireMessage):
