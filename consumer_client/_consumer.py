@@ -9,7 +9,8 @@ handler, per key). What the connector's requests do to the fetcher and the lanes
 `_datapath.hooks`, kept off the user's class. The data path is built whole once Kafka is
 reached (`_datapath.assembly`); the membership, which outlives it, when the consumer is
 made. The lost-connection procedure is docs/protocol.md's (§6.1, state LOST): stop every
-fetcher, drop every queue, find the coordinator again, register again.
+fetcher, drop every queue, find the coordinator again, register again. Beside them a
+watch (`_datapath.stand_aside`) hands the ranges back while Kafka cannot be read (§7.6).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from keyshard.consumer_client._datapath.dead_letters import DeadLetters
 from keyshard.consumer_client._datapath.hooks import ConsumerHooks
 from keyshard.consumer_client._datapath.lanes import DEFAULT_RETRY, RetryPolicy
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
+from keyshard.consumer_client._datapath.stand_aside import StandAside
 from keyshard.consumer_client._datapath.stats import ConsumerStats
 from keyshard.consumer_client._errors import ConsumerError
 from keyshard.consumer_client._exactly_once.transactions import (
@@ -114,6 +116,11 @@ class CoordinatedConsumer:
             member's ranges to others only after it (plus a margin), so no key ever has
             two owners. Shorter: a crashed member's keys move sooner; longer: pauses
             (GC, a slow network) are survived. 1000..300000. Default: 10000.
+        fetch_failure_timeout_ms (int): when no partition this member fetches has been
+            read from Kafka for this long (Kafka unreachable from this process alone), it
+            hands its ranges back with exact positions and registers again once Kafka
+            answers; /readyz says 503 meanwhile. At least 1000. Default: the session
+            timeout.
         capacity (int): this member's weight in the assignment (a member of capacity 2
             gets about twice the slots of one of capacity 1). 1..100000. Default: 1.
         auth_token (str): the token the coordinator requires (``--auth-token``), sent at
@@ -176,6 +183,7 @@ class CoordinatedConsumer:
         name: str = "consumer",
         max_concurrency: int = 64,
         session_timeout_ms: int = 10_000,
+        fetch_failure_timeout_ms: int | None = None,
         capacity: int = 1,
         auth_token: str | None = None,
         coordinator_tls: ClientTls | None = None,
@@ -197,6 +205,8 @@ class CoordinatedConsumer:
             raise ValueError("max_concurrency must be >= 1")
         if not 1000 <= session_timeout_ms <= 300_000:
             raise ValueError(f"session_timeout_ms={session_timeout_ms} is outside 1000..300000")
+        if fetch_failure_timeout_ms is not None and fetch_failure_timeout_ms < 1000:
+            raise ValueError(f"fetch_failure_timeout_ms={fetch_failure_timeout_ms} is below 1000")
         if not 1 <= capacity <= 100_000:
             raise ValueError(f"capacity={capacity} is outside 1..100000")
         if not 1 <= len(name) <= MAX_CONSUMER_NAME:
@@ -237,6 +247,7 @@ class CoordinatedConsumer:
         self.name = name
         self.max_concurrency = max_concurrency
         self.session_timeout_ms = session_timeout_ms
+        self.fetch_failure_timeout_ms = fetch_failure_timeout_ms or session_timeout_ms
         self.capacity = capacity
         self.auth_token = auth_token
         self.dead_letter_topic = dead_letter_topic
@@ -392,6 +403,7 @@ class CoordinatedConsumer:
             busy_lanes=len(lanes.busy_keys) if lanes is not None else 0,
             owned_slots=self.progress.owned.size,
             lag=running.path.fetcher.fetch_lag() if running is not None else {},
+            unreadable_for=running.aside.unreadable_for() if running is not None else None,
             reads=self.stats.as_dict(),
         )
 
@@ -479,13 +491,17 @@ class CoordinatedConsumer:
             if writer is None
             else TransactionalHooks(writer, self.progress, path.fetcher, path.dispatcher)
         )
-        running = self._running = _Running(path, writer)
+        aside = StandAside(
+            path.fetcher, hooks, self._membership, timeout_s=self.fetch_failure_timeout_ms / 1000
+        )
+        running = self._running = _Running(path, writer, aside)
         connector = asyncio.create_task(self._membership.run(hooks), name=f"{self.name}-connector")
+        watch = asyncio.create_task(aside.run(), name=f"{self.name}-stand-aside")
         path.fetcher.start()
         assert path.fetcher.failed is not None
         fetch_failed = path.fetcher.failed
         stopped: asyncio.Future[Any] = asyncio.create_task(self._stopped.wait())
-        waits = {connector, fetch_failed, stopped}
+        waits = {connector, fetch_failed, stopped, watch}
         if writer is not None:
             waits.add(writer.failed)
         try:
@@ -495,7 +511,7 @@ class CoordinatedConsumer:
                     raise finished.exception()  # type: ignore[misc]
         finally:
             fetch_failed.cancel()
-            tasks = [connector, stopped, *path.fetcher.tasks()]
+            tasks = [connector, watch, stopped, *path.fetcher.tasks()]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -593,6 +609,7 @@ class _Running:
 
     path: DataPath
     writer: TransactionalWriter | None
+    aside: StandAside
 
 
 async def _stop_quietly(kafka: AIOKafkaConsumer) -> None:

@@ -148,6 +148,10 @@ class ConsumerSettings:
     # How long a task's coordinator or Kafka may stay unreachable before it fails (None:
     # retry, warning at once and then every 30 s, as `CoordinatedConsumer` does).
     connect_timeout_ms: int | None = None
+    # A task that has read nothing from Kafka for this long hands its ranges back and
+    # registers again once Kafka answers (None: its session timeout; docs/protocol.md
+    # §7.6), as `CoordinatedConsumer` does.
+    fetch_failure_timeout_ms: int | None = None
     # The coordinator's --auth-token; repr=False: kept out of anything that prints these.
     auth_token: str | None = field(default=None, repr=False)
 
@@ -216,6 +220,7 @@ async def consume_until(
         name=f"{settings.name}-{task}",
         max_concurrency=settings.max_concurrency,
         session_timeout_ms=settings.session_timeout_ms,
+        fetch_failure_timeout_ms=settings.fetch_failure_timeout_ms,
         capacity=settings.capacity,
         coordinator_tls=settings.coordinator_tls,
         connect_timeout_ms=settings.connect_timeout_ms,
@@ -322,6 +327,7 @@ def run_executor_consumers(
     connect_timeout_ms: int | None = None,
     auth_token: str | None = None,
     topic_pattern: str | None = None,
+    fetch_failure_timeout_ms: int | None = None,
 ) -> list[TaskReport]:
     """Run `consumers` tasks (default: one per task slot), each a member of `group` calling
     `handler(record)` (an aiokafka ConsumerRecord; sync or async) per record, keys in order.
@@ -334,7 +340,10 @@ def run_executor_consumers(
     before the task fails (None: retry, warning at once and then every 30 s);
     `connect_timeout_s` (seconds) is its deprecated name. `auth_token`: the coordinator's
     `--auth-token`, if it has one. `topic_pattern` instead of `topics`: every topic whose
-    name matches it, as `CoordinatedConsumer`'s.
+    name matches it, as `CoordinatedConsumer`'s. `fetch_failure_timeout_ms`: a task that
+    has read nothing from Kafka for this long (Kafka unreachable from its executor alone)
+    hands its ranges back to the other tasks and registers again once Kafka answers
+    (None: its session timeout; docs/protocol.md §7.6).
     """
     if topic_pattern is not None:
         if topics:
@@ -376,6 +385,7 @@ def run_executor_consumers(
         connect_timeout_ms=connect_timeout_ms,
         auth_token=auth_token,
         topic_pattern=topic_pattern,
+        fetch_failure_timeout_ms=fetch_failure_timeout_ms,
     )
     sc = spark.sparkContext
     sc.setJobGroup(f"keyshard-{group}", f"keyshard consumers of {group}", interruptOnCancel=True)
@@ -429,6 +439,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-file", default=None, help="a task leaves once this file exists")
     p.add_argument("--max-concurrency", type=int, default=16, help="keys in flight per task")
     p.add_argument("--session-timeout-ms", type=int, default=10_000)
+    p.add_argument(
+        "--fetch-failure-timeout-ms",
+        type=int,
+        default=None,
+        help="a task that reads nothing from Kafka this long hands its keys to the others "
+        "until Kafka answers again (default: the session timeout)",
+    )
     p.add_argument(
         "--connect-timeout-ms",
         type=int,
@@ -520,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
             until=until,
             max_concurrency=args.max_concurrency,
             session_timeout_ms=args.session_timeout_ms,
+            fetch_failure_timeout_ms=args.fetch_failure_timeout_ms,
             kafka_config=load_properties(args.kafka_config) if args.kafka_config else None,
             coordinator_tls=tls,
             connect_timeout_ms=args.connect_timeout_ms,

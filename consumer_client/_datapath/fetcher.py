@@ -31,6 +31,7 @@ from keyshard.consumer_client._datapath.dispatch import Dispatcher
 from keyshard.consumer_client._datapath.lanes import Suspended
 from keyshard.consumer_client._datapath.merge import MergeGate, TopicTransition
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
+from keyshard.consumer_client._datapath.reach import FetchReach
 from keyshard.consumer_client._datapath.stats import ConsumerStats
 from keyshard.consumer_client._datapath.window import ReplayWindow
 from keyshard.core.model.positions import PositionUpdate, TopicPartition
@@ -107,6 +108,10 @@ class Fetcher:
         # Topics in transition: records admitted in timestamp order (`_datapath.merge`).
         self.merge = MergeGate()
         self._merge_paused: set[KafkaTP] = set()  # paused while the gate is full
+        # Since when each partition asked of Kafka has gone unfetched (`observe_reach`).
+        self.reach = FetchReach()
+        self._held_back = False  # waited for room since the last `observe_reach`
+        self._waiting_room = False
 
     # ---- the fetcher task -----------------------------------------------------------
 
@@ -168,7 +173,11 @@ class Fetcher:
             if self.progress.pending_count() + self.merge.held >= self.max_pending:
                 if not self._fetch_only_waited():
                     self.room.clear()
-                    await self.room.wait()
+                    self._held_back = self._waiting_room = True
+                    try:
+                        await self.room.wait()
+                    finally:
+                        self._waiting_room = False
                     turn = clock()
                     continue
             elif self._merge_paused:
@@ -411,6 +420,19 @@ class Fetcher:
                 self.windows[tp] = ReplayWindow(offset, self.replay_window)
             else:
                 window.reset(offset)
+
+    def observe_reach(self, now: float) -> None:
+        """Feed `reach` the poll timestamps of the partitions asked of Kafka now: the
+        granted ones not paused, none while fetching was held back since the last look."""
+        polled: dict[TopicPartition, int | None] = {}
+        if not (self._held_back or self._waiting_room or self.backlog):
+            assigned, paused = self.kafka.assignment(), self.kafka.paused()
+            for tp, progress in self.progress.partitions.items():
+                ktp = KafkaTP(*tp)
+                if progress.grants and ktp in assigned and ktp not in paused:
+                    polled[tp] = self.kafka.last_poll_timestamp(ktp)
+        self._held_back = False
+        self.reach.observe(polled, now)
 
     def fetch_lag(self) -> dict[TopicPartition, int]:
         """Per assigned partition: records between what was fetched and its end."""

@@ -12,6 +12,7 @@ steps around those points) must stay the same for both, so it lives here once.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable
 
 from keyshard.consumer_client._datapath.dispatch import Dispatcher
@@ -56,6 +57,7 @@ class ConsumerHooks:
             self._fetcher.high_watermarks(),
             self._progress.take_demand(),
             *self._dispatcher.take_busy(),
+            fetch_silences=self._fetcher.reach.silences(time.monotonic()),
         )
 
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 from keyshard.consumer_client._errors import ConsumerError
@@ -59,6 +59,7 @@ from keyshard.core.model.positions import PositionUpdate
 from keyshard.core.protocol.channel import Channel, ChannelClosed, RemoteError
 from keyshard.core.protocol.messages import (
     ErrorCode,
+    LeaveRequest,
     Message,
     MetadataRequest,
     MetadataResponse,
@@ -131,6 +132,9 @@ class Membership:
         # Built now: a missing or bad file is a TlsConfigError when the consumer is made.
         self._ssl = tls.context() if tls is not None else None
         self.registered = asyncio.Event()
+        # Cleared while the member stands aside (it cannot read Kafka): no registration.
+        self.readable = asyncio.Event()
+        self.readable.set()
         self.tasks: set[asyncio.Task[None]] = set()  # StopFetcher drains in progress
         self.unreachable = Unreachable(
             log, "the coordinator", connect_timeout_ms=connect_timeout_ms
@@ -162,6 +166,10 @@ class Membership:
     async def _run(self, hooks: MemberHooks) -> None:
         member = self.member
         while not member.closing:
+            if member.aside:
+                await self.readable.wait()
+                member.rejoin()
+                continue
             if (loss := member.lease_ran_out(time.monotonic())) is not None:
                 await self._lose(hooks, loss)
             deadline = member.begin_discovery(time.monotonic())
@@ -178,6 +186,8 @@ class Membership:
             if member.closing:
                 return
             self.registered.clear()
+            if member.aside:
+                continue
             match member.disconnected(reason, error, time.monotonic()):
                 case Lose() as loss:
                     await self._lose(hooks, loss)
@@ -199,11 +209,27 @@ class Membership:
     async def leave(self, positions: PositionUpdate) -> None:
         """Graceful exit: report exact positions so the next owners start where we stopped."""
         channel = self.channel
-        leave = self.member.leave_request(positions)
+        await self._send_leave(channel, self.member.leave_request(positions), "consumer closed")
+
+    async def step_aside(
+        self, positions: PositionUpdate, forget: Callable[[], Awaitable[None]]
+    ) -> None:
+        """This member cannot read Kafka (docs/protocol.md §7.6): hand `positions` to the
+        members that can in a Leave, and register no more until `readable` is set.
+        `forget` drops everything it holds: done before the Leave lets the next owners
+        start, and after the coordinator's requests are no longer applied."""
+        self.readable.clear()
+        channel = self.channel
+        leave = self.member.step_aside(positions)
+        await forget()
+        await self._send_leave(channel, leave, "the consumer cannot read Kafka")
+
+    @staticmethod
+    async def _send_leave(channel: Channel | None, leave: LeaveRequest | None, why: str) -> None:
         if channel is not None and not channel.is_closed and leave is not None:
             with contextlib.suppress(ChannelClosed, RemoteError, TimeoutError):
                 await channel.request(leave, timeout=LEAVE_TIMEOUT_S)
-            await channel.aclose("consumer closed")
+            await channel.aclose(why)
 
     async def aclose(self) -> None:
         for task in list(self.tasks):

@@ -44,6 +44,8 @@ class PingReport:
     # concurrency, ms): the member's speed (docs/protocol.md §8.7).
     busy_records: int = 0
     busy_ms: int | None = None
+    # Per partition asked of Kafka: seconds since a fetch of it last succeeded (§7.6).
+    fetch_silences: dict[TopicPartition, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

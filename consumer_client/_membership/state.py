@@ -27,9 +27,11 @@ from keyshard.consumer_client._membership.member_hooks import PingReport, Topics
 from keyshard.core.model.positions import PositionUpdate
 from keyshard.core.model.ranges import RangeSet
 from keyshard.core.protocol.messages import (
+    MAX_INT32,
     ErrorCode,
     ErrorResponse,
     FetchedWindow,
+    FetchSilence,
     LeaveRequest,
     MemberClaim,
     Message,
@@ -88,6 +90,7 @@ class MemberState(enum.Enum):
     MEMBER = "member"  # registered; a coordinator spoke within SUSPECT_SHARE of the session
     SUSPECT = "suspect"  # registered but silent past SUSPECT_SHARE: asking the addresses
     LOST = "lost"  # fenced, lease over or claim refused: everything stops, then DISCOVER
+    ASIDE = "aside"  # left the group, cannot read Kafka: registers again once it can
     LEFT = "left"  # closing: registers no more
     FAILED = "failed"  # refused for good (a setting is wrong)
 
@@ -492,6 +495,28 @@ class MemberStateMachine(Generic[C]):
         for tp, segments in final.items():
             self._released.setdefault(tp, []).extend(segments)
 
+    # ---- standing aside while Kafka cannot be read (§7.6) ---------------------------
+
+    @property
+    def aside(self) -> bool:
+        return self._state is MemberState.ASIDE
+
+    def step_aside(self, positions: PositionUpdate) -> LeaveRequest | None:
+        """This member cannot read Kafka: the Leave that hands `positions` to the members
+        that can (None: it is not a member). It forgets its member id and registers again,
+        as a new member, once `rejoin` says it can read."""
+        leave = self._leave(positions)
+        self._state = MemberState.ASIDE
+        self.member_id = None
+        self.channel = None
+        self._released = {}
+        return leave
+
+    def rejoin(self) -> None:
+        """Kafka can be read again: look for the coordinator and register anew."""
+        if self._state is MemberState.ASIDE:
+            self._state = MemberState.DISCOVER
+
     # ---- leaving (§6.1, §8.2) ------------------------------------------------------
 
     def begin_closing(self) -> None:
@@ -501,6 +526,9 @@ class MemberStateMachine(Generic[C]):
     def leave_request(self, positions: PositionUpdate) -> LeaveRequest | None:
         """The Leave that hands `positions` to the next owners (None: not a member)."""
         self.begin_closing()
+        return self._leave(positions)
+
+    def _leave(self, positions: PositionUpdate) -> LeaveRequest | None:
         if self.member_id is None:
             return None
         return LeaveRequest(
@@ -532,6 +560,10 @@ def ping_response(request: PingRequest, report: PingReport) -> PingResponse:
         ],
         busy_records=report.busy_records,
         busy_ms=report.busy_ms,
+        fetch_silences=[
+            FetchSilence(topic=tp[0], partition=tp[1], ms=min(MAX_INT32, int(s * 1000)))
+            for tp, s in report.fetch_silences.items()
+        ],
     )
 
 

@@ -11,7 +11,8 @@ reason. The loop proves it is alive by taking a `ConsumerSnapshot` every
 - `/readyz`: 200 while registered and a coordinator spoke within the session timeout (a
   consumer rides through a coordinator failover while its lease lasts, so a failover
   alone does not make it unready); 503 with the reason otherwise, and from the first
-  SIGTERM on (it is leaving).
+  SIGTERM on (it is leaving), and while it cannot read Kafka (past its fetch failure
+  timeout it hands its ranges back until Kafka answers again, docs/protocol.md §7.6).
 - `/metrics`: `_operations.metrics`, Prometheus text format.
 """
 
@@ -115,6 +116,8 @@ class ConsumerEndpoints:
             return 503, reason
         if snap.closing:
             return 503, "closing"
+        if snap.unreadable_for is not None:
+            return 503, f"cannot read Kafka for {snap.unreadable_for:.1f} s"
         if not snap.registered or snap.heard_ago is None:
             return 503, "not registered with a coordinator"
         heard_ago = snap.heard_ago + (time.monotonic() - snap.taken)

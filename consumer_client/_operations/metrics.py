@@ -47,6 +47,9 @@ class ConsumerSnapshot:
     busy_lanes: int
     owned_slots: int
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
+    # Seconds this member has not been able to read Kafka, past its fetch failure
+    # timeout (None: it reads).
+    unreadable_for: float | None = None
     reads: dict[str, int] = field(default_factory=dict)  # ConsumerStats.as_dict()
 
 

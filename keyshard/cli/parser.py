@@ -483,6 +483,14 @@ def add_worker_command(command: Any) -> None:
     )
     _add(
         w,
+        "--fetch-failure-timeout-ms",
+        type=positive_ms,
+        default=None,
+        help="reading nothing from Kafka this long, the worker hands its ranges back until "
+        "Kafka answers again (default: the session timeout)",
+    )
+    _add(
+        w,
         "--drain-timeout-ms",
         type=positive_ms,
         default=30_000,

@@ -213,6 +213,7 @@ def build_consumer(args: argparse.Namespace, environ: Mapping[str, str]) -> Coor
         name=args.name or socket.gethostname(),
         max_concurrency=int(args.max_concurrency),
         session_timeout_ms=int(args.session_timeout_ms),
+        fetch_failure_timeout_ms=args.fetch_failure_timeout_ms,
         capacity=int(args.capacity),
         auth_token=args.auth_token,
         coordinator_tls=_tls(args),

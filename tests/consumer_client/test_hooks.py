@@ -13,6 +13,7 @@ from keyshard.consumer_client._datapath.dispatch import Dispatcher
 from keyshard.consumer_client._datapath.fetcher import Fetcher
 from keyshard.consumer_client._datapath.hooks import ConsumerHooks
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
+from keyshard.consumer_client._datapath.reach import FetchReach
 from keyshard.core.model.positions import PositionUpdate
 from keyshard.core.model.ranges import RangeSet, SlotRange
 
@@ -31,6 +32,7 @@ class _Fetcher:
     def __init__(self, steps: list[str]) -> None:
         self._steps = steps
         self.room = _Room(steps)
+        self.reach = FetchReach()
 
     def grant(self, slots: RangeSet, positions: PositionUpdate) -> None:
         self._steps.append("granted")
@@ -135,4 +137,5 @@ def test_a_plain_consumer_reports_its_own_positions() -> None:
     assert steps == ["granted"]
     reply = callbacks.ping_reply()
     assert reply.positions == {} and (reply.busy_records, reply.busy_ms) == (40, 250)
+    assert reply.fetch_silences == {}  # nothing asked of Kafka yet
     assert callbacks.held() == (RangeSet([]), {})

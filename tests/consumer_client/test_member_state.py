@@ -336,10 +336,37 @@ def test_leaving_hands_the_positions_over_and_registers_no_more() -> None:
     assert m.closing and state(m) is MemberState.LEFT
 
 
+def test_standing_aside_hands_the_positions_over_and_registers_anew_once_readable() -> None:
+    m = registered(channel=Chan("c1"))
+    leave = m.step_aside(positions(7, LOW))
+    assert isinstance(leave, LeaveRequest)
+    assert (leave.member_id, leave.member_epoch) == ("m-1", 1)
+    assert positions_from_wire(leave.positions) == positions(7, LOW)
+    assert state(m) is MemberState.ASIDE and m.aside and not m.closing
+    assert member_id(m) is None and m.channel is None and not m.claims
+    assert isinstance(m.on_request(Chan("c1"), ping(), 101.0), Ignore)  # the old channel
+    m.rejoin()
+    assert state(m) is MemberState.DISCOVER and not m.aside
+    assert m.begin_discovery(102.0) is None  # a new member: no claim, no lease to keep
+    m.begin_registration()
+    assert m.register_request(102.0).claim is None
+    assert m.settle(response("m-2")) == Fresh()
+    m.registered(response("m-2"), Chan("c2"), "a:1", 102.0)
+    assert (member_id(m), m.session) == ("m-2", 2)  # work of the old session is stale
+
+
+def test_a_member_not_registered_stands_aside_with_nothing_to_say() -> None:
+    m = machine()
+    assert m.step_aside({}) is None
+    assert state(m) is MemberState.ASIDE
+    m.rejoin()
+    assert state(m) is MemberState.DISCOVER
+
+
 def test_a_ping_reply_reports_what_the_hooks_say() -> None:
     report = PingReport(
         positions(3, LOW), load={2: 5}, fetched=[Fetched(TP, 0, 10, {2: 9})], busy_records=5,
-        busy_ms=12,
+        busy_ms=12, fetch_silences={TP: 7.25, ("t", 1): 1e9},
     )  # fmt: skip
     reply = ping_response(ping(member_epoch=4), report)
     assert reply.member_epoch == 4 and reply.load == {2: 5}
@@ -348,6 +375,8 @@ def test_a_ping_reply_reports_what_the_hooks_say() -> None:
         ("t", 0, 0, 10, {2: 9})
     ]
     assert (reply.busy_records, reply.busy_ms) == (5, 12)
+    silences = [(f.topic, f.partition, f.ms) for f in reply.fetch_silences]
+    assert silences == [("t", 0, 7250), ("t", 1, 2**31 - 1)]  # past the wire's bound: capped
 
 
 requests = st.lists(

@@ -219,7 +219,7 @@ def _snapshot(**changes: Any) -> ConsumerSnapshot:
     return ConsumerSnapshot(**fields)
 
 
-def test_readiness_follows_registration_contact_and_closing() -> None:
+def test_readiness_follows_registration_contact_kafka_and_closing() -> None:
     metrics = ConsumerMetrics()
     endpoints = ConsumerEndpoints(metrics, _snapshot, 10_000, "127.0.0.1:9")
     assert endpoints.readiness() == (503, "not started")
@@ -231,6 +231,8 @@ def test_readiness_follows_registration_contact_and_closing() -> None:
     assert endpoints.readiness() == (503, "not registered with a coordinator")
     metrics.snapshot = _snapshot(closing=True)
     assert endpoints.readiness() == (503, "closing")
+    metrics.snapshot = _snapshot(registered=False, unreadable_for=11.25)
+    assert endpoints.readiness() == (503, "cannot read Kafka for 11.2 s")
     metrics.snapshot = _snapshot(taken=time.monotonic() - STALL_AFTER_S - 1)
     code, text = endpoints.health()
     assert code == 503 and text.startswith("event loop stalled for")
