@@ -8,6 +8,7 @@ part of keyshard: the wheel has only `keyshard`, and nothing in it imports this.
   `cpu_seconds` and `rss_mib` of a pid; `harness.eos_app`, the exactly-once app;
 - topics and records: `create_topic`, `produce`, `append` (raw records, as a topic writer);
 - waiting: `wait_for`, on a condition with a deadline;
+- networks: `CuttableProxy`, a TCP route a test cuts (silently: no reset) and heals;
 - groups: `is_settled` (the one settle check), `owned_ranges`, `unsettled_reason`;
 - Kafka's own failovers: the scenario's `KeyedGroup`, `BrokerStep`s run on a 3-node
   cluster (`run_steps`, a step's node `leader` of a partition or fixed), `PlainReader`
@@ -34,6 +35,7 @@ from harness._processes import (
     cpu_seconds,
     rss_mib,
 )
+from harness._proxy import CuttableProxy
 from harness._stats import median, percentile
 from harness._tables import markdown_table
 from harness._topics import append, create_topic, produce
@@ -45,6 +47,7 @@ __all__ = [
     "TOPIC",
     "BrokerStep",
     "CoordinatorProcess",
+    "CuttableProxy",
     "KeyedGroup",
     "OrderStats",
     "PlainReader",

@@ -67,6 +67,8 @@ _.run_exactly_once
 # (tests/conftest.py).
 _.spawn_cli
 _.secured_broker, _.run_tool
+# A route to Kafka that one consumer alone goes through (tests/integration/test_liveness.py).
+_.heal
 
 # Read by the Kafka failover test (tests/integration/test_kafka_failovers.py): Kafka's own
 # availability, and when each broker step came and how long it took.

@@ -176,10 +176,11 @@ class KafkaBroker:
 
     `extra_config` adds or overrides `server.properties` entries; `extra_listeners` adds
     named listeners (name -> security protocol) on free ports, e.g. a SASL_SSL one, whose
-    addresses `listener(name)` gives; `scram_users` (name -> password) are SCRAM-SHA-512
-    credentials written at format time; `secured_broker` puts these together. The process
-    runs in its own session and is stopped by pid (SIGTERM, then SIGKILL); a directory we
-    created is removed on stop.
+    addresses `listener(name)` gives; `advertised` (name -> HOST:PORT) advertises a
+    listener at another address, e.g. a proxy in front of it; `scram_users` (name ->
+    password) are SCRAM-SHA-512 credentials written at format time; `secured_broker` puts
+    these together. The process runs in its own session and is stopped by pid (SIGTERM,
+    then SIGKILL); a directory we created is removed on stop.
     """
 
     def __init__(
@@ -191,6 +192,7 @@ class KafkaBroker:
         log_level: str = "WARN",
         extra_config: Mapping[str, str] | None = None,
         extra_listeners: Mapping[str, str] | None = None,
+        advertised: Mapping[str, str] | None = None,
         scram_users: Mapping[str, str] | None = None,
         jvm_options: Sequence[str] = (),
     ) -> None:
@@ -199,6 +201,7 @@ class KafkaBroker:
         self.log_level = log_level
         self.extra_config = dict(extra_config or {})
         self.extra_listeners = dict(extra_listeners or {})
+        self.advertised = dict(advertised or {})
         self.scram_users = dict(scram_users or {})
         self.jvm_options = list(jvm_options)
         self._workdir = workdir
@@ -243,7 +246,9 @@ class KafkaBroker:
             "process.roles": "broker,controller",
             "node.id": "1",
             "listeners": ",".join(f"{n}://{self.host}:{self._ports[n]}" for n in names),
-            "advertised.listeners": ",".join(f"{n}://{self.host}:{self._ports[n]}" for n in served),
+            "advertised.listeners": ",".join(
+                f"{n}://{self.advertised.get(n, f'{self.host}:{self._ports[n]}')}" for n in served
+            ),
             "listener.security.protocol.map": ",".join(f"{n}:{p}" for n, p in protocols.items()),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",

@@ -48,3 +48,19 @@ async def handle_stuck(record: Any) -> None:
 
 
 not_a_function = 42
+
+
+_fenced_once = False
+
+
+async def handle_stuck_until_fenced(record: Any) -> None:
+    """Completes nothing until its first cancellation (the member fenced, its lanes
+    aborted), then works as `handle`: a handler that hung, in a process that recovers."""
+    global _fenced_once
+    if not _fenced_once:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            _fenced_once = True
+            raise
+    await handle(record)
