@@ -450,7 +450,9 @@ class CoordinatorRuntime:
         return state
 
     def _run(self, group: str, result: Result) -> None:
-        state = self._groups[group]
+        state = self._groups.get(group)
+        if state is None:  # released while the result was being made (a reply, a read)
+            return
         self._apply(group, state, result)
         # Progress reports change no ownership; skipping reconcile for them keeps a ping
         # O(1) instead of O(members). (An empty result, e.g. the grace timer, reconciles.)
@@ -523,7 +525,9 @@ class CoordinatorRuntime:
             self._run(group, handlers.heard(state, member_id=member_id, now=self.clock()))
 
     def _contacted(self, group: str, member_id: str) -> None:
-        state = self._groups[group]
+        state = self._groups.get(group)
+        if state is None:
+            return
         self._apply(group, state, handlers.contacted(state, member_id=member_id, now=self.clock()))
 
     # ---- timers -------------------------------------------------------------------
