@@ -9,11 +9,23 @@ part of keyshard: the wheel has only `keyshard`, and nothing in it imports this.
 - topics and records: `create_topic`, `produce`, `append` (raw records, as a topic writer);
 - waiting: `wait_for`, on a condition with a deadline;
 - groups: `is_settled` (the one settle check), `owned_ranges`, `unsettled_reason`;
+- Kafka's own failovers: the scenario's `KeyedGroup`, `BrokerStep`s run on a 3-node
+  cluster (`run_steps`, a step's node `leader` of a partition or fixed), `PlainReader`
+  (Kafka's own availability), `longest_stop`, `issue_schedule`;
 - reports: `order_stats` (per-key order from handler logs), `median`, `percentile`,
   `markdown_table`.
 """
 
 from harness._groups import is_settled, owned_ranges, unsettled_reason
+from harness._kafka_failover import (
+    BrokerStep,
+    KeyedGroup,
+    PlainReader,
+    issue_schedule,
+    leader,
+    longest_stop,
+    run_steps,
+)
 from harness._order import OrderStats, order_stats
 from harness._processes import (
     CoordinatorProcess,
@@ -31,14 +43,20 @@ from keyshard.local.demo import GROUP, TOPIC
 __all__ = [
     "GROUP",
     "TOPIC",
+    "BrokerStep",
     "CoordinatorProcess",
+    "KeyedGroup",
     "OrderStats",
+    "PlainReader",
     "ReplicaSet",
     "Workers",
     "append",
     "cpu_seconds",
     "create_topic",
     "is_settled",
+    "issue_schedule",
+    "leader",
+    "longest_stop",
     "markdown_table",
     "median",
     "order_stats",
@@ -46,6 +64,7 @@ __all__ = [
     "percentile",
     "produce",
     "rss_mib",
+    "run_steps",
     "unsettled_reason",
     "wait_for",
 ]

@@ -21,13 +21,17 @@ async def create_topic(
     topic: str = TOPIC,
     partitions: int = 1,
     kafka_config: Mapping[str, str] | None = None,
+    replication_factor: int = 1,
 ) -> None:
+    """`replication_factor` -1: the cluster's `default.replication.factor`."""
     admin = AIOKafkaAdminClient(
         bootstrap_servers=bootstrap, **KafkaSettings.parse(kafka_config).admin_options()
     )
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
+        # aiokafka wants a replica assignment beside a -1, and an empty one says "none".
+        assignment: dict[int, list[int]] | None = {} if replication_factor == -1 else None
+        await admin.create_topics([NewTopic(topic, partitions, replication_factor, assignment)])
     finally:
         await admin.close()
 
@@ -69,15 +73,19 @@ async def produce(
     kafka_config: Mapping[str, str] | None = None,
     compression: str | None = None,
     sent_ns: list[int] | None = None,
+    idempotent: bool = False,
 ) -> list[Produced]:
     """Produce `count` keyed records (key = record index mod `keys`, or `key_of(index)`),
     optionally paced to `rate` records per second, with Kafka settings and a codec.
     `sent_ns`, if given, gets each record's send time (CLOCK_MONOTONIC ns, as the
-    handlers log theirs), in the order of the list returned."""
+    handlers log theirs), in the order of the list returned. `idempotent`: acks=all and
+    no duplicate or reordering from retries, as a producer that rides through a broker's
+    failover is set up."""
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         linger_ms=2,
         compression_type=compression,
+        enable_idempotence=idempotent,
         **KafkaSettings.parse(kafka_config).client_options(),
     )
     await producer.start()

@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from keyshard.api.app import create_app
 from keyshard.coordinator.group.bounds import Bounds
 from keyshard.coordinator.group.state import GroupConfig, OffsetReset
+from keyshard.coordinator.replication.liveness import DEFAULT_LEADER_FAILOVER_MS
 from keyshard.coordinator.replication.manager import ReplicaManager, ReplicationSettings
 from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
 from keyshard.coordinator.runtime.config import RuntimeConfig
@@ -75,6 +76,9 @@ class DaemonConfig:
     # Signs this replica's beats and epoch markers and verifies the others'
     # (coordinator.storage.signing); None: nothing is signed, nothing verified.
     replica_secret: ReplicaSecret | None = None
+    # How long a replica keeps serving while Kafka moves the leader of the partition its
+    # beats go to (coordinator.replication.liveness), before it lets go as if cut off.
+    leader_failover_ms: int = DEFAULT_LEADER_FAILOVER_MS
     # Kafka is the embedded broker (keyshard.local.broker) this process started: its data
     # is in memory, and it takes no transactional producers (not asked, then: it answers
     # with ERROR lines).
@@ -211,6 +215,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             settings=ReplicationSettings(
                 group_id=f"keyshard-coordinators.{config.state_topic}",
                 replica_timeout_s=config.replica_timeout_ms / 1000,
+                leader_failover_s=config.leader_failover_ms / 1000,
             ),
         )  # fmt: skip
         runtime.not_ready = replicas.not_ready_reason

@@ -66,3 +66,8 @@ _.run_exactly_once
 # (tests/conftest.py).
 _.spawn_cli
 _.secured_broker, _.run_tool
+
+# Read by the Kafka failover test (tests/integration/test_kafka_failovers.py): Kafka's own
+# availability, and when each broker step came and how long it took.
+_.received_ns
+_.at_ns, _.took_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from harness.brokers.kafka import (
     run_tool,
     secured_broker,
 )
+from harness.brokers.kafka_cluster import KafkaCluster
 from keyshard.local.broker import EmbeddedBroker
 from tests.tls_files import TlsFiles, make_tls_files
 
@@ -67,6 +69,34 @@ def kafka_server() -> Iterator[KafkaBroker]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[KafkaCluster]:
+    """Three Apache Kafka nodes (replication factor 3, min ISR 2) for the whole session,
+    started only by a test that asks for it (~13 s, more on a busy machine); each test
+    gets it whole and emptied (`kafka3`)."""
+    _require_kafka_tools()
+    cluster = KafkaCluster()
+    try:
+        cluster.start()
+    except KafkaUnavailable as err:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"Apache Kafka tests skipped: {err}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+async def kafka3(kafka_cluster: KafkaCluster) -> KafkaCluster:
+    """The session's 3-node cluster with every node up (a test may have stopped one), no
+    topics left from earlier tests, and every partition in sync."""
+    await asyncio.to_thread(kafka_cluster.reset)
+    await kafka_cluster.wait_in_sync()
+    return kafka_cluster
 
 
 @dataclass(frozen=True)

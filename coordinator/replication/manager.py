@@ -37,6 +37,14 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
+from keyshard.coordinator.replication.liveness import (
+    DEFAULT_LEADER_FAILOVER_MS,
+    HELD_PATIENCE,
+    BeatPartitionView,
+    Standing,
+    Verdict,
+    standing,
+)
 from keyshard.coordinator.replication.placement import (
     Owners,
     ReplicaClaim,
@@ -47,7 +55,9 @@ from keyshard.coordinator.replication.placement import (
 from keyshard.coordinator.runtime.location import Location
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.coordinator.storage.base import partition_of
+from keyshard.coordinator.storage.image import PartitionImage
 from keyshard.coordinator.storage.kafka_log import KafkaStateLog, ReplicaIdentity
+from keyshard.coordinator.storage.leaders import LeaderProbe
 from keyshard.coordinator.storage.log_format import ReplicaBeat
 from keyshard.core.kafka.connect import start_client
 from keyshard.core.kafka.settings import KafkaSettings
@@ -55,6 +65,12 @@ from keyshard.core.security.log_safety import printable
 
 log = logging.getLogger(__name__)
 ASSIGNOR_NAME = "keyshard-replicas"
+#: Where replicas beat (coordinator.storage.kafka_log): the partition whose leader decides
+#: whether beats get through.
+BEAT_PARTITION = 0
+# A claim fences, reads a partition to its end and writes a marker: bounded as a whole,
+# in state log timeouts, so one stuck on a broker that went away is tried afresh.
+CLAIM_TIMEOUTS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,28 +82,9 @@ class ReplicationSettings:
     # Kafka's own failure detection for the group (brokers refuse less than 6 s).
     session_timeout_ms: int = 6_000
     heartbeat_interval_ms: int = 1_000
-
-
-# In replica timeouts: when a lone replica whose beats do not reach Kafka lets go, and how
-# long a starting replica leaves a partition to a holder it has not heard from.
-LONE_CUT_OFF = 1.5
-HELD_PATIENCE = 2.5
-
-
-def cut_off(silent_s: float, replica_timeout_s: float, *, others_alive: bool = True) -> bool:
-    """Whether a replica none of whose beats Kafka has acknowledged or it has read back
-    for `silent_s` must stop serving: at half the replica timeout, so that it has let go
-    well before the others count it gone (they count in their own beats, so a slow
-    reader on their side only delays them).
-
-    A replica with no other alive in its view (a replica really cut off from Kafka reads
-    no beats, so the others it knew stay alive in its view) waits `LONE_CUT_OFF` timeouts:
-    the only one that could take its partitions over is one that starts meanwhile, and
-    that one waits `HELD_PATIENCE` timeouts before taking a partition somebody holds
-    (`ReplicaManager.desired_owners`). A join storm of 5,000 registers can hold the event
-    loop, and so the beats, for 1.6-2.3 s: at half the timeout a lone coordinator would
-    drop all its members."""
-    return silent_s >= replica_timeout_s * (0.5 if others_alive else LONE_CUT_OFF)
+    # The longest Kafka failover of the beat partition a replica rides through holding
+    # (coordinator.replication.liveness).
+    leader_failover_s: float = DEFAULT_LEADER_FAILOVER_MS / 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +214,12 @@ class ReplicaManager:
         # Handed over, at this epoch, but the released marker is not written yet.
         self._unreleased: dict[int, int | None] = {}
         self._warned_unauthenticated = False
+        # What the cluster last said of the beat partition, for `liveness.standing`.
+        self._beat_partition = BeatPartitionView()
+        self._probe = LeaderProbe(
+            bootstrap, kafka, log.topic, BEAT_PARTITION, settings.replica_timeout_s / 4
+        )
+        self._standing = Standing.SERVING
         runtime.on_fenced = self._on_fenced
 
     def _on_fenced(self, partition: int) -> None:
@@ -296,6 +299,7 @@ class ReplicaManager:
             asyncio.create_task(self._beat(), name="replica-beat"),
             asyncio.create_task(self._place(), name="replica-placement"),
             asyncio.create_task(self._watch_own_beats(), name="replica-cut-off-watch"),
+            asyncio.create_task(self._watch_beat_partition(), name="replica-kafka-watch"),
         ]
 
     async def stop(self) -> None:
@@ -316,6 +320,7 @@ class ReplicaManager:
         if self._group is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._group.stop(), 10)
+        await self._probe.stop()
 
     async def _poll_group(self) -> None:
         """Keep the group membership alive (its partitions are paused: nothing is read)."""
@@ -342,20 +347,51 @@ class ReplicaManager:
             await asyncio.sleep(self.settings.beat_interval_s / 4)
             self._stop_serving_if_cut_off()
 
+    async def _watch_beat_partition(self) -> None:
+        """Ask the cluster, twice a beat interval, who leads the beat partition and
+        whether that leader answers: what tells Kafka's own failover from isolation, from
+        an answer given since the beats stopped getting through."""
+        loop = asyncio.get_running_loop()
+        started = False
+        while True:
+            try:
+                if not started:
+                    await self._probe.start()
+                    started = True
+                sight = await self._probe.look()
+            except Exception as err:  # a dead watch would make every silence isolation
+                log.debug("asking Kafka for the beat partition's leader failed: %s", err)
+                sight = None
+            if sight is not None:
+                self._beat_partition = self._beat_partition.seen(
+                    loop.time(), sight.leader, sight.leader_answers, sight.silent_follower
+                )
+            await asyncio.sleep(self.settings.beat_interval_s / 2)
+
     def _stop_serving_if_cut_off(self) -> None:
         """A replica whose own beats stop coming back from the log may be cut off from
         Kafka while its consumers still reach it: the others take its partitions over
         after the replica timeout, so it must stop commanding (and pinging, which renews
         their leases) well before that. It lets go of every partition at half the
-        timeout; consumers ride through to the new owner, or back to it."""
+        timeout; consumers ride through to the new owner, or back to it. Unless Kafka's
+        own failover explains the silence (`liveness.standing`): then it holds."""
+        verdict = self._verdict()
+        self._note(verdict)
         owned = self.runtime.owned_partitions()
-        silent = self._cut_off_for()
-        if owned and silent is not None:
+        if owned and verdict.standing is Standing.CUT_OFF:
             for partition in list(owned):
-                self.runtime.release_partition(
-                    partition, f"cut off: no beat of ours reached Kafka for {silent:.1f} s"
-                )
+                self.runtime.release_partition(partition, f"cut off: {verdict.reason}")
                 self._fenced_producers.add(partition)
+
+    def _note(self, verdict: Verdict) -> None:
+        """Say once when this replica starts holding, lets go, or serves again."""
+        if verdict.standing is self._standing:
+            return
+        if verdict.standing is Standing.HOLDING:
+            log.warning("holding every state partition: %s", verdict.reason)
+        elif verdict.standing is Standing.SERVING:
+            log.info("beats reach Kafka again (was %s)", self._standing.value)
+        self._standing = verdict.standing
 
     # ---- placement ----------------------------------------------------------------------
 
@@ -394,25 +430,26 @@ class ReplicaManager:
                 owners[partition] = claim.replica_id
         return owners
 
-    def _cut_off_for(self) -> float | None:
-        """How long our beats have not reached Kafka, when that means we must stop
-        serving; else None.
+    def _verdict(self) -> Verdict:
+        """Serve, hold or let go, from what this replica observed (`liveness.standing`).
+        A lone coordinator waits longer before letting go (see `cut_off`)."""
+        settings = self.settings
+        return standing(
+            now=asyncio.get_running_loop().time(),
+            last_beat_at=self._last_beat_at(),
+            view=self._beat_partition,
+            others_alive=bool(set(self._alive()) - {self.identity.replica_id}),
+            replica_timeout_s=settings.replica_timeout_s,
+            hold_limit_s=settings.leader_failover_s,
+        )
 
-        A lone coordinator waits longer (see `cut_off`).
-        """
-        others = bool(set(self._alive()) - {self.identity.replica_id})
-        silent = self._unheard_s()
-        timeout = self.settings.replica_timeout_s
-        return silent if cut_off(silent, timeout, others_alive=others) else None
-
-    def _unheard_s(self) -> float:
-        """How long no beat of ours has been acknowledged by Kafka or read back from the
-        log. Both count: on a busy machine read-back alone lags behind a join storm's state
+    def _last_beat_at(self) -> float:
+        """When a beat of ours was last acknowledged by Kafka or read back from the log.
+        Both count: on a busy machine read-back alone lags behind a join storm's state
         records, and a lone coordinator would let go of its partitions in the middle of
         5,000 registers."""
         beats = self.log
-        last = max(beats.own_beat_seen_at, beats.own_beat_acked_at, self.started_at)
-        return asyncio.get_running_loop().time() - last
+        return max(beats.own_beat_seen_at, beats.own_beat_acked_at, self.started_at)
 
     def _listened(self) -> float:
         return asyncio.get_running_loop().time() - self.started_at
@@ -450,16 +487,13 @@ class ReplicaManager:
                 await self.log.release(partition)
             elif desired.get(partition, me) != me:
                 await self._hand_over(partition, f"the group moved to {desired[partition]}")
-        if self._cut_off_for() is not None:
-            return  # no claim while our own beats do not come back (`_watch_own_beats`)
+        if self._verdict().standing is not Standing.SERVING:
+            return  # no claim while our own beats do not get through (`_watch_own_beats`)
         wanted = [
             p for p, r in sorted(desired.items())
             if r == me and p not in self.runtime.owned_partitions() and self._may_claim(p)
         ]  # fmt: skip
-        version = self.placement_version
-        claims = await asyncio.gather(
-            *(self.log.claim(p, version) for p in wanted), return_exceptions=True
-        )
+        claims = await asyncio.gather(*map(self._claim, wanted), return_exceptions=True)
         failed: BaseException | None = None
         for partition, claimed in zip(wanted, claims, strict=True):
             if isinstance(claimed, BaseException):
@@ -468,6 +502,18 @@ class ReplicaManager:
                 self.runtime.adopt_partition(partition, *claimed)
         if failed is not None:
             raise failed
+
+    async def _claim(self, partition: int) -> tuple[int, PartitionImage]:
+        """Claim `partition`, bounded: one stuck on a broker that went away gives way to a
+        fresh one at the next reconcile (its writer goes; a claim may fence anyway)."""
+        try:
+            return await asyncio.wait_for(
+                self.log.claim(partition, self.placement_version),
+                CLAIM_TIMEOUTS * self.log.timeout,
+            )
+        except TimeoutError:
+            await self.log.release(partition)
+            raise
 
     def _may_claim(self, partition: int) -> bool:
         """Whether to claim a partition the placement gives us now. Claiming fences the

@@ -5,7 +5,8 @@ already handed on, so every request to a member waits for the ones decided befor
 (one lock per member). A StartFetcher also waits until the positions it carries and the
 grant itself are in the state log: a range always starts from a stored position, and a
 replica taking the group over knows the grant, even if this one dies right after; a
-write that fails (the partition was taken over) sends nothing. Every request carries the
+write refused because the partition was taken over sends nothing, one Kafka could not
+take yet is tried again. Every request carries the
 coordinator epoch of the group's state partition, so a consumer can refuse a fenced
 replica's. The replies go back through the runtime's apply path as handler results.
 """
@@ -21,11 +22,12 @@ from keyshard.coordinator.group import handlers
 from keyshard.coordinator.group.effects import Result, SendStart, SendStop
 from keyshard.coordinator.group.state import GroupState
 from keyshard.coordinator.runtime.activity import Activity
-from keyshard.coordinator.runtime.durability import StateWriter
+from keyshard.coordinator.runtime.durability import NotOwned, StateWriter
 from keyshard.coordinator.runtime.judges import stop_judge
 from keyshard.coordinator.runtime.report_order import Judge
 from keyshard.coordinator.runtime.timers import Clock
 from keyshard.coordinator.runtime.verdicts import MemberKey, PendingReplies
+from keyshard.coordinator.storage.base import Fenced
 from keyshard.core.model.ranges import RangeSet
 from keyshard.core.protocol.channel import Channel, ChannelClosed, RemoteError
 from keyshard.core.protocol.messages import (
@@ -39,6 +41,7 @@ from keyshard.core.protocol.messages import (
 from keyshard.core.protocol.wire import positions_to_wire, ranges_to_wire
 
 log = logging.getLogger(__name__)
+STORE_RETRY_S = 0.5  # between two tries to store a grant Kafka could not take
 
 
 def reply_timeout(session_timeout_ms: int) -> float:
@@ -146,12 +149,8 @@ class OrderedSender:
         """
         lock = self._locks.setdefault((group, member_id), asyncio.Lock())
         async with lock:
-            if durable:
-                try:
-                    await self._writer.flush(group)
-                except Exception as err:
-                    self._write_failed(group, err)
-                    return None
+            if durable and not await self._stored(group):
+                return None
             channel = self._channels.get((group, member_id))
             state = self._groups.get(group)  # None: its partition was let go of meanwhile
             member = state.members.get(member_id) if state is not None else None
@@ -179,6 +178,24 @@ class OrderedSender:
                 return None
             self._activity.timed(f"{request.type[:-8]} round trip", time.perf_counter() - written)
             return reply
+
+    async def _stored(self, group: str) -> bool:
+        """Store the group before a grant leaves. A write Kafka could not take (the state
+        partition had no leader for a while: a broker went away) is tried again while the
+        group is served here, so the grant waits for durability instead of being dropped.
+        False: fenced, or the group's partition was let go of: nothing is sent."""
+        while True:
+            try:
+                await self._writer.flush(group)
+                return True
+            except (Fenced, NotOwned) as err:
+                self._write_failed(group, err)
+                return False
+            except Exception as err:
+                if self._groups.get(group) is None:
+                    return False
+                log.warning("group %s: storing a grant failed, trying again: %s", group, err)
+                await asyncio.sleep(STORE_RETRY_S)
 
     def _fail_member(self, group: str, member_id: str, reply: Message) -> None:
         channel = self._channels.get((group, member_id))

@@ -35,21 +35,27 @@ POM = Path(__file__).with_name("pom.xml")
 KAFKA_INTERNAL_TOPICS = frozenset(
     {"__consumer_offsets", "__transaction_state", "__share_group_state", "__cluster_metadata"}
 )
-#: Single node: every internal topic has one replica and needs one in sync.
-_SINGLE_NODE = {
-    "offsets.topic.replication.factor": "1",
-    "offsets.topic.num.partitions": "4",
-    "transaction.state.log.replication.factor": "1",
-    "transaction.state.log.min.isr": "1",
-    "transaction.state.log.num.partitions": "4",
-    "share.coordinator.state.topic.replication.factor": "1",
-    "share.coordinator.state.topic.min.isr": "1",
-    "share.coordinator.state.topic.num.partitions": "4",
-    # A test's first consumer group would otherwise wait 3 s for more members.
-    "group.initial.rebalance.delay.ms": "0",
-    "auto.create.topics.enable": "false",
-    "num.partitions": "1",
-}
+
+
+def internal_topics(replicas: int, min_isr: int) -> dict[str, str]:
+    """Broker settings every node of a test cluster shares: the internal topics at
+    `replicas` replicas and `min_isr` in sync, few partitions, no topic made by a client."""
+    return {
+        "offsets.topic.replication.factor": str(replicas),
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": str(replicas),
+        "transaction.state.log.min.isr": str(min_isr),
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": str(replicas),
+        "share.coordinator.state.topic.min.isr": str(min_isr),
+        "share.coordinator.state.topic.num.partitions": "4",
+        # A test's first consumer group would otherwise wait 3 s for more members.
+        "group.initial.rebalance.delay.ms": "0",
+        "auto.create.topics.enable": "false",
+        "num.partitions": "1",
+    }
+
+
 _LOG4J = """\
 status = warn
 appender.file.type = File
@@ -145,7 +151,7 @@ def run_tool(main: str, *args: str, timeout: float = 60.0) -> subprocess.Complet
     )
 
 
-def _cluster_id() -> str:
+def new_cluster_id() -> str:
     """A random cluster id (base64url of a UUID). One that starts with "-" (1 in 64) would
     be read by the format tool's argument parser as an option, and formatting fails."""
     while True:
@@ -243,7 +249,7 @@ class KafkaBroker:
             "inter.broker.listener.name": "PLAINTEXT",
             "controller.quorum.bootstrap.servers": f"{self.host}:{self._ports['CONTROLLER']}",
             "log.dirs": str(self.workdir / "data"),
-            **_SINGLE_NODE,
+            **internal_topics(replicas=1, min_isr=1),
             **self.extra_config,
         }
 
@@ -256,82 +262,35 @@ class KafkaBroker:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # A start after a stop formats afresh: a restarted test broker is an empty one.
         shutil.rmtree(self.workdir / "data", ignore_errors=True)
-        props = self.workdir / "server.properties"
-        props.write_text(_properties(self.config()))
-        log4j = self.workdir / "log4j2.properties"
-        log4j.write_text(_LOG4J.format(log=self.log_path, level=self.log_level))
-        jvm = [f"-Dlog4j2.configurationFile={log4j}", *self.jvm_options]
-        fmt = java_command(jars, "kafka.tools.StorageTool", heap="256m")
-        fmt[1:1] = jvm
-        fmt += ["format", "--standalone", "-t", _cluster_id(), "-c", str(props)]
+        write_node_files(self.workdir, self.config(), self.log_level)
+        extra = ["--standalone"]
         for user, password in self.scram_users.items():  # SCRAM users live in the metadata log
-            fmt += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]"]
-        done = subprocess.run(fmt, capture_output=True, text=True, timeout=timeout)
-        if done.returncode != 0:
-            raise KafkaBrokerError(f"formatting failed: {(done.stdout + done.stderr)[-2000:]}")
-        cmd = java_command(jars, "kafka.Kafka", str(props), heap=self.heap)
-        cmd[1:1] = [*jvm, "-XX:+UseSerialGC", "-Djava.awt.headless=true"]
-        with open(self.workdir / "stdout.log", "ab") as out:
-            self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
-            )
+            extra += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]"]
+        format_node(jars, self.workdir, new_cluster_id(), extra, self.jvm_options, timeout)
+        self._proc = launch_node(jars, self.workdir, self.heap, self.jvm_options)
         try:
-            self._wait_ready(timeout)
+            wait_serving(self._proc, self.workdir, self.bootstrap_servers, timeout)
         except BaseException:
             self.stop()
             raise
-
-    def _wait_ready(self, timeout: float) -> None:
-        assert self._proc is not None
-        deadline = time.monotonic() + timeout
-        last: BaseException | None = None
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            while time.monotonic() < deadline:
-                code = self._proc.poll()
-                if code is not None:
-                    raise KafkaBrokerError(
-                        f"Kafka exited with code {code} while starting; log:\n"
-                        f"{_tail(self.log_path)}\n{_tail(self.workdir / 'stdout.log')}"
-                    )
-                try:
-                    # A bare connect first: aiokafka logs every refused connection.
-                    with socket.create_connection((self.host, self._ports["PLAINTEXT"]), 1):
-                        pass
-                    if pool.submit(asyncio.run, _serves_metadata(self.bootstrap_servers)).result():
-                        return
-                except Exception as err:  # not up yet: refused, timed out, no brokers
-                    last = err
-                time.sleep(0.1)
-        raise KafkaBrokerError(
-            f"Kafka not serving metadata on {self.bootstrap_servers} within {timeout:g} s "
-            f"(last error: {last!r}); log:\n{_tail(self.log_path)}"
-        )
 
     def reset(self, timeout: float = 30.0) -> None:
         """Delete every topic a test made, so the next test sees an empty cluster without
         paying for a new JVM (~5 s). Internal topics stay; so do consumer groups (aiokafka
         cannot delete them), but Kafka drops their committed offsets with the topics."""
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            pool.submit(asyncio.run, _empty_cluster(self.bootstrap_servers, timeout)).result()
+        empty_cluster(self.bootstrap_servers, timeout)
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM (a controlled shutdown), SIGKILL after `timeout`; reap; remove our dir."""
-        if self._proc is not None and self._proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._proc.pid, signal.SIGTERM)
-            try:
-                self._proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self._proc is not None:
+            terminate_node(self._proc, timeout)
         if self._owns_workdir and self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
 
     def kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.wait()
+        if self._proc is not None:
+            kill_node(self._proc)
 
     def __enter__(self) -> KafkaBroker:
         self.start()
@@ -339,6 +298,107 @@ class KafkaBroker:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def write_node_files(workdir: Path, config: Mapping[str, str], log_level: str) -> Path:
+    """A node's server.properties and log4j2.properties in `workdir`; the former's path."""
+    props = workdir / "server.properties"
+    props.write_text(_properties(config))
+    (workdir / "log4j2.properties").write_text(
+        _LOG4J.format(log=workdir / "broker.log", level=log_level)
+    )
+    return props
+
+
+def _jvm_options(workdir: Path, extra: Sequence[str]) -> list[str]:
+    return [f"-Dlog4j2.configurationFile={workdir / 'log4j2.properties'}", *extra]
+
+
+def format_node(
+    jars: Path,
+    workdir: Path,
+    cluster_id: str,
+    extra: Sequence[str],
+    jvm_options: Sequence[str],
+    timeout: float,
+) -> None:
+    """Format the node of `workdir` as a member of cluster `cluster_id` (`extra`: e.g.
+    `--standalone`, SCRAM users)."""
+    fmt = java_command(jars, "kafka.tools.StorageTool", heap="256m")
+    fmt[1:1] = _jvm_options(workdir, jvm_options)
+    fmt += ["format", "-t", cluster_id, "-c", str(workdir / "server.properties"), *extra]
+    done = subprocess.run(fmt, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise KafkaBrokerError(f"formatting failed: {(done.stdout + done.stderr)[-2000:]}")
+
+
+def launch_node(
+    jars: Path, workdir: Path, heap: str, jvm_options: Sequence[str]
+) -> subprocess.Popen[bytes]:
+    """`kafka.Kafka` on the node of `workdir`, in a session of its own (stopped by pid)."""
+    cmd = java_command(jars, "kafka.Kafka", str(workdir / "server.properties"), heap=heap)
+    cmd[1:1] = [*_jvm_options(workdir, jvm_options), "-XX:+UseSerialGC", "-Djava.awt.headless=true"]
+    with open(workdir / "stdout.log", "ab") as out:
+        return subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        )
+
+
+def wait_serving(
+    proc: subprocess.Popen[bytes], workdir: Path, bootstrap: str, timeout: float, brokers: int = 1
+) -> None:
+    """Until the node at `bootstrap` answers a metadata request listing `brokers` brokers;
+    raises with its log's tail if it exits or does not in `timeout`."""
+    host, _, port = bootstrap.rpartition(":")
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        while time.monotonic() < deadline:
+            code = proc.poll()
+            if code is not None:
+                raise KafkaBrokerError(
+                    f"Kafka exited with code {code} while starting; log:\n"
+                    f"{_tail(workdir / 'broker.log')}\n{_tail(workdir / 'stdout.log')}"
+                )
+            try:
+                # A bare connect first: aiokafka logs every refused connection.
+                with socket.create_connection((host, int(port)), 1):
+                    pass
+                if pool.submit(asyncio.run, _serves_metadata(bootstrap, brokers)).result():
+                    return
+            except Exception as err:  # not up yet: refused, timed out, no brokers
+                last = err
+            time.sleep(0.1)
+    raise KafkaBrokerError(
+        f"Kafka not serving metadata on {bootstrap} within {timeout:g} s "
+        f"(last error: {last!r}); log:\n{_tail(workdir / 'broker.log')}"
+    )
+
+
+def terminate_node(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM to the node's process group (a controlled shutdown: Kafka moves its
+    partitions' leaders away first), SIGKILL after `timeout`; reaped."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_node(proc)
+
+
+def kill_node(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to the node's process group (a crash: nothing is handed over); reaped."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def empty_cluster(bootstrap: str, timeout: float = 30.0) -> None:
+    """Delete every topic but Kafka's internal ones (see `KafkaBroker.reset`)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, _empty_cluster(bootstrap, timeout)).result()
 
 
 SASL_SSL = "SASL_SSL"
@@ -396,14 +456,14 @@ def _pkcs8(key_pem: bytes) -> bytes:
     )
 
 
-async def _serves_metadata(bootstrap: str) -> bool:
+async def _serves_metadata(bootstrap: str, brokers: int = 1) -> bool:
     from aiokafka import AIOKafkaClient
 
     client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
     try:
         await asyncio.wait_for(client.bootstrap(), 5)
         cluster = await asyncio.wait_for(client.fetch_all_metadata(), 5)
-        return bool(cluster.brokers())
+        return len(cluster.brokers()) >= brokers
     finally:
         await client.close()
 

@@ -181,6 +181,7 @@ def _serve(
         group_offset_resets=dict(args.group_auto_offset_reset),
         state_partitions=int(args.state_partitions),
         replica_timeout_ms=int(args.replica_timeout_ms),
+        leader_failover_ms=int(args.leader_failover_ms),
         advertise=":".join(map(str, args.advertise)) if args.advertise else None,
         **({"replica_id": args.replica_id} if args.replica_id else {}),
         kafka=settings,

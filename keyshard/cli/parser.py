@@ -30,6 +30,7 @@ from keyshard.cli.flag_values import (
 )
 from keyshard.cli.secret_flags import add_coordinator_secret_flags, add_token_file_flag
 from keyshard.coordinator.group.state import GroupConfig
+from keyshard.coordinator.replication.liveness import DEFAULT_LEADER_FAILOVER_MS
 from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
 from keyshard.coordinator.server.admission import (
     DEFAULT_MAX_CONNECTIONS_PER_PEER,
@@ -192,6 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_ms,
         default=DEFAULT_REPLICA_TIMEOUT_MS,
         help="a replica silent this long has its groups taken over by the others",
+    )
+    _add(
+        coord,
+        "--leader-failover-ms",
+        type=positive_ms,
+        default=DEFAULT_LEADER_FAILOVER_MS,
+        help="how long a replica keeps serving while Kafka moves the leader of the state "
+        "partition its beats go to, before it lets go as if cut off from Kafka",
     )
     _add(coord, "--auth-token", default=None, help="token consumers must present at Register")
     _add(

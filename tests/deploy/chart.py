@@ -36,6 +36,7 @@ FULL: dict[str, Any] = {
         "stateTopic": "__keyshard_state_prod",
         "statePartitions": 12,
         "replicaTimeoutMs": 3_000,
+        "leaderFailoverMs": 25_000,
         "assignor": "balanced",
         "groupAssignors": {"orders": "sticky", "audit": "consistent-hash"},
         "autoOffsetReset": "latest",

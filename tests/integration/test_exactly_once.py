@@ -6,7 +6,8 @@ record (same key, the input's key and sequence in the value) through the transac
 consumer owns. While inputs arrive, consumers join, leave gracefully, are killed with
 SIGKILL or frozen with SIGSTOP (their slots move and their transactional ids are fenced),
 and the coordinator is killed with SIGKILL and restarted, or the serving replica of two is
-killed; a read_committed reader of the output must then see every input exactly once, in
+killed, or (on a 3-node cluster) the Kafka node leading the group's state partition is
+crashed; a read_committed reader of the output must then see every input exactly once, in
 per-key order."""
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from harness import CoordinatorProcess, ReplicaSet, create_topic, wait_for
+from harness.brokers.kafka_cluster import KafkaCluster
 from keyshard.consumer_client import ConsumerError, CoordinatedConsumer, Outputs
+from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, partition_of
 from keyshard.local.processes import stop_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.brokers("kafka")]
@@ -98,10 +101,19 @@ def apps(coordinator: CoordinatorProcess, tmp_path: Path) -> object:
 
 
 async def produce_sequenced(
-    bootstrap: str, count: int, keys: int, *, start: int = 0, rate: float | None = None
+    bootstrap: str,
+    count: int,
+    keys: int,
+    *,
+    start: int = 0,
+    rate: float | None = None,
+    idempotent: bool = False,
 ) -> None:
-    """Record i has key `key-{i % keys}` and sequence i // keys within its key."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=2)
+    """Record i has key `key-{i % keys}` and sequence i // keys within its key.
+    `idempotent`: acks=all and no duplicate from retries, to ride through a node's crash."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=2, enable_idempotence=idempotent
+    )
     await producer.start()
     try:
         loop = asyncio.get_running_loop()
@@ -184,9 +196,22 @@ def check(outputs: list[tuple[int, int, dict[str, Any]]], count: int, keys: int)
     assert len(outputs) == count
 
 
-async def make_topics(bootstrap: str) -> None:
-    await create_topic(bootstrap, INPUT, partitions=2)
-    await create_topic(bootstrap, OUTPUT, partitions=OUTPUT_PARTITIONS)
+async def finish(
+    reader: OutputReader, apps: Apps, survivors: tuple[str, ...], count: int, keys: int
+) -> None:
+    """Every input in: every output there, the surviving apps alive and stopped, and the
+    output, read to its end, has every input exactly once in per-key order."""
+    await outputs_reach(reader, apps, count, 180)
+    for name in survivors:
+        assert apps.alive(name), apps.logs()
+        apps.stop(name)
+    await wait_for(reader.at_end, 60, "the output read to its end")
+    check(reader.outputs, count, keys)
+
+
+async def make_topics(bootstrap: str, replication_factor: int = 1) -> None:
+    await create_topic(bootstrap, INPUT, 2, replication_factor=replication_factor)
+    await create_topic(bootstrap, OUTPUT, OUTPUT_PARTITIONS, replication_factor=replication_factor)
 
 
 async def test_exactly_once_output_through_churn_and_crashes(
@@ -217,12 +242,7 @@ async def test_exactly_once_output_through_churn_and_crashes(
         apps.kill("d")
         apps.spawn("f")
         await producing
-        await outputs_reach(reader, apps, count, 180)
-        for name in ("e", "f"):
-            assert apps.alive(name), apps.logs()
-            apps.stop(name)
-        await wait_for(reader.at_end, 60, "the output read to its end")
-        check(reader.outputs, count, keys)
+        await finish(reader, apps, ("e", "f"), count, keys)
     finally:
         await reader.stop()
 
@@ -310,16 +330,50 @@ async def test_exactly_once_through_a_replica_failover(broker: Any, tmp_path: Pa
         await outputs_reach(reader, apps, 2500)
         apps.spawn("d")
         await producing
-        await outputs_reach(reader, apps, count, 180)
-        for name in ("b", "c", "d"):
-            assert apps.alive(name), apps.logs()
-            apps.stop(name)
-        await wait_for(reader.at_end, 60, "the output read to its end")
-        check(reader.outputs, count, keys)
+        await finish(reader, apps, ("b", "c", "d"), count, keys)
     finally:
         apps.stop_all()
         await reader.stop()
         replicas.stop_all()
+
+
+async def test_exactly_once_through_churn_and_a_kafka_node_crash(
+    kafka3: KafkaCluster, tmp_path: Path
+) -> None:
+    """Churn on a 3-node cluster with the node leading the group's state partition
+    crashed (`kill -9`) and started again while inputs arrive: Kafka moves the leaders of
+    every input, output, state and transaction partition that node led, after its
+    broker.session.timeout.ms, and the group rides through."""
+    count, keys = 4000, 40
+    bootstrap = kafka3.bootstrap_servers
+    coordinator = CoordinatorProcess(bootstrap, tmp_path, extra=["--drain-timeout-ms", "2000"])
+    apps = Apps(coordinator.address, bootstrap, tmp_path)
+    reader = OutputReader(bootstrap)
+    try:
+        await coordinator.start()
+        await make_topics(bootstrap, replication_factor=-1)
+        await reader.start()
+        for name in ("a", "b", "c"):
+            apps.spawn(name)
+        producing = asyncio.create_task(
+            produce_sequenced(bootstrap, count, keys, rate=400, idempotent=True)
+        )
+        await outputs_reach(reader, apps, 800)
+        apps.kill("a")
+        apps.spawn("d")
+        await outputs_reach(reader, apps, 1400)
+        state = partition_of(GROUP, DEFAULT_STATE_PARTITIONS)
+        node = await kafka3.leader_of(coordinator.state_topic, state)
+        assert node is not None
+        kafka3.kill_node(node)
+        await outputs_reach(reader, apps, 2400)
+        await asyncio.to_thread(kafka3.start_node, node)
+        await producing
+        await finish(reader, apps, ("b", "c", "d"), count, keys)
+    finally:
+        apps.stop_all()
+        await reader.stop()
+        coordinator.stop()
 
 
 @pytest.mark.brokers("tansu")

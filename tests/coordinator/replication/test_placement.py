@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keyshard.coordinator.replication.manager import HELD_PATIENCE, LONE_CUT_OFF, cut_off
+from keyshard.coordinator.replication.liveness import HELD_PATIENCE, LONE_CUT_OFF, cut_off
 from keyshard.coordinator.replication.placement import ReplicaClaim, assign, take_orphans
 
 names = st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=6, unique=True)

@@ -4,7 +4,10 @@ need a broker to show, and that a real broker shows only by chance."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
+
+from aiokafka.errors import KafkaTimeoutError
 
 from keyshard.coordinator.group.records import PositionsAdvanced
 from keyshard.coordinator.group.state import GroupConfig
@@ -373,5 +376,76 @@ async def test_a_reply_after_the_partition_was_let_go_of_is_dropped_quietly(
             await asyncio.sleep(0)
         assert "g" not in runtime.group_states()
         assert [r for r in caplog.records if r.levelname == "ERROR"] == []
+    finally:
+        await runtime.stop()
+
+
+class LeaderlessLog(MemoryLog):
+    """A state log whose partition can lose its leader: writes fail then, as a producer's
+    do while Kafka elects a new one, and land again once it has one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.leaderless = False
+        self.refused = 0
+
+    async def write(
+        self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> None:
+        if self.leaderless:
+            self.refused += 1
+            raise KafkaTimeoutError("the state partition has no leader")
+        await super().write(partition, epoch, records)
+
+
+def stored_offset(log: MemoryLog) -> int | None:
+    """Where group g's stored positions of t/0 start, if any are stored."""
+    image = log.images[0].groups().get("g")
+    stored = (
+        [pmap for tp, pmap in image.positions.items() if tuple(tp) == ("t", 0)] if image else []
+    )
+    return stored[0].minimum_offset() if stored else None
+
+
+async def test_positions_kafka_could_not_take_are_written_once_it_can() -> None:
+    """Progress reported while the state partition has no leader stays in the group and
+    is written by the next periodic flush that gets through: the partition is kept, so a
+    failover after Kafka's resumes from recent positions."""
+    log = LeaderlessLog()
+    runtime = serving_runtime(RuntimeConfig("unused:1"), log)
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+        answer(a)
+        log.leaderless = True
+        for _ in range(3):
+            advance(runtime)
+        reported = runtime.group_states()["g"].position_map(("t", 0)).minimum_offset()
+        await eventually(lambda: log.refused >= 2, "periodic flushes refused")
+        assert stored_offset(log) != reported
+        assert runtime.owned_partitions() == {0: 1}
+        log.leaderless = False
+        await eventually(lambda: stored_offset(log) == reported, "the positions stored")
+    finally:
+        await runtime.stop()
+
+
+async def test_a_grant_waits_out_a_leaderless_state_partition() -> None:
+    """A StartFetcher leaves only once the grant is stored: while Kafka cannot take the
+    write it is tried again, neither sent unstored nor dropped."""
+    log = LeaderlessLog()
+    log.leaderless = True
+    runtime = serving_runtime(RuntimeConfig("unused:1"), log)
+    await runtime.start()
+    try:
+        a = RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: log.refused >= 2, "the grant's write tried again")
+        assert a.kinds() == []
+        log.leaderless = False
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "the grant leaves")
+        assert runtime.owned_partitions() == {0: 1}
     finally:
         await runtime.stop()
