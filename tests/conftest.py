@@ -7,6 +7,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from hypothesis import settings
@@ -52,23 +53,31 @@ def _require_kafka_tools() -> None:
         pytest.skip(f"Apache Kafka tests skipped: {reason}")
 
 
-@pytest.fixture(scope="session")
-def kafka_server() -> Iterator[KafkaBroker]:
-    """One Apache Kafka node for the whole session (a JVM start costs ~5 s); every test
-    gets it emptied (`kafka` fixture). Skips with the reason when Java or Maven is missing,
-    except under CI=true, where the Kafka tests must run."""
+_Kafka = TypeVar("_Kafka", KafkaBroker, KafkaCluster)
+
+
+def _serving(kafka: _Kafka) -> Iterator[_Kafka]:
+    """`kafka` started for a session fixture and stopped after it; skipped with the
+    reason when it cannot start, except under CI=true."""
     _require_kafka_tools()
-    server = KafkaBroker()
     try:
-        server.start()
+        kafka.start()
     except KafkaUnavailable as err:
         if os.environ.get("CI"):
             raise
         pytest.skip(f"Apache Kafka tests skipped: {err}")
     try:
-        yield server
+        yield kafka
     finally:
-        server.stop()
+        kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_server() -> Iterator[KafkaBroker]:
+    """One Apache Kafka node for the whole session (a JVM start costs ~5 s); every test
+    gets it emptied (`kafka` fixture). Skips with the reason when Java or Maven is missing,
+    except under CI=true, where the Kafka tests must run."""
+    yield from _serving(KafkaBroker())
 
 
 @pytest.fixture(scope="session")
@@ -76,18 +85,7 @@ def kafka_cluster() -> Iterator[KafkaCluster]:
     """Three Apache Kafka nodes (replication factor 3, min ISR 2) for the whole session,
     started only by a test that asks for it (~13 s, more on a busy machine); each test
     gets it whole and emptied (`kafka3`)."""
-    _require_kafka_tools()
-    cluster = KafkaCluster()
-    try:
-        cluster.start()
-    except KafkaUnavailable as err:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"Apache Kafka tests skipped: {err}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from _serving(KafkaCluster())
 
 
 @pytest.fixture
