@@ -49,7 +49,7 @@ from keyshard.core.model.ranges import EMPTY, RangeSet
 
 def _caught_up(state: GroupState) -> bool:
     """Every partition of the group done to the end its members' fetches last saw."""
-    ends = state.high_watermarks
+    ends = state.fetched_ends
     return bool(state.partitions) and all(
         tp in ends and tp in state.positions and state.positions[tp].minimum_offset() >= ends[tp]
         for tp in state.partitions
@@ -94,6 +94,7 @@ def replay(state: GroupState, record: Record) -> None:
                     state.demand.completed(record.load, record.at)
                 for tp, offset, stable in record.high_watermarks:
                     state.high_watermarks[tp] = max(state.high_watermarks.get(tp, 0), offset)
+                    state.fetched_ends[tp] = max(state.fetched_ends.get(tp, 0), offset)
                     state.stable_ends[tp] = stable
                 if record.ping and state.demand.check_due(record.at) and _caught_up(state):
                     state.demand.settle()
@@ -318,6 +319,7 @@ def _forget_partition(state: GroupState, tp: TopicPartition) -> None:
     start over, and positions kept from before would skip its records."""
     state.positions.pop(tp, None)
     state.high_watermarks.pop(tp, None)
+    state.fetched_ends.pop(tp, None)
     state.stable_ends.pop(tp, None)
     state.dropped.add(tp)
 

@@ -220,8 +220,14 @@ class GroupState:
     # threshold: while the measure is no worse than this (+5%), asking again would only
     # recompute what the strategy already placed (a load it cannot pack any better).
     last_rebalance_imbalance: float | None = None
-    # Partition ends as the members' fetches last saw them: what lag is measured against.
+    # Partition ends as the members' fetches last saw them, or the coordinator read them
+    # (coordinator.runtime.partition_watch), whichever is further: what lag is measured
+    # against.
     high_watermarks: dict[TopicPartition, int] = field(default_factory=dict)
+    # The members' fetches' part of it alone: whether the group has caught up with what it
+    # fetched (the demand check settles then) is judged on it, not on ends read at another
+    # instant, which under steady traffic are always a little ahead of every position.
+    fetched_ends: dict[TopicPartition, int] = field(default_factory=dict)
     # Partitions whose reported end is a last stable offset (read_committed members).
     stable_ends: dict[TopicPartition, bool] = field(default_factory=dict)
     quarantined: list[Quarantine] = field(default_factory=list)
