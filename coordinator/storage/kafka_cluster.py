@@ -33,6 +33,7 @@ from keyshard.coordinator.storage.base import Positions, StoreError
 from keyshard.core.kafka.connect import quiet_bootstrap, start_client, unreachable
 from keyshard.core.kafka.ends import fetched_ends, partition_ends
 from keyshard.core.kafka.metadata import fetch_partitions
+from keyshard.core.kafka.no_topic_creation import never_create_topics
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.positions import TopicPartition
 
@@ -151,8 +152,8 @@ class KafkaCluster:
         self._committed_reader_lock = asyncio.Lock()
 
     async def start(self) -> None:
-        self._metadata = AIOKafkaClient(
-            bootstrap_servers=self.bootstrap, **self.settings.client_options()
+        self._metadata = never_create_topics(
+            AIOKafkaClient(bootstrap_servers=self.bootstrap, **self.settings.client_options())
         )
         try:
             with quiet_bootstrap():
@@ -207,7 +208,7 @@ class KafkaCluster:
                         bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                         isolation_level="read_committed", **self.settings.client_options(),
                     )  # fmt: skip
-                    self._committed_reader = await self._started(reader)
+                    self._committed_reader = await self._started(never_create_topics(reader))
                 return await partition_ends(self._committed_reader, partitions, self.timeout)
             except BaseException:
                 # One stuck on a partition or a broker: a fresh one next time.
@@ -246,7 +247,7 @@ class KafkaCluster:
                 fetch_max_wait_ms=ENDS_FETCH_WAIT_MS, max_partition_fetch_bytes=ENDS_FETCH_BYTES,
                 **self.settings.client_options(),
             )  # fmt: skip
-            self._reader = await self._started(reader)
+            self._reader = await self._started(never_create_topics(reader))
         return self._reader
 
     async def _started(self, client: AIOKafkaConsumer) -> AIOKafkaConsumer:
@@ -301,5 +302,5 @@ class KafkaCluster:
                 bootstrap_servers=self.bootstrap, group_id=group, enable_auto_commit=False,
                 **options,
             )  # fmt: skip
-            self._committers[group] = await self._started(committer)
+            self._committers[group] = await self._started(never_create_topics(committer))
         return committer
