@@ -52,6 +52,12 @@ class RuntimeCollector(Collector):
             "Lowest next offset over all slots of a partition (what is committed to Kafka).",
             labels=["group", "topic", "partition"],
         )
+        partition_lag = GaugeMetricFamily(
+            "keyshard_partition_lag",
+            "Records of a partition past its low watermark: its end (as last seen) minus the "
+            "low watermark. A partition nobody has read yet counts from its first offset.",
+            labels=["group", "topic", "partition"],
+        )
         unowned = GaugeMetricFamily(
             "keyshard_unowned_slots",
             "Slots nobody owns, drains or quarantines (records for them wait).",
@@ -69,10 +75,15 @@ class RuntimeCollector(Collector):
             if done:
                 latest = max(done, key=lambda h: h.resumed_at or 0.0)
                 last_pause.add_metric([name], latest.pause_s or 0.0)
-            for (topic, partition), pmap in sorted(state.positions.items()):
-                low_watermark.add_metric([name, topic, str(partition)], pmap.minimum_offset())
+            for tp in sorted(set(state.partitions) | set(state.positions)):
+                labels = [name, tp[0], str(tp[1])]
+                low = state.position_map(tp).minimum_offset()
+                low_watermark.add_metric(labels, low)
+                end = state.high_watermarks.get(tp)
+                if end is not None:
+                    partition_lag.add_metric(labels, max(0, end - low))
         yield from (members, owned, processed, handoffs, last_pause, draining, low_watermark)
-        yield unowned
+        yield from (partition_lag, unowned)
 
 
 def metrics_registry(runtime: CoordinatorRuntime) -> CollectorRegistry:

@@ -33,10 +33,27 @@ class PositionSegment(BaseModel):
 
 
 class PartitionView(BaseModel):
+    """Every partition of the group, those nobody has read yet included (low watermark 0):
+    `lag` is the partition's end (as the members' fetches, or the coordinator's own
+    reads, last saw it) minus its low watermark; None until the end is known."""
+
     topic: str
     partition: int
     low_watermark: int
     segments: list[PositionSegment]
+    end_offset: int | None = None
+    lag: int | None = None
+
+
+class TransitionView(BaseModel):
+    """A topic whose partition count changed lately: members admit its records in
+    timestamp order until the group's positions pass `fence` (docs/protocol.md §9.5)."""
+
+    topic: str
+    counts: list[int]  # the partition counts it went through, oldest first
+    seen_at_ms: int  # wall clock, ms since the epoch
+    until_ms: int
+    fence: dict[str, int] | None  # partition -> end read after until_ms
 
 
 class DrainView(BaseModel):
@@ -137,6 +154,7 @@ class GroupView(BaseModel):
     group: str
     served_by: ServedByView
     topics: list[str]
+    topic_pattern: str | None = None  # the group subscribes by pattern: what it matches now
     assignor: str
     config: GroupConfigView
     members: list[MemberView]
@@ -149,20 +167,47 @@ class GroupView(BaseModel):
     quarantined: list[QuarantineView]
     partitions: list[PartitionView]
     handoffs: list[HandoffView]
+    transitions: list[TransitionView] = []
 
 
-def partition_view(tp: tuple[str, int], pmap: RangePositionMap) -> PartitionView:
+def partition_view(
+    tp: tuple[str, int], pmap: RangePositionMap, end: int | None = None
+) -> PartitionView:
+    low = pmap.minimum_offset()
     return PartitionView(
         topic=tp[0],
         partition=tp[1],
-        low_watermark=pmap.minimum_offset(),
+        low_watermark=low,
         segments=[
             PositionSegment(
                 start=s.start, end=s.end, next_offset=p.next_offset, acked=list(p.acked)
             )
             for s, p in pmap.segments()
         ],
+        end_offset=end,
+        lag=None if end is None else max(0, end - low),
     )
+
+
+def partition_views(state: GroupState) -> list[PartitionView]:
+    """Every partition of the group and every one it has positions of, in order."""
+    every = sorted(set(state.partitions) | set(state.positions))
+    return [
+        partition_view(tp, state.position_map(tp), state.high_watermarks.get(tp)) for tp in every
+    ]
+
+
+def transition_views(state: GroupState) -> list[TransitionView]:
+    return [
+        TransitionView(
+            topic=t.topic,
+            counts=list(t.counts),
+            seen_at_ms=t.seen_at_ms,
+            until_ms=t.until_ms,
+            fence=None if t.fence is None else {str(p): end for p, end in t.fence},
+        )
+        for t in sorted(state.transitions.values())
+    ]
 
 
 def _lag_of(state: GroupState, owned: RangeSet) -> dict[str, Any]:
@@ -254,6 +299,7 @@ def group_view(
         group=state.group,
         served_by=served_by,
         topics=list(state.topics),
+        topic_pattern=state.topic_pattern,
         assignor=state.config.assignor,
         config=config_view(state.config),
         members=members,
@@ -268,8 +314,9 @@ def group_view(
             )
             for q in state.quarantined
         ],
-        partitions=[partition_view(tp, state.positions[tp]) for tp in sorted(state.positions)],
+        partitions=partition_views(state),
         handoffs=[handoff_view(h) for h in reversed(state.handoffs)],
+        transitions=transition_views(state),
     )
 
 

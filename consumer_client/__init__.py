@@ -1,6 +1,7 @@
 """The keyshard consumer library: the whole public API is this module.
 
-`CoordinatedConsumer` is the consumer. `Membership`, `MemberHooks` and `PingReport` are
+`CoordinatedConsumer` is the consumer. `Membership`, `MemberHooks`, `PingReport` and
+`TopicsChange` are
 for members that fetch on their own terms (the Spark streaming source is one): the
 member's side of the protocol without the consumer's data path; `MemberState` is where a
 member is in it (`Membership.member.state`).
@@ -19,7 +20,11 @@ from keyshard.consumer_client._consumer import (
 from keyshard.consumer_client._datapath.lanes import RetryPolicy
 from keyshard.consumer_client._exactly_once.transactions import Outputs
 from keyshard.consumer_client._membership.connector import Membership
-from keyshard.consumer_client._membership.member_hooks import MemberHooks, PingReport
+from keyshard.consumer_client._membership.member_hooks import (
+    MemberHooks,
+    PingReport,
+    TopicsChange,
+)
 from keyshard.consumer_client._membership.state import MemberState
 from keyshard.consumer_client._operations.endpoints import ConsumerEndpoints
 from keyshard.core.security.tls import ClientTls
@@ -37,4 +42,5 @@ __all__ = [
     "Outputs",
     "PingReport",
     "RetryPolicy",
+    "TopicsChange",
 ]

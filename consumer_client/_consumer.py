@@ -55,6 +55,7 @@ from keyshard.consumer_client._operations.signals import (
     signals_to_handle,
 )
 from keyshard.core.kafka.connect import KafkaUnreachable, start_client
+from keyshard.core.kafka.no_topic_creation import never_create_topics
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.addresses import parse_host_ports
 from keyshard.core.model.durations import renamed_seconds
@@ -91,6 +92,9 @@ class CoordinatedConsumer:
             group's low-watermark positions are also committed to Kafka under this id, so
             lag shows in the usual tools.
         topics (list[str]): the topics to consume; at least one.
+        topic_pattern (str): instead of `topics`: a regular expression (Python's `re`); the
+            group consumes every topic whose whole name matches it, topics created later
+            included (internal ones, starting with ``__``, never). Default: None.
         coordinator (str): ``HOST:PORT`` of the coordinator's consumer port (7171 by
             default), or several, comma-separated (the replicas of a coordinator set: any
             one names the replica that serves the group). Not the admin (HTTP) port.
@@ -164,7 +168,8 @@ class CoordinatedConsumer:
         self,
         *,
         group: str,
-        topics: list[str],
+        topics: list[str] | None = None,
+        topic_pattern: str | None = None,
         coordinator: str,
         bootstrap_servers: str | None = None,
         kafka_config: Mapping[str, str] | KafkaSettings | None = None,
@@ -189,8 +194,6 @@ class CoordinatedConsumer:
         transaction_interval_ms: int = DEFAULT_TRANSACTION_INTERVAL_MS,
         transaction_log_topic: str = TXN_LOG_TOPIC,
     ) -> None:
-        if not topics:
-            raise ValueError("topics must name at least one topic")
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
         if not 1000 <= session_timeout_ms <= 300_000:
@@ -228,7 +231,8 @@ class CoordinatedConsumer:
             else KafkaSettings.parse(kafka_config, token_provider=kafka_token_provider)
         )
         self.group = group
-        self.topics = list(topics)
+        self.topics = list(topics or [])
+        self.topic_pattern = topic_pattern
         self.coordinators = coordinators
         self.bootstrap_servers = self.kafka.with_bootstrap(bootstrap_servers)
         self.name = name
@@ -270,6 +274,7 @@ class CoordinatedConsumer:
             auth_token=auth_token,
             tls=coordinator_tls,
             connect_timeout_ms=connect_timeout_ms,
+            topic_pattern=topic_pattern,
         )
         # What `run` is made of once Kafka is reached (None before, and when it did not).
         self._running: _Running | None = None
@@ -525,12 +530,14 @@ class CoordinatedConsumer:
         until `connect_timeout_ms`; a lasting problem (bad credentials, TLS) is a
         `ConsumerError` at once."""
         while True:
-            kafka = AIOKafkaConsumer(
-                bootstrap_servers=self.bootstrap_servers,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                fetch_max_wait_ms=self.fetch_max_wait_ms,
-                **self.kafka.consumer_options(),
+            kafka = never_create_topics(
+                AIOKafkaConsumer(
+                    bootstrap_servers=self.bootstrap_servers,
+                    enable_auto_commit=False,
+                    auto_offset_reset="earliest",
+                    fetch_max_wait_ms=self.fetch_max_wait_ms,
+                    **self.kafka.consumer_options(),
+                )
             )
             try:
                 await start_client(

@@ -183,6 +183,7 @@ class Workers:
     kafka_config: str | None = None  # a .properties file of Kafka client settings
     # The coordinator addresses workers are given (default: the coordinator's own).
     addresses: str | None = None
+    topic_pattern: str | None = None  # `spawn`: every topic matching it, not `topic`
 
     def spawn(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
         err = open(self.out_dir / f"{name}.err", "wb")  # noqa: SIM115
@@ -196,6 +197,7 @@ class Workers:
                 topic=self.topic,
                 group=self.group,
                 kafka_config=self.kafka_config,
+                topic_pattern=self.topic_pattern,
             ),
             stdout=err,
             stderr=subprocess.STDOUT,

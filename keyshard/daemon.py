@@ -21,6 +21,7 @@ from fastapi import FastAPI
 
 from keyshard.api.app import create_app
 from keyshard.coordinator.group.bounds import Bounds
+from keyshard.coordinator.group.growth import DEFAULT_GROWTH_WINDOW_MS
 from keyshard.coordinator.group.state import GroupConfig, OffsetReset
 from keyshard.coordinator.replication.liveness import DEFAULT_LEADER_FAILOVER_MS
 from keyshard.coordinator.replication.manager import ReplicaManager, ReplicationSettings
@@ -83,6 +84,10 @@ class DaemonConfig:
     # is in memory, and it takes no transactional producers (not asked, then: it answers
     # with ERROR lines).
     embedded_broker: bool = False
+    # How often each group's topics are read from the cluster, and how long after a topic
+    # grew producers may still write by its old partition count (coordinator.group.growth).
+    metadata_refresh_ms: int = 5_000
+    partition_growth_window_ms: int = DEFAULT_GROWTH_WINDOW_MS
 
     def advertised(self, port: int) -> str:
         """Where consumers reach this replica: --advertise, else the listen address
@@ -205,6 +210,8 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             group_offset_resets=dict(config.group_offset_resets),
             coordinator_id=config.replica_id,
             bounds=config.bounds,
+            metadata_refresh_ms=config.metadata_refresh_ms,
+            partition_growth_window_ms=config.partition_growth_window_ms,
         )
         runtime = CoordinatorRuntime(
             runtime_config, state_log, metadata=cluster, partitions=state_log.partitions

@@ -28,6 +28,7 @@ _.model_config
 _.consumer_id
 _.deadline_in_s, _.blocking_offsets, _.high_watermark, _.processed_per_s
 _.last_heard_s_ago, _.range_lag, _.released_after_s, _.until_in_s, _.target_pending
+_.end_offset
 _.measured_speed, _.speed_factor
 _.state_partition, _.imbalanced_for_s, _.unowned_slots, _.draining_ranges, _.fenced, _.counted_to
 # ConsumerStats fields, read through as_dict() (asdict) by the benchmarks.

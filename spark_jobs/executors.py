@@ -144,6 +144,7 @@ class ConsumerSettings:
     # exist on every executor): strings, so they pickle; each task checks them.
     kafka_config: dict[str, str] = field(default_factory=dict)
     coordinator_tls: ClientTls | None = None  # paths as the executors see them
+    topic_pattern: str | None = None  # instead of `topics`
     # How long a task's coordinator or Kafka may stay unreachable before it fails (None:
     # retry, warning at once and then every 30 s, as `CoordinatedConsumer` does).
     connect_timeout_ms: int | None = None
@@ -208,6 +209,7 @@ async def consume_until(
     consumer = CoordinatedConsumer(
         group=settings.group,
         topics=settings.topics,
+        topic_pattern=settings.topic_pattern,
         coordinator=settings.coordinator,
         bootstrap_servers=settings.bootstrap_servers,
         kafka_config=settings.kafka_config,
@@ -305,7 +307,7 @@ def run_executor_consumers(
     spark: SparkSession,
     *,
     group: str,
-    topics: list[str],
+    topics: list[str] | None = None,
     coordinator: str,
     bootstrap_servers: str,
     handler: Handler,
@@ -319,6 +321,7 @@ def run_executor_consumers(
     coordinator_tls: ClientTls | None = None,
     connect_timeout_ms: int | None = None,
     auth_token: str | None = None,
+    topic_pattern: str | None = None,
 ) -> list[TaskReport]:
     """Run `consumers` tasks (default: one per task slot), each a member of `group` calling
     `handler(record)` (an aiokafka ConsumerRecord; sync or async) per record, keys in order.
@@ -330,9 +333,13 @@ def run_executor_consumers(
     `connect_timeout_ms`: how long a task's coordinator or Kafka may stay unreachable
     before the task fails (None: retry, warning at once and then every 30 s);
     `connect_timeout_s` (seconds) is its deprecated name. `auth_token`: the coordinator's
-    `--auth-token`, if it has one.
+    `--auth-token`, if it has one. `topic_pattern` instead of `topics`: every topic whose
+    name matches it, as `CoordinatedConsumer`'s.
     """
-    if not topics or any(not t for t in topics):
+    if topic_pattern is not None:
+        if topics:
+            raise ValueError("give topics or topic_pattern, not both")
+    elif not topics or any(not t for t in topics):
         raise ValueError(f"topics must name at least one topic, got {topics!r}")
     if not group:
         raise ValueError("group must not be empty")
@@ -356,7 +363,7 @@ def run_executor_consumers(
     KafkaSettings.parse(kafka_config)  # a bad setting fails here, not in every task
     settings = ConsumerSettings(
         group=group,
-        topics=list(topics),
+        topics=list(topics or []),
         coordinator=coordinator,
         bootstrap_servers=bootstrap_servers,
         until=until or StopWhen(),
@@ -368,6 +375,7 @@ def run_executor_consumers(
         coordinator_tls=coordinator_tls,
         connect_timeout_ms=connect_timeout_ms,
         auth_token=auth_token,
+        topic_pattern=topic_pattern,
     )
     sc = spark.sparkContext
     sc.setJobGroup(f"keyshard-{group}", f"keyshard consumers of {group}", interruptOnCancel=True)
@@ -407,7 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run Spark tasks as keyshard coordinated consumers of a group.",
     )
     p.add_argument("--group", required=True)
-    p.add_argument("--topics", required=True, help="comma-separated")
+    subscription = p.add_mutually_exclusive_group(required=True)
+    subscription.add_argument("--topics", help="comma-separated")
+    subscription.add_argument("--topic-pattern", help="every topic whose name matches (regex)")
     p.add_argument("--coordinator", required=True, help="host:port[,host:port...]")
     p.add_argument("--bootstrap-servers", required=True)
     p.add_argument("--handler", required=True, help="module:function called once per record")
@@ -501,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
         stats = run_executor_consumers(
             spark,
             group=args.group,
-            topics=[t.strip() for t in args.topics.split(",")],
+            topics=[t.strip() for t in args.topics.split(",")] if args.topics else None,
+            topic_pattern=args.topic_pattern,
             coordinator=args.coordinator,
             bootstrap_servers=args.bootstrap_servers,
             handler=handler,

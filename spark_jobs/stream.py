@@ -3,9 +3,9 @@
     spark.readStream.format("keyshard").option("group", "g").option("topics", "t1,t2")
         .option("coordinator", "host:7171").option("bootstrap_servers", "host:9092").load()
 
-Options: `group`, `topics`, `coordinator`, `bootstrap_servers` (required); `auth_token_file`
-(a file holding the coordinator's token), or `auth_token`, or the driver's
-KEYSHARD_AUTH_TOKEN;
+Options: `group`, `topics` (or `topic_pattern`, a regular expression), `coordinator`,
+`bootstrap_servers` (required); `auth_token_file` (a file holding the coordinator's
+token), or `auth_token`, or the driver's KEYSHARD_AUTH_TOKEN;
 `capacity` (default: Spark's default parallelism); `ranges` (Spark partitions per
 topic-partition and batch, default: the capacity); `name`; `session_timeout_ms` (10000);
 `connect_timeout_ms` (30000); `stall_timeout_ms` (30000); `ordering_header`;
@@ -49,9 +49,17 @@ done either in our sink or by another member), and nothing above it is skipped. 
 it does not own keep their checkpointed value in every new offset, so regaining a range
 later never forgets what this query already wrote.
 
+**Topics that change.** Every StartFetcher lists the group's partitions: a partition
+added to a topic (or a topic created that matches `topic_pattern`) is probed from the
+grant that lists it on, so the next micro-batch plans it from its first offset; a
+partition that left the group is planned no more.
+
 **Limits.** No admission control (each batch reads up to the high watermark); no
-per-slot load reports (the load-aware assignor sees an unmeasured member); partitions
-added to a topic after the query started are not read.
+per-slot load reports (the load-aware assignor sees an unmeasured member); while a topic
+is in transition after it grew, a micro-batch may run a key's records of two partitions
+in two tasks at once (each task reads one partition in offset order): the order rule of
+docs/user-guide/topics.md holds for coordinated consumers (executor consumers included),
+not across the tasks of one micro-batch.
 """
 
 from __future__ import annotations
@@ -68,7 +76,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from keyshard.consumer_client import Membership, PingReport
+from keyshard.consumer_client import Membership, PingReport, TopicsChange
 from keyshard.core.model.addresses import parse_host_ports
 from keyshard.core.model.positions import PositionUpdate, TopicPartition
 from keyshard.core.model.ranges import RangeSet
@@ -103,7 +111,12 @@ T = TypeVar("T")
 class StreamSettings:
     def __init__(self, options: Mapping[str, str], default_parallelism: int) -> None:
         self.group = require(options, "group")
-        self.topics = parse_topics(options)
+        # `topics`, or `topic_pattern`: every topic whose name matches, those created
+        # later included (the coordinator resolves it; grants list the partitions).
+        self.topic_pattern = options.get("topic_pattern")
+        if self.topic_pattern is not None and "topics" in options:
+            raise SourceError("give option 'topics' or 'topic_pattern', not both")
+        self.topics = [] if self.topic_pattern is not None else parse_topics(options)
         self.coordinator = require(options, "coordinator")
         try:
             self.coordinators = parse_host_ports(self.coordinator)
@@ -156,13 +169,15 @@ class MemberRuntime:
         consumer = make_consumer(s.kafka, max_partition_fetch_bytes=64 * 1024)
         await start_consumer(consumer, s.kafka, s.connect_timeout)
         self.consumer = consumer
-        self.partitions = await topic_partitions(s.kafka, s.topics, s.connect_timeout)
+        if s.topics:
+            self.partitions = await topic_partitions(s.kafka, s.topics, s.connect_timeout)
         ktps = [KafkaTP(*tp) for tp in self.partitions]
         ends = await asyncio.wait_for(consumer.end_offsets(ktps), s.connect_timeout)
         self.high_watermarks = {(k.topic, k.partition): int(v) for k, v in ends.items()}
         self.membership = Membership(
             group=s.group,
             topics=s.topics,
+            topic_pattern=s.topic_pattern,
             coordinators=s.coordinators,
             name=s.name,
             session_timeout_ms=s.session_timeout_ms,
@@ -247,6 +262,18 @@ class MemberRuntime:
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:
         with self.lock:
             self.state.start(slots, positions)
+            # Every grant lists the group's partitions: one added to a topic (or a topic
+            # that matches the pattern) is probed, so the next micro-batch plans it.
+            self.partitions += sorted(tp for tp in positions if tp not in self.partitions)
+
+    def topics_changed(self, change: TopicsChange) -> None:
+        """Partitions that left the group are planned no more. (Transitions need nothing
+        here: a micro-batch reads each partition apart, see the module docstring.)"""
+        with self.lock:
+            gone = set(change.dropped)
+            self.partitions = [tp for tp in self.partitions if tp not in gone]
+            for tp in gone:
+                self.high_watermarks.pop(tp, None)
 
     def held(self) -> tuple[RangeSet, PositionUpdate]:
         """The ranges this query runs and the positions of its committed batches: what it

@@ -41,7 +41,20 @@ class SourceState:
     # ---- ownership ----------------------------------------------------------------------
 
     def start(self, slots: RangeSet, positions: PositionUpdate) -> None:
-        self.grants.append(StreamGrant(slots, grant_positions(positions)))
+        """A grant; or an extension (docs/protocol.md §4.6): slots already planned, with
+        the positions of partitions added to the group, which join the grants that plan
+        those slots (a slot in two grants would be reported twice)."""
+        active = [g for g in self.grants if g.stop_after is None and g.slots & slots]
+        covered = RangeSet()
+        for grant in active:
+            covered = covered | grant.slots
+        if not active or slots - covered:
+            self.grants.append(StreamGrant(slots, grant_positions(positions)))
+            return
+        for grant in active:
+            for tp, pmap in grant_positions(positions).items():
+                mine = grant.positions.setdefault(tp, RangePositionMap())
+                mine.update(pmap.segments(grant.slots & slots))
 
     def begin_stop(self, slots: RangeSet) -> None:
         """Stop planning `slots`; they are released once the batches covering them commit."""

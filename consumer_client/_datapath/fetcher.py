@@ -5,12 +5,20 @@ records to the dispatcher in fetch order, chunk by chunk. It keeps a replay wind
 recent records per partition (`_datapath.window`), so a grant a little behind the fetch
 position replays them from memory instead of seeking back; and it applies StartFetcher
 (`grant`) and StopFetcher (`pause_idle`) to the Kafka client's assignment.
+
+Records of a topic in transition (its partition count changed lately) go through the
+merge gate (`_datapath.merge`) on their way to the backlog: they are admitted in
+timestamp order across the topic's partitions. Records it holds count against
+`max_pending`; when that is reached, only the partitions the gate waits for are fetched.
+Only then does any of this run: otherwise fetched chunks go to the backlog as they are.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import logging
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -21,6 +29,7 @@ from aiokafka import TopicPartition as KafkaTP
 from keyshard.consumer_client._datapath.chunk import Chunk
 from keyshard.consumer_client._datapath.dispatch import Dispatcher
 from keyshard.consumer_client._datapath.lanes import Suspended
+from keyshard.consumer_client._datapath.merge import MergeGate, TopicTransition
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
 from keyshard.consumer_client._datapath.stats import ConsumerStats
 from keyshard.consumer_client._datapath.window import ReplayWindow
@@ -28,6 +37,7 @@ from keyshard.core.model.positions import PositionUpdate, TopicPartition
 from keyshard.core.model.ranges import RangeSet
 from keyshard.core.protocol.messages import HighWatermark
 
+log = logging.getLogger(__name__)
 _MAX_TURN_S = 0.02  # the fetch loop gives other tasks a turn at least this often
 _MAX_BATCH = 2000  # records per getmany
 _MIN_BATCH = 8
@@ -94,6 +104,9 @@ class Fetcher:
         self._inflight: _Fetch | None = None
         self._batch = _MIN_BATCH  # records per getmany: grows while batches are quick
         self._task: asyncio.Task[None] | None = None
+        # Topics in transition: records admitted in timestamp order (`_datapath.merge`).
+        self.merge = MergeGate()
+        self._merge_paused: set[KafkaTP] = set()  # paused while the gate is full
 
     # ---- the fetcher task -----------------------------------------------------------
 
@@ -152,11 +165,14 @@ class Fetcher:
                 await asyncio.sleep(0.05)
                 turn = clock()
                 continue
-            if self.progress.pending_count() >= self.max_pending:
-                self.room.clear()
-                await self.room.wait()
-                turn = clock()
-                continue
+            if self.progress.pending_count() + self.merge.held >= self.max_pending:
+                if not self._fetch_only_waited():
+                    self.room.clear()
+                    await self.room.wait()
+                    turn = clock()
+                    continue
+            elif self._merge_paused:
+                self._resume_merge_paused()
             fetch = self._inflight
             if fetch is None:
                 # What aiokafka already holds, without waiting (and without a task: when
@@ -165,6 +181,8 @@ class Fetcher:
                 buffered = await kafka.getmany(timeout_ms=0, max_records=self._batch)
                 if buffered:
                     self.queue_fetched(buffered, generations, self._session())
+                    if self.merge.topics:
+                        self._merge_caught_up()
                     continue
                 fetch = self._inflight = _Fetch(
                     asyncio.create_task(kafka.getmany(timeout_ms=200, max_records=self._batch)),
@@ -187,6 +205,8 @@ class Fetcher:
                 self.queue_fetched(fetched, fetch.generations, fetch.session)
                 if not any(fetched.values()):
                     await self._step_over_gaps()
+                if self.merge.topics:
+                    self._merge_caught_up()
         return None
 
     async def _step_over_gaps(self) -> None:
@@ -198,7 +218,7 @@ class Fetcher:
         and a position that is not the partition's end in the tools."""
         queued = {chunk.tp for chunk in self.backlog}
         for tp, progress in list(self.progress.partitions.items()):
-            if not progress.grants or tp in queued:
+            if not progress.grants or tp in queued or self.merge.holding(tp):
                 continue
             generation = progress.generation
             position = await self.kafka.position(KafkaTP(*tp))
@@ -236,7 +256,11 @@ class Fetcher:
                     window.append(records)
                 elif records:  # held records keep the GC busy: ~10% of a no-op consumer
                     window.reset(records[-1].offset + 1)
-            self.backlog.append(Chunk(tp, generation, session, records))
+            chunk = Chunk(tp, generation, session, records)
+            if self.merge.topics and self.merge.merging(tp[0]):
+                self.backlog += self.merge.feed(chunk)
+            else:
+                self.backlog.append(chunk)
 
     def dispatch(self, backlog: list[Chunk]) -> Suspended | None:
         """Dispatch the chunks of `backlog` in order, consuming it; stops at the first
@@ -267,10 +291,16 @@ class Fetcher:
     def grant(self, slots: RangeSet, positions: PositionUpdate) -> None:
         """StartFetcher: own `slots` from `positions`; replay held records where the grant
         is behind the fetch position, else seek the partition back."""
-        held = {tp: window.start for tp, window in self.windows.items()}
+        # In transition, a partition is read again rather than replayed from memory: a
+        # replay would not go through the merge gate.
+        held = {
+            tp: window.start for tp, window in self.windows.items() if not self.merge.merging(tp[0])
+        }
         running = {tp for tp, progress in self.progress.partitions.items() if progress.grants}
         seeks = self.progress.add_grant(slots, positions, held)
         self.stats.rewinds += len(running & seeks.keys())
+        for tp in seeks:
+            self.merge.rewound(tp)
         for tp, grant in self.progress.take_replays():
             records = self.windows[tp].between(grant.fetch_from, grant.replay_upto)
             self.stats.replayed += len(records)
@@ -285,17 +315,92 @@ class Fetcher:
         for tp, offset in seeks.items():
             self.seek(tp, offset)
         self.kafka.resume(*[KafkaTP(*tp) for tp, p in self.progress.partitions.items() if p.grants])
+        self._merge_track()
 
     def pause_idle(self) -> None:
         """After a StopFetcher: partitions with no grant left are not fetched."""
         idle = [KafkaTP(*tp) for tp, p in self.progress.partitions.items() if not p.grants]
         if idle:
             self.kafka.pause(*idle)
+        self._merge_track()
 
     def forget(self) -> None:
         """The session is lost: fetch nothing, hold nothing."""
         self.windows.clear()
+        self.merge.clear()
+        self._merge_paused.clear()
         self.kafka.pause(*self.kafka.assignment())
+
+    # ---- topics that change ---------------------------------------------------------
+
+    def begin_transitions(self, transitions: Iterable[TopicTransition]) -> None:
+        """Topics in transition, as a StartFetcher lists them (before its grant)."""
+        transitions = list(transitions)
+        started = [t.topic for t in transitions if not self.merge.merging(t.topic)]
+        self.merge.begin(transitions)
+        if started:
+            log.info("%s: topic(s) %s in transition: records admitted in timestamp order",
+                     self.name, ", ".join(started))  # fmt: skip
+        self._merge_track()
+
+    def drop(self, tps: Iterable[TopicPartition]) -> None:
+        """Partitions no longer in the group: fetch them no more, forget them."""
+        gone = [tp for tp in tps if tp in self.progress.partitions]
+        if not gone:
+            return
+        self.progress.drop(gone)
+        for tp in gone:
+            self.windows.pop(tp, None)
+            self.fetched_upto.pop(tp, None)
+            self.merge.rewound(tp)
+        kept = set(self.kafka.assignment()) - {KafkaTP(*tp) for tp in gone}
+        self.kafka.assign(sorted(kept))
+        self._merge_paused &= kept
+        self._merge_track()
+
+    def _merge_track(self) -> None:
+        if self.merge.topics:
+            fetched = [tp for tp, p in self.progress.partitions.items() if p.grants]
+            self._admitted(self.merge.track(fetched))
+
+    def _admitted(self, chunks: list[Chunk]) -> None:
+        if chunks:
+            self.backlog += chunks
+            if self._waker is not None:
+                _wake(self._waker, None)
+        for transition in self.merge.ended:
+            log.info("%s: topic %s: transition over, records flow as fetched",
+                     self.name, transition.topic)  # fmt: skip
+        self.merge.ended.clear()
+
+    def _merge_caught_up(self) -> None:
+        """Partitions in transition fetched up to their end: past every record there."""
+        now_ms = int(time.time() * 1000)
+        for mark in self.high_watermarks():
+            tp = (mark.topic, mark.partition)
+            if self.merge.merging(mark.topic) and self.fetched_upto.get(tp, -1) >= mark.offset:
+                self._admitted(self.merge.caught_up(tp, now_ms))
+
+    def _fetch_only_waited(self) -> bool:
+        """The pending limit is reached with records held by the gate: fetch only the
+        partitions it waits for (False: it waits for none, so wait for room instead)."""
+        waited = {KafkaTP(*tp) for tp in self.merge.waited_on() if tp in self.progress.partitions}
+        if not waited or not self.merge.held:
+            return False
+        others = set(self.kafka.assignment()) - waited - self._merge_paused
+        if others:
+            self.kafka.pause(*others)
+            self._merge_paused |= others
+        back = waited & self._merge_paused
+        if back:
+            self.kafka.resume(*back)
+            self._merge_paused -= back
+        return True
+
+    def _resume_merge_paused(self) -> None:
+        granted = {KafkaTP(*tp) for tp, p in self.progress.partitions.items() if p.grants}
+        self.kafka.resume(*(self._merge_paused & granted))
+        self._merge_paused.clear()
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.fetched_upto[tp] = offset

@@ -16,8 +16,9 @@ from collections.abc import Awaitable
 
 from keyshard.consumer_client._datapath.dispatch import Dispatcher
 from keyshard.consumer_client._datapath.fetcher import Fetcher
+from keyshard.consumer_client._datapath.merge import TopicTransition
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
-from keyshard.consumer_client._membership.member_hooks import PingReport
+from keyshard.consumer_client._membership.member_hooks import PingReport, TopicsChange
 from keyshard.core.model.positions import PositionUpdate
 from keyshard.core.model.ranges import RangeSet
 
@@ -59,6 +60,16 @@ class ConsumerHooks:
 
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:
         self._fetcher.grant(slots, positions)
+
+    def topics_changed(self, change: TopicsChange) -> None:
+        """Before the StartFetcher that carries it: topics in transition merge their
+        partitions' records by timestamp; dropped partitions are fetched no more."""
+        if change.transitions:
+            self._fetcher.begin_transitions(
+                TopicTransition(t.topic, t.counts, t.until_ms) for t in change.transitions
+            )
+        if change.dropped:
+            self._fetcher.drop(change.dropped)
 
     def held(self) -> tuple[RangeSet, PositionUpdate]:
         """What this consumer still runs and its exact positions (a claim after losing

@@ -265,6 +265,13 @@ class ConsumerProgress:
         self.partitions.clear()
         self._replays.clear()
 
+    def drop(self, tps: Iterable[TopicPartition]) -> None:
+        """Partitions no longer in the group: no grant, nothing pending, nothing reported."""
+        gone = set(tps)
+        for tp in gone:
+            self.partitions.pop(tp, None)
+        self._replays = [(tp, grant) for tp, grant in self._replays if tp not in gone]
+
     # ---- the fetch filter -----------------------------------------------------------
 
     def ack(self, tp: TopicPartition, offset: int) -> None:

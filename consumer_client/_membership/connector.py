@@ -45,6 +45,7 @@ from keyshard.consumer_client._membership.state import (
     ping_response,
     start_response,
     stop_response,
+    topics_change,
 )
 from keyshard.consumer_client._membership.unreachable import Unreachable
 from keyshard.consumer_client._membership.wrong_settings import (
@@ -85,6 +86,8 @@ class Membership:
 
     Args:
         group, topics: the group to join and the topics it consumes.
+        topic_pattern: instead of `topics`, a regular expression: the group consumes every
+            topic whose whole name matches it, those created later included.
         coordinators: the coordinator addresses to ask (any replica, or all of them).
         name: this member's name in the group's views and logs.
         session_timeout_ms: the lease: without a request from a coordinator for this long
@@ -112,10 +115,12 @@ class Membership:
         auth_token: str | None = None,
         tls: ClientTls | None = None,
         connect_timeout_ms: int | None = None,
+        topic_pattern: str | None = None,
     ) -> None:
         self.member = MemberStateMachine[Channel](
             group=group,
             topics=topics,
+            topic_pattern=topic_pattern,
             name=name,
             session_timeout_ms=session_timeout_ms,
             capacity=capacity,
@@ -393,6 +398,8 @@ class Membership:
             case PingRequest():
                 channel.reply(message, ping_response(message, hooks.ping_reply()))
             case StartFetcherRequest():
+                if message.transitions or message.dropped:
+                    hooks.topics_changed(topics_change(message))
                 hooks.start_fetcher(
                     ranges_from_wire(message.ranges), positions_from_wire(message.positions)
                 )

@@ -46,12 +46,35 @@ class PingReport:
     busy_ms: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A topic whose partition count changed lately (docs/protocol.md §9.5)."""
+
+    topic: str
+    counts: tuple[int, ...]  # the counts it went through, oldest first
+    until_ms: int  # records up to this timestamp may still be written by an old count
+
+
+@dataclass(frozen=True, slots=True)
+class TopicsChange:
+    """What a StartFetcher says of the group's topics besides its grant: the topics in
+    transition, and the partitions no longer in the group (deleted, or no longer
+    matching its pattern)."""
+
+    transitions: tuple[Transition, ...] = ()
+    dropped: tuple[TopicPartition, ...] = ()
+
+
 class MemberHooks(Protocol):
     def ping_reply(self) -> PingReport:
         """Positions, per-bucket load and demand since the last ping, seen partition ends."""
         ...
 
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None: ...
+
+    def topics_changed(self, change: TopicsChange) -> None:
+        """Applied before the StartFetcher that carries it (docs/protocol.md §9.5)."""
+        ...
 
     def stop_fetcher(self, slots: RangeSet) -> Awaitable[PositionUpdate]: ...
 

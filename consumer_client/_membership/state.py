@@ -18,11 +18,12 @@ coordinator's runtime carries out its pure group handlers. Generic in the channe
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from keyshard.consumer_client._membership.claim_fit import fit_before_authentication
-from keyshard.consumer_client._membership.member_hooks import PingReport
+from keyshard.consumer_client._membership.member_hooks import PingReport, TopicsChange, Transition
 from keyshard.core.model.positions import PositionUpdate
 from keyshard.core.model.ranges import RangeSet
 from keyshard.core.protocol.messages import (
@@ -190,6 +191,7 @@ class Registration:
     session_timeout_ms: int
     capacity: int
     auth_token: str | None = None
+    topic_pattern: str | None = None  # instead of `topics`
 
 
 class MemberStateMachine(Generic[C]):
@@ -216,9 +218,19 @@ class MemberStateMachine(Generic[C]):
         session_timeout_ms: int,
         capacity: int,
         auth_token: str | None = None,
+        topic_pattern: str | None = None,
     ) -> None:
+        if bool(topics) == (topic_pattern is not None):
+            raise ValueError("give topics (at least one) or topic_pattern, not both")
+        if topic_pattern is not None:
+            try:
+                re.compile(topic_pattern)
+            except re.error as err:
+                raise ValueError(
+                    f"topic_pattern {topic_pattern!r} is not a regular expression: {err}"
+                ) from None
         self.registration = Registration(
-            group, list(topics), name, session_timeout_ms, capacity, auth_token
+            group, list(topics), name, session_timeout_ms, capacity, auth_token, topic_pattern
         )
         self._state = MemberState.DISCOVER
         self.member_id: str | None = None
@@ -329,6 +341,7 @@ class MemberStateMachine(Generic[C]):
                 correlation_id=0,
                 group=r.group,
                 topics=r.topics,
+                topic_pattern=r.topic_pattern,
                 consumer_name=r.name,
                 session_timeout_ms=r.session_timeout_ms,
                 capacity=r.capacity,
@@ -519,6 +532,13 @@ def ping_response(request: PingRequest, report: PingReport) -> PingResponse:
         ],
         busy_records=report.busy_records,
         busy_ms=report.busy_ms,
+    )
+
+
+def topics_change(request: StartFetcherRequest) -> TopicsChange:
+    return TopicsChange(
+        tuple(Transition(t.topic, tuple(t.counts), t.until_ms) for t in request.transitions),
+        tuple((d.topic, d.partition) for d in request.dropped),
     )
 
 

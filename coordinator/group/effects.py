@@ -27,6 +27,11 @@ class SendStart:
     ranges: RangeSet
     epoch: int
     positions: PositionUpdate
+    # An extension (coordinator.group.growth): `ranges` already run on the member, and
+    # this starts them on the partitions in `positions` (added to the group) and stops
+    # `dropped` (no longer the group's). No grant: nothing to acknowledge.
+    extends: bool = False
+    dropped: tuple[TopicPartition, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,10 +69,26 @@ from keyshard.core.protocol.messages import ErrorCode
 GRANT_HOLD_S = 4.0
 
 
-def _inconsistent_topics(state: GroupState, topics: tuple[str, ...]) -> Result | None:
+def _inconsistent_topics(
+    state: GroupState, topics: tuple[str, ...], pattern: str | None = None
+) -> Result | None:
     """Every member of a group reads the same topics: the slot space is shared by all of
-    them (one key, one owner, in every topic)."""
-    if state.members and set(topics) != set(state.topics):
+    them (one key, one owner, in every topic). A group subscribed by pattern: the same
+    pattern (the topics it matches change with the cluster, not with the member)."""
+    if not state.members:
+        return None
+    if pattern is not None or state.topic_pattern is not None:
+        if pattern == state.topic_pattern:
+            return None
+        theirs = _subscription(state.topics, state.topic_pattern)
+        return Result(
+            error=(
+                ErrorCode.INCONSISTENT_TOPICS,
+                f"group {state.group!r} reads {theirs}; this consumer asked for "
+                f"{_subscription(topics, pattern)}",
+            )
+        )
+    if set(topics) != set(state.topics):
         return Result(
             error=(
                 ErrorCode.INCONSISTENT_TOPICS,
@@ -81,6 +97,10 @@ def _inconsistent_topics(state: GroupState, topics: tuple[str, ...]) -> Result |
             )
         )
     return None
+
+
+def _subscription(topics: tuple[str, ...], pattern: str | None) -> str:
+    return f"topics {sorted(topics)}" if pattern is None else f"topic pattern {pattern!r}"
 
 
 def register(
@@ -95,6 +115,7 @@ def register(
     now: float,
     fixed_ranges: RangeSet | None = None,
     validate_ranges: RangeValidator | None = None,
+    topic_pattern: str | None = None,
 ) -> Result:
     """A consumer joins.
 
@@ -110,7 +131,7 @@ def register(
     refusal = refusal or state.bounds.members_refusal(state.group, len(state.members))
     if refusal is not None:
         return Result(error=refusal)
-    if (refused := _inconsistent_topics(state, topics)) is not None:
+    if (refused := _inconsistent_topics(state, topics, topic_pattern)) is not None:
         return refused
     if validate_ranges is not None:
         declared = {
@@ -123,7 +144,15 @@ def register(
     return Result(
         records=[
             MemberJoined(
-                member_id, name, capacity, session_timeout_ms, topics, partitions, now, fixed_ranges
+                member_id,
+                name,
+                capacity,
+                session_timeout_ms,
+                topics,
+                partitions,
+                now,
+                fixed_ranges,
+                topic_pattern,
             )
         ],
         effects=[SetTimer(SessionTimer(member_id), now + session_timeout_ms / 1000)],
@@ -337,6 +366,7 @@ def reclaim(
     now: float,
     fixed_ranges: RangeSet | None = None,
     known: KnownEnds | None = None,
+    topic_pattern: str | None = None,
 ) -> Result:
     """A member that lost its coordinator is back, with what it still runs and exact
     positions (docs/protocol.md §7.4).
@@ -360,7 +390,7 @@ def reclaim(
     pending = state.claims[member_id]
     if (refusal := state.bounds.session_refusal(session_timeout_ms)) is not None:
         return Result(error=refusal)
-    if (refused := _inconsistent_topics(state, topics)) is not None:
+    if (refused := _inconsistent_topics(state, topics, topic_pattern)) is not None:
         return refused
     checked = check_positions(
         state, positions, pending.owned, field="claim.positions", known=known,
@@ -387,6 +417,7 @@ def reclaim(
             owned=owned,
             at=now,
             fixed_ranges=fixed_ranges,
+            topic_pattern=topic_pattern,
         )
     )
     others = (t for mid, t in state.target.items() if mid != member_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keyshard.coordinator.group.state import GroupConfig, HandoffKind, PendingClaim
+from keyshard.coordinator.group.state import GroupConfig, HandoffKind, PendingClaim, Transition
 from keyshard.core.model.positions import Position, RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
@@ -28,6 +28,7 @@ class MemberJoined:
     partitions: tuple[TopicPartition, ...]
     at: float
     fixed_ranges: RangeSet | None = None
+    topic_pattern: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +158,7 @@ class MemberAdopted:
     owned: RangeSet
     at: float
     fixed_ranges: RangeSet | None = None
+    topic_pattern: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +189,36 @@ class GroupConfigChanged:
     at: float
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionsChanged:
+    """The group's topics and partitions as the cluster has them now (a partition added,
+    a topic created that matches the group's pattern, a topic deleted), and the
+    transitions that follow (coordinator.group.growth). A partition left out is no longer
+    the group's: its positions go with it."""
+
+    topics: tuple[str, ...]
+    partitions: tuple[TopicPartition, ...]
+    transitions: tuple[Transition, ...]
+    at: float
+    topic_pattern: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionsChanged:
+    """A transition got its fence, or ended (coordinator.group.growth.transitions_due)."""
+
+    transitions: tuple[Transition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EndsObserved:
+    """Partition ends the coordinator read itself (ListOffsets checked by a fetch), for
+    partitions no member may have reported yet: lag covers a partition from the moment
+    it exists. Read by a read_committed reader: last stable offsets."""
+
+    ends: tuple[tuple[TopicPartition, int], ...]
+
+
 Record = (
     MemberJoined
     | MemberHeard
@@ -207,4 +239,7 @@ Record = (
     | GrantsHeld
     | PositionsLoaded
     | GroupConfigChanged
+    | PartitionsChanged
+    | TransitionsChanged
+    | EndsObserved
 )

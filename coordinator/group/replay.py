@@ -13,6 +13,7 @@ from keyshard.coordinator.group.demand import buckets_of
 from keyshard.coordinator.group.records import (
     ClaimAwaited,
     DrainStarted,
+    EndsObserved,
     GrantAcknowledged,
     GrantsHeld,
     GroupConfigChanged,
@@ -22,6 +23,7 @@ from keyshard.coordinator.group.records import (
     MemberHeard,
     MemberJoined,
     MemberRemoved,
+    PartitionsChanged,
     PositionsAdvanced,
     PositionsLoaded,
     QuarantineLifted,
@@ -31,6 +33,7 @@ from keyshard.coordinator.group.records import (
     RebalanceRequested,
     Record,
     TargetComputed,
+    TransitionsChanged,
 )
 from keyshard.coordinator.group.state import (
     GroupState,
@@ -40,13 +43,13 @@ from keyshard.coordinator.group.state import (
     PendingClaim,
     Quarantine,
 )
-from keyshard.core.model.positions import RangePositionMap
+from keyshard.core.model.positions import RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet
 
 
 def _caught_up(state: GroupState) -> bool:
     """Every partition of the group done to the end its members' fetches last saw."""
-    ends = state.high_watermarks
+    ends = state.fetched_ends
     return bool(state.partitions) and all(
         tp in ends and tp in state.positions and state.positions[tp].minimum_offset() >= ends[tp]
         for tp in state.partitions
@@ -65,8 +68,7 @@ def replay(state: GroupState, record: Record) -> None:
                 last_heard=record.at,
                 fixed_ranges=record.fixed_ranges,
             )
-            state.topics = record.topics
-            state.partitions = record.partitions
+            _subscribe(state, record.topics, record.partitions, record.topic_pattern)
             state.inputs_version += 1
             state.joined_version = state.inputs_version
         case MemberHeard():
@@ -92,6 +94,7 @@ def replay(state: GroupState, record: Record) -> None:
                     state.demand.completed(record.load, record.at)
                 for tp, offset, stable in record.high_watermarks:
                     state.high_watermarks[tp] = max(state.high_watermarks.get(tp, 0), offset)
+                    state.fetched_ends[tp] = max(state.fetched_ends.get(tp, 0), offset)
                     state.stable_ends[tp] = stable
                 if record.ping and state.demand.check_due(record.at) and _caught_up(state):
                     state.demand.settle()
@@ -100,7 +103,10 @@ def replay(state: GroupState, record: Record) -> None:
             if member is not None:
                 member.last_contacted = max(member.last_contacted, record.at)
         case PositionsAdvanced():
+            known = set(state.partitions)
             for tp, segments in record.updates:
+                if known and tp not in known:
+                    continue  # left the group: a member that does not know yet reports it
                 pmap = state.positions.get(tp)
                 if pmap is None:
                     pmap = state.positions[tp] = RangePositionMap()
@@ -227,6 +233,28 @@ def replay(state: GroupState, record: Record) -> None:
             state.positions[record.tp] = record.positions.copy()
         case GroupConfigChanged():
             state.config = record.config
+        case PartitionsChanged():
+            kept = set(record.partitions)
+            for tp in [tp for tp in state.partitions if tp not in kept]:
+                _forget_partition(state, tp)
+            state.dropped -= kept
+            state.topics = record.topics
+            state.partitions = record.partitions
+            state.topic_pattern = record.topic_pattern
+            state.transitions = {t.topic: t for t in record.transitions}
+            state.topology_version += 1
+            state.log_version += 1
+            state.positions_version += 1  # the offsets committed for tooling cover them
+        case TransitionsChanged():
+            state.transitions = {t.topic: t for t in record.transitions}
+            state.topology_version += 1
+            state.log_version += 1
+        case EndsObserved():
+            known = set(state.partitions)
+            for tp, offset in record.ends:
+                if tp in known:
+                    state.high_watermarks[tp] = max(state.high_watermarks.get(tp, 0), offset)
+                    state.stable_ends.setdefault(tp, True)
 
 
 def _completions(record: MemberHeard) -> int:
@@ -255,8 +283,7 @@ def _adopt(state: GroupState, record: MemberAdopted) -> None:
         owned=record.owned,
         fixed_ranges=record.fixed_ranges,
     )
-    state.topics = record.topics
-    state.partitions = record.partitions
+    _subscribe(state, record.topics, record.partitions, record.topic_pattern)
     state.inputs_version += 1
     state.joined_version = state.inputs_version
     for h in list(state.open):  # its lost ranges run again, on itself
@@ -269,6 +296,32 @@ def _adopt(state: GroupState, record: MemberAdopted) -> None:
                 state.open.remove(h)
     _member_changed(state, mid)
     _refresh_excess(state, mid)
+
+
+def _subscribe(
+    state: GroupState,
+    topics: tuple[str, ...],
+    partitions: tuple[TopicPartition, ...],
+    pattern: str | None,
+) -> None:
+    """What a member registered with is what the group reads."""
+    if (topics, partitions, pattern) != (state.topics, state.partitions, state.topic_pattern):
+        state.topology_version += 1
+        state.log_version += 1
+    state.topics = topics
+    state.partitions = partitions
+    state.topic_pattern = pattern
+    state.transitions = {t: tr for t, tr in state.transitions.items() if t in topics}
+
+
+def _forget_partition(state: GroupState, tp: TopicPartition) -> None:
+    """A partition that left the group: were its topic created again, its offsets would
+    start over, and positions kept from before would skip its records."""
+    state.positions.pop(tp, None)
+    state.high_watermarks.pop(tp, None)
+    state.fetched_ends.pop(tp, None)
+    state.stable_ends.pop(tp, None)
+    state.dropped.add(tp)
 
 
 def _member_changed(state: GroupState, member_id: str) -> None:

@@ -8,13 +8,14 @@ before it is checked against what the coordinator knows:
 - **positions** (a Ping reply, a StopFetcher reply, a Leave, a claim at Register) for a
   topic-partition the group does not read, past the partition's end as Kafka told the
   coordinator, or behind what the group already holds for those slots are refused, and
-  the member is fenced with the field named; the rest of the group carries on from the
-  last good positions. Honest members never trip these: a member reads only what is
-  below the end (the high watermark when it fetched, which only grows), and it starts
-  a range from the stored positions and only adds to them. So a report past the end
-  is judged only against an end Kafka gave *after* the report arrived
-  (`KnownEnds.confirmed`), and one that merely passes the ends known so far is first
-  confirmed (`Result.confirm`: the runtime asks Kafka and judges again);
+  the member is fenced with the field named (a partition that has left the group is
+  ignored: a report sent before the member learned so is no lie); the rest of the group
+  carries on from the last good positions. Honest members never trip these: a member
+  reads only what is below the end (the high watermark when it fetched, which only
+  grows), and it starts a range from the stored positions and only adds to them. So a
+  report past the end is judged only against an end Kafka gave *after* the report
+  arrived (`KnownEnds.confirmed`), and one that merely passes the ends known so far is
+  first confirmed (`Result.confirm`: the runtime asks Kafka and judges again);
 - **high watermarks and fetched windows** past the end are clipped to it, a window's
   counts to its size, and a topic-partition the group does not read refuses the report;
 - **completions** (`load`, `busy_records`) count no further than the member's positions
@@ -151,6 +152,8 @@ def check_positions(
     out = CheckedPositions()
     advanced: list[tuple[TopicPartition, tuple[tuple[SlotRange, Position], ...]]] = []
     for tp, segments in positions.items():
+        if tp in state.dropped and tp not in partitions:
+            continue  # sent before the member read that the partition left the group
         if tp not in partitions and not reads(state, tp):
             out.refusal = Refusal(
                 f"{field}[{_name(tp)}]", f"group {state.group!r} does not read {_name(tp)}"
@@ -228,7 +231,9 @@ def check_progress(
     out = CheckedProgress()
 
     def end_for(tp: TopicPartition, offset: int, field_name: str) -> int | None:
-        """The offset to count up to (None: wait for a confirmed end)."""
+        """The offset to count up to (None: wait for a confirmed end, or ignore it)."""
+        if tp in state.dropped:
+            return None  # sent before the member read that the partition left the group
         if not reads(state, tp):
             out.refusal = out.refusal or Refusal(
                 f"{field_name}[{_name(tp)}]", f"group {state.group!r} does not read {_name(tp)}"

@@ -175,6 +175,23 @@ class Handoff:
         return None if self.resumed_at is None else self.resumed_at - self.started_at
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class Transition:
+    """A topic whose partition count changed while the group read it (docs/protocol.md
+    §9.5). A keyed producer writes a key to the partition the count it last saw gives it,
+    and sees a new count only at its next metadata refresh: until `until_ms` (when the
+    change was seen plus the growth window) one key's records may be in two partitions,
+    so members admit the topic's records in timestamp order (`consumer_client._datapath
+    .merge`). It ends once the group's positions passed `fence`, the partitions' ends
+    read after `until_ms`: nothing older can still be waiting then."""
+
+    topic: str
+    counts: tuple[int, ...]  # the partition counts it went through, oldest first
+    seen_at_ms: int  # wall clock, ms since the epoch: when the last change was seen
+    until_ms: int
+    fence: tuple[tuple[int, int], ...] | None = None  # (partition, end) read after until_ms
+
+
 @dataclass(slots=True)
 class GroupState:
     group: str
@@ -183,6 +200,15 @@ class GroupState:
     bounds: Bounds = field(default_factory=Bounds)
     topics: tuple[str, ...] = ()
     partitions: tuple[TopicPartition, ...] = ()
+    # The regular expression the group subscribes with (its topics are what it matches
+    # now), or None for topics by name.
+    topic_pattern: str | None = None
+    # Topics whose partition count changed lately, by topic (see Transition).
+    transitions: dict[str, Transition] = field(default_factory=dict)
+    # Partitions that left the group (topic deleted, or no longer matching): a member may
+    # still report them until it has read the StartFetcher that drops them, so their
+    # reports are ignored, not taken for lies (coordinator.group.reports).
+    dropped: set[TopicPartition] = field(default_factory=set)
     members: dict[str, Member] = field(default_factory=dict)
     target: dict[str, RangeSet] = field(default_factory=dict)
     unassigned: RangeSet = EMPTY  # slots the strategy gives nobody: their records wait
@@ -194,8 +220,14 @@ class GroupState:
     # threshold: while the measure is no worse than this (+5%), asking again would only
     # recompute what the strategy already placed (a load it cannot pack any better).
     last_rebalance_imbalance: float | None = None
-    # Partition ends as the members' fetches last saw them: what lag is measured against.
+    # Partition ends as the members' fetches last saw them, or the coordinator read them
+    # (coordinator.runtime.partition_watch), whichever is further: what lag is measured
+    # against.
     high_watermarks: dict[TopicPartition, int] = field(default_factory=dict)
+    # The members' fetches' part of it alone: whether the group has caught up with what it
+    # fetched (the demand check settles then) is judged on it, not on ends read at another
+    # instant, which under steady traffic are always a little ahead of every position.
+    fetched_ends: dict[TopicPartition, int] = field(default_factory=dict)
     # Partitions whose reported end is a last stable offset (read_committed members).
     stable_ends: dict[TopicPartition, bool] = field(default_factory=dict)
     quarantined: list[Quarantine] = field(default_factory=list)
@@ -217,6 +249,9 @@ class GroupState:
     # member each version touched, so a write carries only the members that changed.
     log_version: int = 0
     member_changes: dict[str, int] = field(default_factory=dict)
+    # Bumped when its topics, partitions or transitions change: the state log holds them
+    # (a replica taking the group over must know a transition it cannot see any more).
+    topology_version: int = 0
     # Derived indexes kept by `replay` so that `reconcile` costs what changed, not the
     # group's size (thousands of members would otherwise make every reply O(members)):
     # slots nobody owns or quarantines (== busy().complement()),

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from keyshard.coordinator.group.bounds import Bounds
+from keyshard.coordinator.group.growth import DEFAULT_GROWTH_WINDOW_MS
 from keyshard.coordinator.group.state import GroupConfig, OffsetReset
 from keyshard.coordinator.storage.base import DEFAULT_STATE_TOPIC
 
@@ -28,6 +29,12 @@ class RuntimeConfig:
     # ... and once quiet this long when nothing in the group runs yet (a new group):
     # waiting costs nothing there, and a storm's tail may come a TCP retransmit later.
     recompute_idle_quiet_ms: int = 1_500
+    # How often the partitions of every group's topics (and what its pattern matches) are
+    # read from the cluster (coordinator.runtime.partition_watch); 0: never.
+    metadata_refresh_ms: int = 5_000
+    # How long after a topic grew a producer may still write by the old partition count
+    # (Kafka's metadata.max.age.ms): records up to then are admitted in timestamp order.
+    partition_growth_window_ms: int = DEFAULT_GROWTH_WINDOW_MS
     coordinator_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     # Per-group overrides of group_defaults: group -> assignor name, and group -> where
     # it starts when new.

@@ -19,18 +19,20 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
+from keyshard.coordinator.group.growth import counts_of
 from keyshard.coordinator.group.state import GroupState, Member
 from keyshard.coordinator.runtime.activity import Activity
 from keyshard.coordinator.storage.base import Positions
 from keyshard.coordinator.storage.log_format import (
     MAX_RECORD_BYTES,
     MemberRecord,
+    TopicsRecord,
     chunk_key,
     encode,
     encode_positions,
     member_key,
 )
-from keyshard.core.model.positions import TopicPartition
+from keyshard.core.model.positions import RangePositionMap, TopicPartition
 
 log = logging.getLogger(__name__)
 Spawn = Callable[[Coroutine[Any, Any, Any], str], None]
@@ -75,6 +77,7 @@ class StateWriter:
         self._positions_written: dict[str, int] = {}  # positions_version last written
         self._records: dict[str, set[str]] = {}  # members with a live record, per group
         self._chunks: dict[tuple[str, TopicPartition], int] = {}  # chunks live in the log
+        self._topics_written: dict[str, int] = {}  # topology_version last written
 
     def adopted(
         self,
@@ -87,6 +90,7 @@ class StateWriter:
         members that have a record there, and how many chunks each partition's map has."""
         self.flushed[group] = state.log_version
         self._positions_written[group] = state.positions_version
+        self._topics_written[group] = state.topology_version
         self._records[group] = set(members)
         for tp, count in chunks.items():
             self._chunks[(group, tp)] = count
@@ -96,6 +100,7 @@ class StateWriter:
         self.flushed.pop(group, None)
         self._positions_written.pop(group, None)
         self._records.pop(group, None)
+        self._topics_written.pop(group, None)
         for key in [k for k in self._chunks if k[0] == group]:
             del self._chunks[key]
 
@@ -135,11 +140,15 @@ class StateWriter:
             raise NotOwned(f"group {group!r} is not coordinated here")
         partition, epoch = owner
         version, positions_version = state.log_version, state.positions_version
+        topology_version = state.topology_version
         began = time.perf_counter()
         records: LogRecords = []
         chunk_counts: dict[TopicPartition, int] = {}
         snapshot: Positions = {}
-        if positions_version != self._positions_written.get(group):
+        if topology_version != self._topics_written.get(group):
+            records.append(_topics_record(state, epoch))
+        positions_changed = positions_version != self._positions_written.get(group)
+        if positions_changed:
             snapshot = {tp: pmap.copy() for tp, pmap in state.positions.items()}
             for tp, pmap in snapshot.items():
                 chunks = encode_positions(group, tp, pmap, epoch, self.max_record_bytes)
@@ -147,6 +156,10 @@ class StateWriter:
                 chunk_counts[tp] = len(chunks)
                 stale = range(len(chunks), self._chunks.get((group, tp), 0))
                 records += [(chunk_key(group, tp, i), None) for i in stale]
+            for g, tp in [k for k in self._chunks if k[0] == group and k[1] not in snapshot]:
+                # A partition that left the group: its positions go with it.
+                records += [(chunk_key(g, tp, i), None) for i in range(self._chunks[(g, tp)])]
+                chunk_counts[tp] = 0
         written = self._records.setdefault(group, set())
         since = self._written_members_version(group)
         changed = [mid for mid, v in state.member_changes.items() if v > since]
@@ -165,12 +178,23 @@ class StateWriter:
             if member_id is not None:
                 (written.add if value is not None else written.discard)(member_id)
         for tp, count in chunk_counts.items():
-            self._chunks[(group, tp)] = count
+            if count:
+                self._chunks[(group, tp)] = count
+            else:
+                self._chunks.pop((group, tp), None)
         self._positions_written[group] = positions_version
+        self._topics_written[group] = topology_version
         self.flushed[group] = max(self.flushed.get(group, -1), version)
         self.activity.timed("flush", time.perf_counter() - began)
-        if snapshot:
-            self.spawn(self.committer.commit_low_watermarks(group, snapshot), f"commit-{group}")
+        if positions_changed:
+            # Every partition of the group, those nobody has a position in yet at their
+            # first offset: tools then show a new partition's whole backlog as lag.
+            unread = {tp: RangePositionMap() for tp in state.partitions if tp not in snapshot}
+            committed = {**snapshot, **unread}
+            if committed:
+                self.spawn(
+                    self.committer.commit_low_watermarks(group, committed), f"commit-{group}"
+                )
 
     def _written_members_version(self, group: str) -> int:
         return self.flushed.get(group, -1)
@@ -200,6 +224,18 @@ class StateWriter:
                     if self.write_failed is not None:
                         self.write_failed(group, err)  # fenced: let the partition go
             took = time.perf_counter() - began
+
+
+def _topics_record(state: GroupState, epoch: int) -> tuple[bytes, bytes | None]:
+    record = TopicsRecord(
+        group=state.group,
+        topics=state.topics,
+        counts=tuple(sorted(counts_of(state.partitions).items())),
+        topic_pattern=state.topic_pattern,
+        transitions=tuple(sorted(state.transitions.values())),
+        epoch=epoch,
+    )
+    return record.key, encode(record)
 
 
 def _member_record(state: GroupState, member: Member, epoch: int) -> tuple[bytes, bytes | None]:

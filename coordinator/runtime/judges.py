@@ -84,8 +84,8 @@ def leave_judge(
 
 
 def claim_judge(
-    state: GroupState, request: RegisterRequest, partitions: tuple[TopicPartition, ...],
-    fixed: RangeSet | None, now: float,
+    state: GroupState, request: RegisterRequest, topics: tuple[str, ...],
+    partitions: tuple[TopicPartition, ...], fixed: RangeSet | None, now: float,
 ) -> Judge:  # fmt: skip
     """A Register with a claim the group holds a pending claim for; None when that
     ended meanwhile (its lease ran out: it registers as a new member)."""
@@ -105,11 +105,12 @@ def claim_judge(
             name=request.consumer_name,
             capacity=request.capacity,
             session_timeout_ms=request.session_timeout_ms,
-            topics=tuple(request.topics),
+            topics=topics,
             partitions=partitions,
             now=now,
             fixed_ranges=fixed,
             known=known,
+            topic_pattern=request.topic_pattern,
         )
 
     return judge

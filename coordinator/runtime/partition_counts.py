@@ -1,4 +1,5 @@
-"""Partition counts for Register, fetched once for many concurrent registrations."""
+"""Partition counts for Register, fetched once for many concurrent registrations (of the
+topics they name, or of every topic for those that subscribe by pattern)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ class CoalescedPartitionCounts:
     thousand.
     """
 
-    def __init__(self, metadata: ClusterMetadata) -> None:
+    def __init__(self, metadata: ClusterMetadata, *, every_topic: bool = False) -> None:
         self.metadata = metadata
+        # Every topic on the cluster, whatever the callers name (a pattern's Register).
+        self.every_topic = every_topic
         self._running: asyncio.Task[dict[str, int]] | None = None
         self._next: asyncio.Task[dict[str, int]] | None = None
         self._next_topics: set[str] = set()
@@ -29,6 +32,8 @@ class CoalescedPartitionCounts:
             self._next = asyncio.create_task(self._fetch_after(self._running))
         self._next_topics.update(topics)
         counts = await asyncio.shield(self._next)
+        if self.every_topic:
+            return dict(counts)
         return {t: counts[t] for t in topics if t in counts}
 
     async def _fetch_after(self, previous: asyncio.Task[dict[str, int]] | None) -> dict[str, int]:
@@ -37,4 +42,6 @@ class CoalescedPartitionCounts:
                 await asyncio.shield(previous)
         await asyncio.sleep(0)  # let the callers of this loop turn add their topics
         self._running, self._next = self._next, None
+        if self.every_topic:
+            return await self.metadata.topic_counts()
         return await self.metadata.partition_counts(tuple(sorted(self._next_topics)))

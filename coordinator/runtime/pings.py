@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 
+from keyshard.coordinator.group import growth
 from keyshard.coordinator.group.effects import Result
 from keyshard.coordinator.group.state import GroupState
 from keyshard.coordinator.runtime.activity import Activity
@@ -51,6 +52,7 @@ class Pinger:
         report: Callable[[str, str, Judge, Callable[[Result | None], None]], None],
         contacted: Callable[[str, str], None],
         epoch_of: Callable[[str], int],
+        hint: Callable[[], None] | None = None,
     ) -> None:
         self._groups = groups
         self._replies = replies
@@ -59,6 +61,8 @@ class Pinger:
         self._report = report  # judged in order, checked first (ReportJudge.submit)
         self._contacted = contacted  # records that we are sending the member a request
         self._epoch_of = epoch_of  # the group's coordinator epoch
+        # A member reported a partition its group does not know: the topic may have grown.
+        self._hint = hint
 
     async def loop(self, group: str, member_id: str, channel: Channel, interval: float) -> None:
         """Ping until the channel closes or the member is gone."""
@@ -117,6 +121,11 @@ class Pinger:
             )
             return
         self._activity.timed("ping round trip", time.perf_counter() - sent)
+        state = self._groups.get(group)
+        reported = [(h.topic, h.partition) for h in reply.high_watermarks]
+        reported += [(f.topic, f.partition) for f in reply.fetched]
+        if self._hint and state is not None and growth.unknown_partitions(state, reported):
+            self._hint()
 
         def judged(result: Result | None) -> None:
             error = None if result is None else result.error

@@ -31,7 +31,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from keyshard.coordinator.group import balance, handlers, starting
+from keyshard.coordinator.group import balance, growth, handlers, starting
 from keyshard.coordinator.group.effects import (
     BalanceTimer,
     CancelTimer,
@@ -47,6 +47,7 @@ from keyshard.coordinator.group.effects import (
 from keyshard.coordinator.group.load import BucketLoad
 from keyshard.coordinator.group.records import (
     DrainStarted,
+    EndsObserved,
     MemberContacted,
     MemberHeard,
     MemberRemoved,
@@ -68,10 +69,12 @@ from keyshard.coordinator.runtime.partition_ends import (
     SharedPartitionEnds,
     describe,
 )
+from keyshard.coordinator.runtime.partition_watch import PartitionWatcher
 from keyshard.coordinator.runtime.pings import Pinger, ping_interval_ms
 from keyshard.coordinator.runtime.recompute import TargetRecomputer
 from keyshard.coordinator.runtime.report_order import ReportJudge
 from keyshard.coordinator.runtime.sender import OrderedSender
+from keyshard.coordinator.runtime.subscription import Subscriptions
 from keyshard.coordinator.runtime.takeover import takeover_result
 from keyshard.coordinator.runtime.timers import AsyncioTimers, Clock, Timers
 from keyshard.coordinator.runtime.verdicts import MemberKey, PendingReplies, settled
@@ -88,7 +91,7 @@ from keyshard.core.protocol.messages import (
 from keyshard.core.protocol.wire import ranges_from_wire, ranges_to_wire
 
 log = logging.getLogger(__name__)
-PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced, DrainStarted)
+PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced, DrainStarted, EndsObserved)
 # How long stopping waits for the last offset commits (tooling only) before closing.
 COMMIT_ON_STOP_S = 5.0
 TimerId = tuple[str, TimerKey]  # (group, key)
@@ -111,12 +114,14 @@ class CoordinatorRuntime:
         partitions: int = 1,
         clock: Clock = time.monotonic,
         timers: Timers[TimerId] | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.log = log
         self.metadata = metadata
         self.partitions = partitions  # of the state log: a group lives in partition_of()
         self.clock = clock
+        self.wall_clock = wall_clock  # record timestamps are wall-clock ms (transitions)
         self.timers: Timers[TimerId] = timers or AsyncioTimers(clock)
         self.channels: dict[MemberKey, Channel] = {}
         self.ready = False
@@ -130,7 +135,10 @@ class CoordinatorRuntime:
         # Why this replica should not get traffic yet, beyond the runtime's own view (the
         # replication layer: not caught up on the state log), or None.
         self.not_ready: Callable[[], str | None] = lambda: None
-        self._partition_counts = CoalescedPartitionCounts(metadata)
+        self._subscriptions = Subscriptions(
+            CoalescedPartitionCounts(metadata),
+            CoalescedPartitionCounts(metadata, every_topic=True),
+        )
         self._partition_ends = SharedPartitionEnds(metadata)
         self.activity = Activity()
         self.writer = StateWriter(
@@ -173,6 +181,10 @@ class CoordinatorRuntime:
             report=self.reports.submit,
             contacted=self._contacted,
             epoch_of=self.epoch_of,
+            hint=lambda: self.watcher.hint(),
+        )
+        self.watcher = PartitionWatcher(
+            self._groups, metadata, self._run, self.owner_of, clock, wall_clock, config
         )
 
     # ---- lifecycle ----------------------------------------------------------------
@@ -183,6 +195,8 @@ class CoordinatorRuntime:
         self._spawn(self.writer.run(self.config.flush_interval_ms / 1000), "flush-loop")
         self._spawn(watch_loop(self.activity), "loop-lag")
         self._spawn(report_loop(self.activity, self._gauges), "activity-report")
+        if self.config.metadata_refresh_ms > 0:
+            self._spawn(self.watcher.run(), "partition-watch")
 
     async def stop(self) -> None:
         """Stop deciding, close the members' channels, store the last positions and let
@@ -278,6 +292,7 @@ class CoordinatorRuntime:
                 if channel is not None:
                     channel.fail(ErrorCode.NOT_COORDINATOR, reason)
             self.writer.forget(group)
+            self.watcher.forget(group)
         log.info("state partition %d released: %s", partition, reason)
 
     def _write_failed(self, group: str, err: BaseException) -> None:
@@ -309,15 +324,14 @@ class CoordinatorRuntime:
             refused = self.config.bounds.groups_refusal(request.group, len(self._groups))
         if refused is not None:
             raise CoordinatorError(*refused)
-        topics = tuple(request.topics)
-        counts = await self._partition_counts.get(topics)
-        missing = [t for t in topics if t not in counts]
+        pattern = request.topic_pattern
+        counts, missing = await self._subscriptions.counts(tuple(request.topics), pattern)
         if missing:
             raise CoordinatorError(
                 ErrorCode.UNKNOWN_TOPIC,
                 f"topic(s) {missing} do not exist on {self.config.bootstrap_servers}",
             )
-        partitions = tuple((t, p) for t in sorted(topics) for p in range(counts[t]))
+        partitions = growth.partitions_of(counts)
         existing = self._groups.get(request.group)
         config = existing.config if existing else self.config.config_for(request.group)
         try:
@@ -328,6 +342,8 @@ class CoordinatorRuntime:
         # created now would be served by nobody's authority.
         self._require_owned(request.group)
         state = self._group(request.group)
+        counts = self.watcher.before_join(state, counts, tuple(request.topics), pattern)
+        topics, partitions = tuple(sorted(counts)), growth.partitions_of(counts)
         if ends is not None and (started := starting.start_positions(state, ends)).records:
             self.ends.learned(ends)
             self._apply(request.group, state, started)
@@ -339,7 +355,7 @@ class CoordinatorRuntime:
         result: Result | None = None
         if claim is not None and claim.member_id in state.claims:
             member_id = claim.member_id
-            judge = claim_judge(state, request, partitions, fixed, self.clock())
+            judge = claim_judge(state, request, topics, partitions, fixed, self.clock())
             result = await self.reports.verdict(judge)  # None: its lease ran out meanwhile
             if self._groups.get(request.group) is not state:  # handed over meanwhile
                 raise CoordinatorError(ErrorCode.NOT_COORDINATOR, "the group moved: try again")
@@ -356,6 +372,7 @@ class CoordinatorRuntime:
                 now=self.clock(),
                 fixed_ranges=fixed,
                 validate_ranges=strategy_named(state.config.assignor).validate_ranges,
+                topic_pattern=pattern,
             )
         if result.error is not None:
             raise CoordinatorError(*result.error)
@@ -364,6 +381,9 @@ class CoordinatorRuntime:
             previous.close("the member registered again on a new connection")
         self.channels[(request.group, member_id)] = channel
         self._run(request.group, result)
+        if claim is not None and claim.member_id == member_id:  # adopted: what it runs
+            runs = {(p.topic, p.partition) for p in claim.positions}
+            self._run(request.group, growth.extend_member(state, member_id, runs))
         member = state.members[member_id]
         interval_ms = ping_interval_ms(state, member.session_timeout_ms)
         self._spawn(

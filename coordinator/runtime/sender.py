@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 
 from keyshard.coordinator.group import handlers
 from keyshard.coordinator.group.effects import Result, SendStart, SendStop
+from keyshard.coordinator.group.records import MemberHeard
 from keyshard.coordinator.group.state import GroupState
 from keyshard.coordinator.runtime.activity import Activity
 from keyshard.coordinator.runtime.durability import NotOwned, StateWriter
@@ -33,6 +34,8 @@ from keyshard.core.protocol.channel import Channel, ChannelClosed, RemoteError
 from keyshard.core.protocol.messages import (
     ErrorCode,
     Message,
+    PartitionRef,
+    PartitionTransition,
     StartFetcherRequest,
     StartFetcherResponse,
     StopFetcherRequest,
@@ -42,6 +45,13 @@ from keyshard.core.protocol.wire import positions_to_wire, ranges_to_wire
 
 log = logging.getLogger(__name__)
 STORE_RETRY_S = 0.5  # between two tries to store a grant Kafka could not take
+
+
+def transitions_to_wire(state: GroupState) -> list[PartitionTransition]:
+    return [
+        PartitionTransition(topic=t.topic, counts=list(t.counts), until_ms=t.until_ms)
+        for t in sorted(state.transitions.values())
+    ]
 
 
 def reply_timeout(session_timeout_ms: int) -> float:
@@ -111,6 +121,7 @@ class OrderedSender:
             ranges=ranges_to_wire(effect.ranges),
             positions=positions_to_wire(effect.positions),
             coordinator_epoch=self._epoch_of(group),
+            dropped=[PartitionRef(topic=t, partition=p) for t, p in effect.dropped],
         )
         reply = await self._send_in_order(
             group, effect.member_id, request, decided=decided, durable=True
@@ -123,6 +134,10 @@ class OrderedSender:
         state = self._groups.get(group)
         if state is None:
             return  # the group's partition was let go of meanwhile
+        if effect.extends:  # not a grant: nothing to acknowledge, only a sign of life
+            if effect.member_id in state.members:
+                self._run(group, Result(records=[MemberHeard(effect.member_id, self._clock())]))
+            return
         self._run(
             group,
             handlers.start_completed(
@@ -156,6 +171,10 @@ class OrderedSender:
             member = state.members.get(member_id) if state is not None else None
             if channel is None or state is None or member is None or channel.is_closed:
                 return None
+            if isinstance(request, StartFetcherRequest):
+                # The transitions as of the send, not the decision: a grant must never
+                # leave without one that started meanwhile.
+                request = request.model_copy(update={"transitions": transitions_to_wire(state)})
             self._contacted(group, member_id)
             future = channel.submit(request)
             written = time.perf_counter()

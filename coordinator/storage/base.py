@@ -3,7 +3,8 @@
 `StateLog` is the durable home of every group: a log of P partitions (a group lives in
 `partition_of(group)`), written by the partition's owner under its coordinator epoch and
 tailed by every replica. `ClusterMetadata` answers what Register needs (partition
-counts, and partition ends for a new group that starts at them), what readiness needs
+counts, and partition ends for a new group that starts at them), what the partition
+watcher needs (every topic's count, partition ends for lag), what readiness needs
 (is Kafka reachable), and commits each group's lowest position as a Kafka offset for
 tooling. The Kafka implementations are `coordinator.storage.kafka_log` and
 `coordinator.storage.kafka_cluster`; tests use in-memory ones, which these protocols let
@@ -53,6 +54,12 @@ class ClusterMetadata(Protocol):
     async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
         """Partition count of every topic that exists (missing topics are left out), as
         of now: topics created after start-up must be seen."""
+        ...
+
+    async def topic_counts(self) -> dict[str, int]:
+        """Partition count of every topic on the cluster (internal ones included), from
+        one metadata request made now: what a group's topics and pattern are checked
+        against while it runs (coordinator.runtime.partition_watch)."""
         ...
 
     async def partition_ends(

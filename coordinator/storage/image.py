@@ -24,6 +24,7 @@ from keyshard.coordinator.storage.log_format import (
     ReplicaBeat,
     StateRecord,
     Tombstone,
+    TopicsRecord,
     merge_into,
 )
 from keyshard.core.model.positions import RangePositionMap, TopicPartition
@@ -31,10 +32,12 @@ from keyshard.core.model.positions import RangePositionMap, TopicPartition
 
 @dataclass(slots=True)
 class GroupImage:
-    """A group as its durable records say: positions, and the members that owned ranges."""
+    """A group as its durable records say: positions, the members that owned ranges, and
+    what it reads."""
 
     positions: dict[TopicPartition, RangePositionMap] = field(default_factory=dict)
     members: dict[str, MemberRecord] = field(default_factory=dict)
+    topics: TopicsRecord | None = None
 
 
 #: Two billion takeovers: more than a real deployment makes, less than int64 holds.
@@ -51,6 +54,7 @@ class PartitionImage:
     fenced_records: int = 0  # ignored: written under an epoch older than a marker's
     _chunks: dict[bytes, PositionsChunk] = field(default_factory=dict)
     _members: dict[bytes, MemberRecord] = field(default_factory=dict)
+    _topics: dict[bytes, TopicsRecord] = field(default_factory=dict)
 
     def apply(self, offset: int, record: StateRecord) -> None:
         self.next_offset = max(self.next_offset, offset + 1)
@@ -67,12 +71,15 @@ class PartitionImage:
             case Tombstone(key):
                 self._chunks.pop(key, None)
                 self._members.pop(key, None)
-            case PositionsChunk() | MemberRecord():
+                self._topics.pop(key, None)
+            case PositionsChunk() | MemberRecord() | TopicsRecord():
                 if record.epoch < self.epoch:
                     self.fenced_records += 1
                     return
                 if isinstance(record, PositionsChunk):
                     self._chunks[record.key] = record
+                elif isinstance(record, TopicsRecord):
+                    self._topics[record.key] = record
                 else:
                     self._members[record.key] = record
 
@@ -101,6 +108,8 @@ class PartitionImage:
             merge_into(image.positions.setdefault(chunk.tp, RangePositionMap()), chunk.positions)
         for member in self._members.values():
             groups.setdefault(member.group, GroupImage()).members[member.member_id] = member
+        for topics in self._topics.values():
+            groups.setdefault(topics.group, GroupImage()).topics = topics
         return groups
 
     def chunk_count(self, group: str, tp: TopicPartition) -> int:

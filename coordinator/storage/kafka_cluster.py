@@ -33,6 +33,7 @@ from keyshard.coordinator.storage.base import Positions, StoreError
 from keyshard.core.kafka.connect import quiet_bootstrap, start_client, unreachable
 from keyshard.core.kafka.ends import fetched_ends, partition_ends
 from keyshard.core.kafka.metadata import fetch_partitions
+from keyshard.core.kafka.no_topic_creation import never_create_topics
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.positions import TopicPartition
 
@@ -145,10 +146,14 @@ class KafkaCluster:
         # (each replaces its assignment).
         self._reader: AIOKafkaConsumer | None = None
         self._reader_lock = asyncio.Lock()
+        # And one reading committed data, for the partition watcher's regular question:
+        # its own, so a slow check of a member's report does not hold the watcher up.
+        self._committed_reader: AIOKafkaConsumer | None = None
+        self._committed_reader_lock = asyncio.Lock()
 
     async def start(self) -> None:
-        self._metadata = AIOKafkaClient(
-            bootstrap_servers=self.bootstrap, **self.settings.client_options()
+        self._metadata = never_create_topics(
+            AIOKafkaClient(bootstrap_servers=self.bootstrap, **self.settings.client_options())
         )
         try:
             with quiet_bootstrap():
@@ -162,10 +167,10 @@ class KafkaCluster:
             ) from err
 
     async def stop(self) -> None:
-        await self._drop_reader()
-        for committer in self._committers.values():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(committer.stop(), self.timeout)
+        readers = (self._reader, self._committed_reader)
+        self._reader = self._committed_reader = None
+        for client in (*readers, *self._committers.values()):
+            await self._stop(client)
         self._committers.clear()
         if self._metadata is not None:
             with contextlib.suppress(Exception):
@@ -180,21 +185,36 @@ class KafkaCluster:
         answer = await fetch_partitions(self._metadata, topics, self.timeout)
         return {topic: len(parts) for topic, parts in answer.partitions.items()}
 
+    async def topic_counts(self) -> dict[str, int]:
+        """Partition count of every topic on the cluster, internal ones included."""
+        if self._metadata is None:
+            raise StoreError("cluster metadata is not started")
+        cluster = await asyncio.wait_for(self._metadata.fetch_all_metadata(), self.timeout)
+        return {
+            topic: len(cluster.partitions_for_topic(topic) or ())
+            for topic in cluster.topics(exclude_internal_topics=False)
+        }
+
     async def partition_ends(
         self, partitions: Sequence[TopicPartition]
     ) -> dict[TopicPartition, int]:
         """Where each partition ends for a reader of committed data (a fetch answer's last
-        stable offset: keyshard.core.kafka.ends), read by a consumer of its own."""
-        reader = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-            isolation_level="read_committed", **self.settings.client_options(),
-        )  # fmt: skip
-        try:
-            await asyncio.wait_for(reader.start(), self.timeout)
-            return await partition_ends(reader, partitions, self.timeout)
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(reader.stop(), self.timeout)
+        stable offset: keyshard.core.kafka.ends), read by a consumer kept for it (the
+        partition watcher asks every few seconds); one read at a time."""
+        async with self._committed_reader_lock:
+            try:
+                if self._committed_reader is None:
+                    reader = AIOKafkaConsumer(
+                        bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                        isolation_level="read_committed", **self.settings.client_options(),
+                    )  # fmt: skip
+                    self._committed_reader = await self._started(never_create_topics(reader))
+                return await partition_ends(self._committed_reader, partitions, self.timeout)
+            except BaseException:
+                # One stuck on a partition or a broker: a fresh one next time.
+                reader, self._committed_reader = self._committed_reader, None
+                await self._stop(reader)
+                raise
 
     async def high_watermarks(
         self, partitions: Sequence[TopicPartition], needed: Mapping[TopicPartition, int]
@@ -216,7 +236,8 @@ class KafkaCluster:
                         ends[tp] = max(ends[tp], fetched[tp])
                 return ends
             except BaseException:
-                await self._drop_reader()  # a fresh one next time
+                reader, self._reader = self._reader, None
+                await self._stop(reader)  # a fresh one next time
                 raise
 
     async def _open_reader(self) -> AIOKafkaConsumer:
@@ -226,7 +247,7 @@ class KafkaCluster:
                 fetch_max_wait_ms=ENDS_FETCH_WAIT_MS, max_partition_fetch_bytes=ENDS_FETCH_BYTES,
                 **self.settings.client_options(),
             )  # fmt: skip
-            self._reader = await self._started(reader)
+            self._reader = await self._started(never_create_topics(reader))
         return self._reader
 
     async def _started(self, client: AIOKafkaConsumer) -> AIOKafkaConsumer:
@@ -235,16 +256,14 @@ class KafkaCluster:
         try:
             await asyncio.wait_for(client.start(), self.timeout)
         except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.stop(), self.timeout)
+            await self._stop(client)
             raise
         return client
 
-    async def _drop_reader(self) -> None:
-        reader, self._reader = self._reader, None
-        if reader is not None:
+    async def _stop(self, client: AIOKafkaConsumer | None) -> None:
+        if client is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(reader.stop(), self.timeout)
+                await asyncio.wait_for(client.stop(), self.timeout)
 
     async def probe(self) -> None:
         """One metadata round trip to the cluster: raises when Kafka is unreachable (the
@@ -283,5 +302,5 @@ class KafkaCluster:
                 bootstrap_servers=self.bootstrap, group_id=group, enable_auto_commit=False,
                 **options,
             )  # fmt: skip
-            self._committers[group] = await self._started(committer)
+            self._committers[group] = await self._started(never_create_topics(committer))
         return committer

@@ -10,6 +10,9 @@ the group goes there, so one partition's log is everything its coordinator needs
 - `MemberRecord`    a member and the ranges it owns, written before a StartFetcher
                     leaves: what a new coordinator checks a re-registering member's
                     claim against (a tombstone when the member is gone);
+- `TopicsRecord`    the group's topics (or pattern), partition counts and transitions
+                    (coordinator.group.growth): a transition cannot be seen on the
+                    cluster any more by the replica that takes the group over;
 - `EpochMarker`     a replica took the partition over, with the next coordinator epoch:
                     records of older epochs after it are a fenced writer's and are ignored;
 - `ReplicaBeat`     a replica is alive (partition 0 only, outside transactions).
@@ -24,6 +27,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from keyshard.coordinator.group.state import Transition
 from keyshard.core.model.positions import RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import RangeSet
 
@@ -72,6 +76,23 @@ class MemberRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class TopicsRecord:
+    """What a group reads: its topics (what its pattern matched, with one), how many
+    partitions each has, and the topics in transition."""
+
+    group: str
+    topics: tuple[str, ...]
+    counts: tuple[tuple[str, int], ...]
+    topic_pattern: str | None = None
+    transitions: tuple[Transition, ...] = ()
+    epoch: int = 0
+
+    @property
+    def key(self) -> bytes:
+        return topics_key(self.group)
+
+
+@dataclass(frozen=True, slots=True)
 class EpochMarker:
     partition: int
     epoch: int
@@ -115,7 +136,7 @@ class Tombstone:
     key: bytes
 
 
-StateRecord = PositionsChunk | MemberRecord | EpochMarker | ReplicaBeat | Tombstone
+StateRecord = PositionsChunk | MemberRecord | TopicsRecord | EpochMarker | ReplicaBeat | Tombstone
 
 
 def _key(kind: str, *parts: str) -> bytes:
@@ -124,6 +145,10 @@ def _key(kind: str, *parts: str) -> bytes:
 
 def member_key(group: str, member_id: str) -> bytes:
     return _key("M", group, member_id)
+
+
+def topics_key(group: str) -> bytes:
+    return _key("T", group)
 
 
 def chunk_key(group: str, tp: TopicPartition, chunk: int) -> bytes:
@@ -152,6 +177,13 @@ def encode(record: StateRecord) -> bytes | None:
                 "session_timeout_ms": record.session_timeout_ms,
                 "member_epoch": record.member_epoch, "owned": _ranges(record.owned),
                 "topics": list(record.topics), "fixed_ranges": _ranges(record.fixed_ranges),
+            }  # fmt: skip
+        case TopicsRecord():
+            body = {
+                "kind": "topics", "group": record.group, "topics": list(record.topics),
+                "counts": [list(c) for c in record.counts],
+                "topic_pattern": record.topic_pattern,
+                "transitions": [_transition(t) for t in record.transitions],
             }  # fmt: skip
         case EpochMarker():
             body = {
@@ -229,6 +261,15 @@ def decode(key: bytes, value: bytes | None) -> StateRecord:
             fixed_ranges=None if fixed is None else RangeSet.from_pairs(tuple(p) for p in fixed),
             epoch=epoch,
         )
+    if kind == "topics":
+        return TopicsRecord(
+            group=str(data["group"]),
+            topics=tuple(str(t) for t in data["topics"]),
+            counts=tuple((str(t), int(n)) for t, n in data["counts"]),
+            topic_pattern=None if data.get("topic_pattern") is None else str(data["topic_pattern"]),
+            transitions=tuple(_read_transition(t) for t in data.get("transitions", [])),
+            epoch=epoch,
+        )
     if kind == "epoch":
         return EpochMarker(
             int(data["partition"]), epoch, str(data["replica_id"]), str(data["address"]),
@@ -242,6 +283,21 @@ def decode(key: bytes, value: bytes | None) -> StateRecord:
             int(data.get("placement_version", 0)),
         )  # fmt: skip
     raise RecordError(f"state record of unknown kind {kind!r}")
+
+
+def _transition(t: Transition) -> dict[str, Any]:
+    fence = None if t.fence is None else [list(pair) for pair in t.fence]
+    return {"topic": t.topic, "counts": list(t.counts), "seen_at_ms": t.seen_at_ms,
+            "until_ms": t.until_ms, "fence": fence}  # fmt: skip
+
+
+def _read_transition(data: dict[str, Any]) -> Transition:
+    fence = data.get("fence")
+    return Transition(
+        str(data["topic"]), tuple(int(n) for n in data["counts"]), int(data["seen_at_ms"]),
+        int(data["until_ms"]),
+        None if fence is None else tuple((int(p), int(o)) for p, o in fence),
+    )  # fmt: skip
 
 
 def _dump(data: Any) -> bytes:

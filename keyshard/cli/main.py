@@ -193,6 +193,8 @@ def _serve(
         max_connections_per_peer=int(args.max_connections_per_peer),
         pre_auth_max_frame_bytes=int(args.pre_auth_max_frame_bytes),
         bounds=args.bounds,
+        metadata_refresh_ms=int(args.metadata_refresh_ms),
+        partition_growth_window_ms=int(args.partition_growth_window_ms),
     )
     kafka = args.bootstrap_servers or "the embedded broker"
     try:

@@ -29,6 +29,7 @@ from keyshard.cli.flag_values import (
     servers,
 )
 from keyshard.cli.secret_flags import add_coordinator_secret_flags, add_token_file_flag
+from keyshard.coordinator.group.growth import DEFAULT_GROWTH_WINDOW_MS
 from keyshard.coordinator.group.state import GroupConfig
 from keyshard.coordinator.replication.liveness import DEFAULT_LEADER_FAILOVER_MS
 from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
@@ -309,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="GROUP=earliest or GROUP=latest: where one new group starts (repeatable)",
     )
+    _add(coord, "--metadata-refresh-ms", type=positive_ms, default=5_000,
+         help="how often each group's topics are read from the cluster (partitions added, "
+         "topics created or deleted)")  # fmt: skip
+    _add(coord, "--partition-growth-window-ms", type=positive_ms,
+         default=DEFAULT_GROWTH_WINDOW_MS, help="after a topic grew, how long producers may "
+         "still write by the old partition count (their metadata.max.age.ms)")  # fmt: skip
     add_endpoint_flags(coord)
     add_coordinator_secret_flags(coord, _add)
     add_bound_flags(coord, _add)
@@ -434,7 +441,9 @@ def add_worker_command(command: Any) -> None:
         help="the handler, called once per record (an aiokafka ConsumerRecord)",
     )
     _add(w, "--group", default=None, help="consumer group (required)")
-    _add(w, "--topics", default=None, help="comma-separated topics (required)")
+    _add(w, "--topics", default=None, help="comma-separated topics (or --topic-pattern)")
+    _add(w, "--topic-pattern", default=None,
+         help="instead of --topics: every topic whose whole name matches this regex")  # fmt: skip
     _add(
         w,
         "--coordinator",

@@ -75,8 +75,9 @@ def run_worker_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     _own_signals()
     log = logging.getLogger("keyshard.worker")
+    reads = consumer.topic_pattern or ",".join(consumer.topics)
     log.info("worker %s: group %s, topics %s, coordinator %s", consumer.name, consumer.group,
-             ",".join(consumer.topics), args.coordinator)  # fmt: skip
+             reads, args.coordinator)  # fmt: skip
     try:
         if inspect.iscoroutinefunction(handler):
             asyncio.run(_run_async(consumer, handler))
@@ -181,8 +182,16 @@ def build_consumer(args: argparse.Namespace, environ: Mapping[str, str]) -> Coor
     if not args.group:
         raise WorkerUsageError("--group (KEYSHARD_GROUP) is required")
     topics = [t.strip() for t in (args.topics or "").split(",") if t.strip()]
-    if not topics:
-        raise WorkerUsageError("--topics (KEYSHARD_TOPICS) is required: comma-separated topics")
+    pattern = args.topic_pattern or None
+    if topics and pattern:
+        raise WorkerUsageError(
+            "--topics (KEYSHARD_TOPICS) and --topic-pattern (KEYSHARD_TOPIC_PATTERN): give one"
+        )
+    if not topics and not pattern:
+        raise WorkerUsageError(
+            "--topics (KEYSHARD_TOPICS) is required: comma-separated topics (or "
+            "--topic-pattern, KEYSHARD_TOPIC_PATTERN: a regular expression)"
+        )
     if args.log_format not in ("plain", "json"):
         raise WorkerUsageError(f"--log-format {args.log_format!r}: plain or json")
     from_file = load_properties(args.kafka_config) if args.kafka_config else {}
@@ -197,6 +206,7 @@ def build_consumer(args: argparse.Namespace, environ: Mapping[str, str]) -> Coor
     return CoordinatedConsumer(
         group=args.group,
         topics=topics,
+        topic_pattern=pattern,
         coordinator=args.coordinator,
         bootstrap_servers=bootstrap,
         kafka_config=kafka,

@@ -56,11 +56,13 @@ class DemoKafka:
 def worker_command(
     *, name: str, coordinator: str, bootstrap: str, out: Path, extra: list[str] | None = None,
     topic: str = TOPIC, group: str = GROUP, kafka_config: str | None = None,
+    topic_pattern: str | None = None,
 ) -> list[str]:  # fmt: skip
     config = ["--kafka-config", kafka_config] if kafka_config else []
+    reads = ["--topic-pattern", topic_pattern] if topic_pattern else ["--topics", topic]
     return [
         sys.executable, "-m", "keyshard.local.demo_worker", "--log-level", "WARNING",
-        "--group", group, "--topics", topic, "--coordinator", coordinator,
+        "--group", group, *reads, "--coordinator", coordinator,
         "--bootstrap-servers", bootstrap, *config, "--name", name,
         "--out", str(out), *(extra or []),
     ]  # fmt: skip

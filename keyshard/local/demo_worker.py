@@ -31,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="A consumer that records every handler run, for the demo and the tests.",
     )
     parser.add_argument("--group", required=True, help="consumer group")
-    parser.add_argument("--topics", required=True, help="comma-separated topics")
+    subscription = parser.add_mutually_exclusive_group(required=True)
+    subscription.add_argument("--topics", help="comma-separated topics")
+    subscription.add_argument("--topic-pattern", help="every topic whose name matches (regex)")
     parser.add_argument("--coordinator", required=True, help="coordinator HOST:PORT[,...]")
     parser.add_argument("--bootstrap-servers", required=True, help="Kafka HOST:PORT[,...]")
     parser.add_argument("--kafka-config", help="Kafka client settings (.properties)")
@@ -71,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _main(args: argparse.Namespace) -> int:
     consumer = CoordinatedConsumer(
         group=args.group,
-        topics=args.topics.split(","),
+        topics=args.topics.split(",") if args.topics else None,
+        topic_pattern=args.topic_pattern,
         coordinator=args.coordinator,
         bootstrap_servers=args.bootstrap_servers,
         kafka_config=load_properties(args.kafka_config) if args.kafka_config else None,
@@ -103,6 +106,7 @@ async def _main(args: argparse.Namespace) -> int:
         out.write(
             json.dumps(
                 {
+                    "t": record.topic,
                     "p": record.partition,
                     "o": record.offset,
                     "k": (okey or b"").decode(errors="replace"),

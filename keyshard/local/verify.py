@@ -35,6 +35,7 @@ class Processed:
     member: str
     t0: int
     t1: int
+    topic: str = ""  # the demo worker's own logs name it
 
 
 @dataclass(slots=True)
@@ -65,7 +66,9 @@ def read_processed(paths: Iterable[Path]) -> list[Processed]:
             except json.JSONDecodeError:
                 continue  # a line cut short by kill -9
             events.append(
-                Processed(d["p"], d["o"], d["k"], d["s"], d["w"], d["m"], d["t0"], d["t1"])
+                Processed(
+                    d["p"], d["o"], d["k"], d["s"], d["w"], d["m"], d["t0"], d["t1"], d.get("t", "")
+                )
             )
     return events
 

@@ -118,3 +118,28 @@ def test_a_worker_given_both_names_exits_2_in_one_line() -> None:
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("keyshard worker: --connect-timeout-ms (KEYSHARD_CONNECT_TIMEOUT_MS)")
     assert "deprecated name --connect-timeout-s" in line
+
+
+def test_a_topic_pattern_instead_of_topics(clean_env: pytest.MonkeyPatch) -> None:
+    flags = ["worker", "m:f", "--group", "g", "--bootstrap-servers", "127.0.0.1:9092"]
+    args = build_parser().parse_args([*flags, "--topic-pattern", "orders-.*"])
+    consumer = build_consumer(args, {})
+    assert (consumer.topics, consumer.topic_pattern) == ([], "orders-.*")
+    clean_env.setenv("KEYSHARD_TOPIC_PATTERN", "a|b")
+    assert build_consumer(build_parser().parse_args(flags), {}).topic_pattern == "a|b"
+
+
+def test_topics_and_a_topic_pattern_are_a_usage_error(clean_env: pytest.MonkeyPatch) -> None:
+    with pytest.raises(WorkerUsageError, match="give one"):
+        build_consumer(_args("--topic-pattern", "t.*"), {})
+    flags = ["worker", "m:f", "--group", "g", "--bootstrap-servers", "127.0.0.1:9092"]
+    with pytest.raises(WorkerUsageError, match="--topic-pattern"):
+        build_consumer(build_parser().parse_args(flags), {})
+
+
+def test_a_topic_pattern_that_is_no_regular_expression_is_refused(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    flags = ["worker", "m:f", "--group", "g", "--bootstrap-servers", "127.0.0.1:9092"]
+    with pytest.raises(ValueError, match="not a regular expression"):
+        build_consumer(build_parser().parse_args([*flags, "--topic-pattern", "(oops"]), {})

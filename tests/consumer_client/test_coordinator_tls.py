@@ -22,6 +22,7 @@ from keyshard.consumer_client import (
     CoordinatedConsumer,
     Membership,
     PingReport,
+    TopicsChange,
 )
 from keyshard.coordinator.server.admission import ConnectionLimits
 from keyshard.core.model.positions import PositionUpdate
@@ -45,6 +46,9 @@ class Hooks:
         return PingReport({})
 
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:
+        pass
+
+    def topics_changed(self, change: TopicsChange) -> None:
         pass
 
     def stop_fetcher(self, slots: RangeSet) -> Awaitable[PositionUpdate]:

@@ -15,7 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from harness import wait_for
-from keyshard.consumer_client import ConsumerError, Membership, PingReport
+from keyshard.consumer_client import ConsumerError, Membership, PingReport, TopicsChange
 from keyshard.core.model.positions import PositionUpdate
 from keyshard.core.model.ranges import EMPTY, RangeSet
 from keyshard.core.protocol.codec import ForeignProtocol, encode, foreign_protocol
@@ -28,6 +28,9 @@ class NoHooks:
         raise AssertionError("never registered")
 
     def start_fetcher(self, slots: RangeSet, positions: PositionUpdate) -> None:
+        raise AssertionError("never registered")
+
+    def topics_changed(self, change: TopicsChange) -> None:
         raise AssertionError("never registered")
 
     def stop_fetcher(self, slots: RangeSet) -> Awaitable[PositionUpdate]:

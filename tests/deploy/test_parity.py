@@ -63,6 +63,8 @@ VALUE_FOR_DEST = {
     "max_members_per_group": ("config", "maxMembersPerGroup"),
     "max_groups": ("config", "maxGroups"),
     "max_speed_factor": ("config", "maxSpeedFactor"),
+    "metadata_refresh_ms": ("config", "metadataRefreshMs"),
+    "partition_growth_window_ms": ("config", "partitionGrowthWindowMs"),
     "log_level": ("config", "logLevel"),
     "kafka_config": ("kafka", "config"),
     "register_timeout_ms": ("config", "registerTimeoutMs"),

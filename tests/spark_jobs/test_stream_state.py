@@ -70,3 +70,28 @@ def test_a_lost_session_forgets_ownership() -> None:
 
 def _map(next_offset: int) -> RangePositionMap:
     return RangePositionMap(Position(next_offset))
+
+
+def test_an_extension_plans_the_added_partition_from_its_first_offset() -> None:
+    """A StartFetcher of the ranges already run with only an added partition's positions
+    (coordinator.group.growth): the next batch reads it from 0, the old partition goes on
+    from where it was, and a stop hands both back."""
+    added = ("t", 1)
+    state = SourceState()
+    state.start(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(5))]})
+    first = plan(state, StreamOffset(), 20)
+    state.committed_offset(first)
+    state.start(RangeSet.full(), {added: [(SlotRange(0, 65535), Position(0))]})
+    second = next_offset(first, state.active(), {TP: 30, added: 8}, 2)
+    state.planned_offset(second)
+    assert second.done[TP].minimum_offset() == 30
+    assert second.done[added].minimum_offset() == 8
+    assert first.at(added).minimum_offset() == 0  # read from its first offset
+    state.committed_offset(second)
+    state.begin_stop(RangeSet.full())
+    assert state.stop_ready(RangeSet.full())
+    final = state.finish_stop(RangeSet.full())
+    assert final == {
+        TP: [(SlotRange(0, 65535), Position(30))],
+        added: [(SlotRange(0, 65535), Position(8))],
+    }

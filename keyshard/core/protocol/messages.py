@@ -9,6 +9,7 @@ Validation is strict (no ``"5"`` for 5, no ``true`` for 1, no unknown fields): t
 ends are built from this one module, so anything lax would only hide a bug.
 """
 
+import re
 from collections import Counter
 from enum import StrEnum
 from typing import Annotated, Literal, Self, TypeAlias, get_args
@@ -116,6 +117,21 @@ _OneLine: TypeAlias = Annotated[str, AfterValidator(check_one_line)]
 """Text a client chooses that the coordinator logs: a consumer name, a member id."""
 
 
+def _check_pattern(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        raise ValueError(f"topic pattern {pattern!r} is not a regular expression: {err}") from None
+    return pattern
+
+
+TopicPattern: TypeAlias = Annotated[
+    str, StringConstraints(min_length=1, max_length=1000), AfterValidator(_check_pattern)
+]
+"""A regular expression (Python `re`) a topic's whole name must match, as Kafka's
+`subscribe(Pattern)`."""
+
+
 def _check_host_port(address: str) -> str:
     try:
         parse_host_port(address)
@@ -215,7 +231,11 @@ class MemberClaim(_WireModel):
 class RegisterRequest(_WireMessage):
     type: Literal["register_request"] = "register_request"
     group: _Name
-    topics: Annotated[list[_Name], Field(min_length=1), AfterValidator(_check_unique_topics)]
+    # Exactly one of the two: topics by name, or every topic whose name matches.
+    topics: Annotated[list[_Name], AfterValidator(_check_unique_topics)] = Field(
+        default_factory=list
+    )
+    topic_pattern: TopicPattern | None = None
     consumer_id: str | None = None
     consumer_name: _OneLine = Field(min_length=1, max_length=MAX_CONSUMER_NAME)
     session_timeout_ms: int = Field(ge=1000, le=300_000)
@@ -224,6 +244,12 @@ class RegisterRequest(_WireMessage):
     # repr=False: keeps the credential out of logs that print messages.
     auth_token: str | None = Field(default=None, max_length=4096, repr=False)
     claim: MemberClaim | None = None
+
+    @model_validator(mode="after")
+    def _one_subscription(self) -> Self:
+        if bool(self.topics) == (self.topic_pattern is not None):
+            raise ValueError("give either topics (at least one) or topic_pattern, not both")
+        return self
 
 
 class RegisterResponse(_WireMessage):
@@ -304,12 +330,33 @@ class StopFetcherResponse(_WireMessage):
     positions: list[PartitionPositions]
 
 
+class PartitionRef(_WireModel):
+    topic: str = Field(min_length=1, max_length=249)
+    partition: int = Field(ge=0)
+
+
+class PartitionTransition(_WireModel):
+    """A topic whose partition count changed lately (docs/protocol.md §9.5): a producer
+    may still write a key to the partition the old count gave it until `until_ms`, so
+    records of the topic up to that timestamp are admitted in timestamp order."""
+
+    topic: str = Field(min_length=1, max_length=249)
+    # The partition counts the topic went through, oldest first; the last is the current.
+    counts: list[Annotated[int, Field(ge=1)]] = Field(min_length=2, max_length=64)
+    until_ms: int = Field(ge=0)  # a record timestamp (ms since the epoch)
+
+
 class StartFetcherRequest(_WireMessage):
     type: Literal["start_fetcher_request"] = "start_fetcher_request"
     member_epoch: _Epoch
     ranges: list[WireRange] = Field(min_length=1)
     positions: list[PartitionPositions]
     coordinator_epoch: _Epoch = 0
+    # Topics in transition (§9.5), in every StartFetcher while one lasts.
+    transitions: list[PartitionTransition] = Field(default_factory=list)
+    # Partitions no longer in the group (their topic was deleted or no longer matches):
+    # stop fetching them and forget their positions.
+    dropped: list[PartitionRef] = Field(default_factory=list)
 
 
 class StartFetcherResponse(_WireMessage):

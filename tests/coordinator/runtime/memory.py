@@ -34,6 +34,9 @@ class MemoryLog:
         # reports say, as for a partition that always holds what its members read).
         self.high: dict[TopicPartition, int] = {}
         self.high_asked: list[dict[TopicPartition, int]] = []
+        # Topics on the "cluster" -> partitions: those named at a Register appear with
+        # `topic_partitions`; a test grows, adds or deletes topics here.
+        self.counts: dict[str, int] = {}
 
     async def write(
         self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
@@ -47,7 +50,12 @@ class MemoryLog:
         self.writes += 1
 
     async def partition_counts(self, topics: tuple[str, ...]) -> dict[str, int]:
-        return dict.fromkeys(topics, self.topic_partitions)
+        for topic in topics:
+            self.counts.setdefault(topic, self.topic_partitions)
+        return {topic: self.counts[topic] for topic in topics}
+
+    async def topic_counts(self) -> dict[str, int]:
+        return dict(self.counts)
 
     async def partition_ends(
         self, partitions: Sequence[TopicPartition]

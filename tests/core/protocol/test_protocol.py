@@ -481,7 +481,7 @@ def test_register_with_empty_topics() -> None:
     exc = decode_error(json_frame({**VALID_REGISTER, "topics": []}))
     assert exc.code is ErrorCode.INVALID_MESSAGE
     assert "invalid register_request message" in exc.message
-    assert "topics: List should have at least 1 item" in exc.message
+    assert "give either topics (at least one) or topic_pattern" in exc.message
     assert exc.correlation_id == 42
     reply = exc.to_response()
     assert (reply.correlation_id, reply.code) == (42, ErrorCode.INVALID_MESSAGE)
