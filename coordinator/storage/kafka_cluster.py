@@ -252,13 +252,16 @@ class KafkaCluster:
         self, partitions: Sequence[TopicPartition], timestamp_ms: int
     ) -> dict[TopicPartition, int | None]:
         """Each partition's first offset at or after `timestamp_ms`, None past its last
-        record (ListOffsets by timestamp)."""
+        record (ListOffsets by timestamp). Kafka answers that with no offset; Tansu with
+        offset 0 and timestamp -1, which names no record either."""
         ktps = [KafkaTP(*tp) for tp in partitions]
         found = await self._ask_reader(
             lambda reader: reader.offsets_for_times(dict.fromkeys(ktps, timestamp_ms))
         )
         answers = {tp: found.get(KafkaTP(*tp)) for tp in partitions}
-        return {tp: None if a is None else int(a.offset) for tp, a in answers.items()}
+        return {
+            tp: None if a is None or a.timestamp < 0 else int(a.offset) for tp, a in answers.items()
+        }
 
     async def committed_offsets(
         self, group: str, partitions: Sequence[TopicPartition]
