@@ -26,6 +26,7 @@ from keyshard.coordinator.group.records import (
     PartitionsChanged,
     PositionsAdvanced,
     PositionsLoaded,
+    PositionsReset,
     QuarantineLifted,
     RangesGranted,
     RangesReleased,
@@ -42,6 +43,7 @@ from keyshard.coordinator.group.state import (
     Member,
     PendingClaim,
     Quarantine,
+    Reset,
 )
 from keyshard.core.model.positions import RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet
@@ -115,6 +117,15 @@ def replay(state: GroupState, record: Record) -> None:
                         (part, old.union(pos)) for part, old in pmap.segments(RangeSet((seg,)))
                     ]
                     pmap.update(merged)
+            state.positions_version += 1
+            state.log_version += 1
+        case PositionsReset():
+            pmap = state.positions.get(record.tp)
+            if pmap is None:
+                pmap = state.positions[record.tp] = RangePositionMap()
+            for slots in record.slots:
+                pmap.assign(slots, record.position)
+            state.resets[record.tp] = Reset(record.slots, record.position, record.at)
             state.positions_version += 1
             state.log_version += 1
         case TargetComputed():
@@ -318,6 +329,7 @@ def _forget_partition(state: GroupState, tp: TopicPartition) -> None:
     """A partition that left the group: were its topic created again, its offsets would
     start over, and positions kept from before would skip its records."""
     state.positions.pop(tp, None)
+    state.resets.pop(tp, None)
     state.high_watermarks.pop(tp, None)
     state.fetched_ends.pop(tp, None)
     state.stable_ends.pop(tp, None)

@@ -18,7 +18,7 @@ from keyshard.coordinator.group.load import BucketLoad
 from keyshard.coordinator.group.speed import SpeedMeter
 from keyshard.coordinator.strategies.registry import DEFAULT_STRATEGY
 from keyshard.core.model.hashing import MAX_SLOT
-from keyshard.core.model.positions import RangePositionMap, TopicPartition
+from keyshard.core.model.positions import Position, RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
 MAX_HANDOFF_HISTORY = 200
@@ -192,6 +192,18 @@ class Transition:
     fence: tuple[tuple[int, int], ...] | None = None  # (partition, end) read after until_ms
 
 
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """The latest reset of one partition's positions (coordinator.group.resets): the
+    durability writer stores it as a marker ahead of the positions it changed."""
+
+    slots: RangeSet
+    position: Position
+    # Two resets to the same place are two markers: the later one must supersede what
+    # was written between them.
+    at: float
+
+
 @dataclass(slots=True)
 class GroupState:
     group: str
@@ -234,6 +246,8 @@ class GroupState:
     # Members that may come back for their quarantined ranges (see PendingClaim).
     claims: dict[str, PendingClaim] = field(default_factory=dict)
     positions: dict[TopicPartition, RangePositionMap] = field(default_factory=dict)
+    # The latest reset of each partition this coordinator made (see Reset).
+    resets: dict[TopicPartition, Reset] = field(default_factory=dict)
     handoffs: deque[Handoff] = field(default_factory=lambda: deque(maxlen=MAX_HANDOFF_HISTORY))
     next_handoff_id: int = 1
     inputs_version: int = 0  # bumped by whatever should make the target be recomputed

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
@@ -38,6 +38,7 @@ from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.positions import TopicPartition
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 #: What the state topic must be, and what a new one is created with.
 STATE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
 #: The ends reader's fetches: short waits (a fetch at the end of a partition answers once
@@ -238,6 +239,54 @@ class KafkaCluster:
             except BaseException:
                 reader, self._reader = self._reader, None
                 await self._stop(reader)  # a fresh one next time
+                raise
+
+    async def earliest_offsets(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        """Each partition's log start offset (ListOffsets earliest)."""
+        ktps = [KafkaTP(*tp) for tp in partitions]
+        found = await self._ask_reader(lambda reader: reader.beginning_offsets(ktps))
+        return {tp: int(found[KafkaTP(*tp)]) for tp in partitions}
+
+    async def offsets_for_times(
+        self, partitions: Sequence[TopicPartition], timestamp_ms: int
+    ) -> dict[TopicPartition, int | None]:
+        """Each partition's first offset at or after `timestamp_ms`, None past its last
+        record (ListOffsets by timestamp). Kafka answers that with no offset; Tansu with
+        offset 0 and timestamp -1, which names no record either."""
+        ktps = [KafkaTP(*tp) for tp in partitions]
+        found = await self._ask_reader(
+            lambda reader: reader.offsets_for_times(dict.fromkeys(ktps, timestamp_ms))
+        )
+        answers = {tp: found.get(KafkaTP(*tp)) for tp in partitions}
+        return {
+            tp: None if a is None or a.timestamp < 0 else int(a.offset) for tp, a in answers.items()
+        }
+
+    async def committed_offsets(
+        self, group: str, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int | None]:
+        """The group's committed Kafka offsets, asked partition by partition (a broker
+        may not answer a request for every partition of a group: DESIGN.md §3)."""
+        async with self._commit_locks.setdefault(group, asyncio.Lock()):
+            committer = await self._committer(group)
+            found: dict[TopicPartition, int | None] = {}
+            for tp in partitions:
+                offset = await asyncio.wait_for(committer.committed(KafkaTP(*tp)), self.timeout)
+                found[tp] = None if offset is None else int(offset)
+            return found
+
+    async def _ask_reader(self, ask: Callable[[AIOKafkaConsumer], Awaitable[T]]) -> T:
+        """`ask` of the ends reader, within the timeout; a fresh reader next time when it
+        failed (one stuck on a partition or a broker)."""
+        async with self._reader_lock:
+            reader = await self._open_reader()
+            try:
+                return await asyncio.wait_for(ask(reader), self.timeout)
+            except BaseException:
+                reader, self._reader = self._reader, None
+                await self._stop(reader)
                 raise
 
     async def _open_reader(self) -> AIOKafkaConsumer:
