@@ -32,12 +32,15 @@ from keyshard.api.models import (
     HealthView,
     KeyPosition,
     KeyView,
+    PositionsResetRequest,
+    PositionsResetView,
     ReadyView,
     RebalanceView,
     ServedByView,
     config_view,
     group_view,
     handoffs_view,
+    positions_reset_view,
     summary_view,
 )
 from keyshard.api.rates import ProcessedRates
@@ -275,6 +278,39 @@ def create_app(
         stopped on its own (session timeout + margin), never earlier."""
         operations.fence(runtime, group, member)
         return FenceView(group=group, member_id=member, fenced=True)
+
+    @app.post(
+        "/v1/groups/{group}/positions/reset",
+        response_model=PositionsResetView,
+        dependencies=[mutate],
+        responses={
+            **GROUP_ERRORS,
+            400: {"model": ErrorView, "description": "body is not JSON"},
+            404: {"model": ErrorView, "description": "unknown group, a topic or partition "
+                  "the group does not read, or no committed Kafka offset to reset to"},
+            409: {"model": ErrorView, "description": "members own slots of the reset, or may "
+                  "come back for them: stop or fence them first (named)"},
+        },
+    )  # fmt: skip
+    async def post_positions_reset(
+        group: str, request: PositionsResetRequest
+    ) -> PositionsResetView:
+        """Reset the group's positions, as `kafka-consumer-groups --reset-offsets`: to the
+        earliest or latest offset, an offset, a time's first offset, or the group's
+        committed Kafka offsets; for every partition, a topic's or one, every slot or one
+        range. A dry run unless `execute`: each slot range's next offset now and after.
+        Refused while members own those slots (fence or stop them first); 404 for what
+        is not there (a topic the group does not read, no committed offset)."""
+        state_of(group)
+        target = request.target()
+        try:
+            moves = await operations.reset_positions(
+                runtime, group, target, topic=request.topic, partition=request.partition,
+                slots=request.slot_range(), execute=request.execute,
+            )  # fmt: skip
+        except operations.ResetRefusedError as err:
+            raise StarletteHTTPException(409, str(err)) from None
+        return positions_reset_view(group, target, moves, request.execute)
 
     @app.get(
         "/v1/groups/{group}/keys/{key:path}",

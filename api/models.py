@@ -7,12 +7,14 @@ contract: the CLI, the dashboard and the schemathesis test all rely on it.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from keyshard.coordinator.group.handlers import speed_factors_of
+from keyshard.coordinator.group.resets import Move, ResetTarget, ResetTo
 from keyshard.coordinator.group.state import (
     GroupConfig,
     GroupState,
@@ -21,8 +23,9 @@ from keyshard.coordinator.group.state import (
     OffsetReset,
 )
 from keyshard.coordinator.strategies.registry import known_assignors
+from keyshard.core.model.hashing import MAX_SLOT
 from keyshard.core.model.positions import RangePositionMap
-from keyshard.core.model.ranges import RangeSet
+from keyshard.core.model.ranges import RangeSet, SlotRange
 
 
 class PositionSegment(BaseModel):
@@ -401,6 +404,97 @@ class RebalanceView(BaseModel):
     group: str
     moved_slots: int
     target: dict[str, list[tuple[int, int]]]
+
+
+Slot = Annotated[int, Field(ge=0, le=MAX_SLOT)]
+
+
+class _ResetScope(BaseModel):
+    """What a reset covers, and whether to apply it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Every partition of the group; a topic's; a partition of each topic, or of `topic`.
+    topic: str | None = Field(default=None, min_length=1, max_length=249)
+    partition: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    slots: tuple[Slot, Slot] | None = None  # the two ends of a slot range, inclusive
+    execute: bool = False  # else a dry run, which changes nothing
+
+    def slot_range(self) -> RangeSet | None:
+        if self.slots is None:
+            return None
+        return RangeSet((SlotRange(min(self.slots), max(self.slots)),))
+
+
+class ResetToEdge(_ResetScope):
+    to: Literal[ResetTo.EARLIEST, ResetTo.LATEST, ResetTo.COMMITTED]
+
+    def target(self) -> ResetTarget:
+        return ResetTarget(self.to)
+
+
+class ResetToOffset(_ResetScope):
+    to: Literal[ResetTo.OFFSET]
+    offset: int = Field(ge=0, le=2**53 - 1)  # what a JSON number holds exactly
+
+    def target(self) -> ResetTarget:
+        return ResetTarget(self.to, offset=self.offset)
+
+
+class ResetToDatetime(_ResetScope):
+    to: Literal[ResetTo.DATETIME]
+    datetime: dt.datetime  # ISO 8601; without a zone, UTC
+
+    def target(self) -> ResetTarget:
+        at = self.datetime if self.datetime.tzinfo else self.datetime.replace(tzinfo=dt.UTC)
+        # Kafka reads negative times as "earliest" and "latest": a time before 1970 is
+        # before every record, as 0 is.
+        return ResetTarget(self.to, timestamp_ms=max(0, int(at.timestamp() * 1000)))
+
+
+#: A reset of a group's positions, as `kafka-consumer-groups --reset-offsets`: where to
+#: (`to`, with `offset` or `datetime`), what (every partition of the group, a topic's or
+#: one; every slot or one range), and whether to apply it.
+PositionsResetRequest = Annotated[
+    ResetToEdge | ResetToOffset | ResetToDatetime, Field(discriminator="to")
+]
+
+
+class PositionMoveView(BaseModel):
+    topic: str
+    partition: int
+    start: int  # first slot
+    end: int  # last slot, inclusive
+    before: int  # next offset now
+    after: int  # next offset after the reset
+
+
+class PositionsResetView(BaseModel):
+    group: str
+    to: str
+    executed: bool  # false: a dry run, nothing changed
+    moves: list[PositionMoveView]
+
+
+def positions_reset_view(
+    group: str, target: ResetTarget, moves: list[Move], executed: bool
+) -> PositionsResetView:
+    return PositionsResetView(
+        group=group,
+        to=str(target),
+        executed=executed,
+        moves=[
+            PositionMoveView(
+                topic=m.tp[0],
+                partition=m.tp[1],
+                start=m.slots.start,
+                end=m.slots.end,
+                before=m.before,
+                after=m.after,
+            )
+            for m in moves
+        ],
+    )
 
 
 class FenceView(BaseModel):

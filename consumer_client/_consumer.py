@@ -57,6 +57,7 @@ from keyshard.consumer_client._operations.signals import (
     signals_to_handle,
 )
 from keyshard.core.kafka.connect import KafkaUnreachable, start_client
+from keyshard.core.kafka.no_topic_creation import never_create_topics
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.addresses import parse_host_ports
 from keyshard.core.model.durations import renamed_seconds
@@ -545,12 +546,14 @@ class CoordinatedConsumer:
         until `connect_timeout_ms`; a lasting problem (bad credentials, TLS) is a
         `ConsumerError` at once."""
         while True:
-            kafka = AIOKafkaConsumer(
-                bootstrap_servers=self.bootstrap_servers,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                fetch_max_wait_ms=self.fetch_max_wait_ms,
-                **self.kafka.consumer_options(),
+            kafka = never_create_topics(
+                AIOKafkaConsumer(
+                    bootstrap_servers=self.bootstrap_servers,
+                    enable_auto_commit=False,
+                    auto_offset_reset="earliest",
+                    fetch_max_wait_ms=self.fetch_max_wait_ms,
+                    **self.kafka.consumer_options(),
+                )
             )
             try:
                 await start_client(

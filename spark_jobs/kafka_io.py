@@ -31,6 +31,7 @@ from keyshard.core.kafka.connect import (
 )
 from keyshard.core.kafka.ends import fetched_ends
 from keyshard.core.kafka.metadata import TopicMetadataError, partitions_of
+from keyshard.core.kafka.no_topic_creation import never_create_topics
 from keyshard.core.kafka.settings import KafkaConfigError, KafkaSettings
 from keyshard.core.model.hashing import ORDERING_KEY_HEADER, slot_for_record
 from keyshard.core.model.positions import TopicPartition
@@ -92,7 +93,9 @@ def make_consumer(kafka: SparkKafka, **extra: Any) -> AIOKafkaConsumer:
         **kafka.settings().consumer_options(),
         **extra,
     }
-    return AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, **options)
+    return never_create_topics(
+        AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, **options)
+    )
 
 
 async def start_consumer(consumer: AIOKafkaConsumer, kafka: SparkKafka, timeout: float) -> None:

@@ -64,6 +64,18 @@ class PositionsAdvanced:
 
 
 @dataclass(frozen=True, slots=True)
+class PositionsReset:
+    """An operator moved the positions of `slots` of `tp` to `position`, backwards or
+    forwards (coordinator.group.resets): unlike PositionsAdvanced it replaces, and the
+    state log keeps it as a marker that older position chunks yield to."""
+
+    tp: TopicPartition
+    slots: RangeSet
+    position: Position
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class TargetComputed:
     target: tuple[tuple[str, RangeSet], ...]
     inputs_version: int
@@ -227,6 +239,7 @@ Record = (
     | MemberHeard
     | MemberContacted
     | PositionsAdvanced
+    | PositionsReset
     | TargetComputed
     | RebalanceRequested
     | ImbalanceObserved

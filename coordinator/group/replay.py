@@ -26,6 +26,7 @@ from keyshard.coordinator.group.records import (
     PartitionsChanged,
     PositionsAdvanced,
     PositionsLoaded,
+    PositionsReset,
     QuarantineLifted,
     RangesGranted,
     RangesReleased,
@@ -43,6 +44,7 @@ from keyshard.coordinator.group.state import (
     Member,
     PendingClaim,
     Quarantine,
+    Reset,
 )
 from keyshard.core.model.positions import RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet
@@ -50,7 +52,7 @@ from keyshard.core.model.ranges import EMPTY, RangeSet
 
 def _caught_up(state: GroupState) -> bool:
     """Every partition of the group done to the end its members' fetches last saw."""
-    ends = state.high_watermarks
+    ends = state.fetched_ends
     return bool(state.partitions) and all(
         tp in ends and tp in state.positions and state.positions[tp].minimum_offset() >= ends[tp]
         for tp in state.partitions
@@ -98,6 +100,7 @@ def replay(state: GroupState, record: Record) -> None:
                     state.demand.completed(record.load, record.at)
                 for tp, offset, stable in record.high_watermarks:
                     state.high_watermarks[tp] = max(state.high_watermarks.get(tp, 0), offset)
+                    state.fetched_ends[tp] = max(state.fetched_ends.get(tp, 0), offset)
                     state.stable_ends[tp] = stable
                 if record.ping and state.demand.check_due(record.at) and _caught_up(state):
                     state.demand.settle()
@@ -118,6 +121,15 @@ def replay(state: GroupState, record: Record) -> None:
                         (part, old.union(pos)) for part, old in pmap.segments(RangeSet((seg,)))
                     ]
                     pmap.update(merged)
+            state.positions_version += 1
+            state.log_version += 1
+        case PositionsReset():
+            pmap = state.positions.get(record.tp)
+            if pmap is None:
+                pmap = state.positions[record.tp] = RangePositionMap()
+            for slots in record.slots:
+                pmap.assign(slots, record.position)
+            state.resets[record.tp] = Reset(record.slots, record.position, record.at)
             state.positions_version += 1
             state.log_version += 1
         case TargetComputed():
@@ -321,7 +333,9 @@ def _forget_partition(state: GroupState, tp: TopicPartition) -> None:
     """A partition that left the group: were its topic created again, its offsets would
     start over, and positions kept from before would skip its records."""
     state.positions.pop(tp, None)
+    state.resets.pop(tp, None)
     state.high_watermarks.pop(tp, None)
+    state.fetched_ends.pop(tp, None)
     state.stable_ends.pop(tp, None)
     state.dropped.add(tp)
 

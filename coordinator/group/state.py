@@ -18,7 +18,7 @@ from keyshard.coordinator.group.load import BucketLoad
 from keyshard.coordinator.group.speed import SpeedMeter
 from keyshard.coordinator.strategies.registry import DEFAULT_STRATEGY
 from keyshard.core.model.hashing import MAX_SLOT
-from keyshard.core.model.positions import RangePositionMap, TopicPartition
+from keyshard.core.model.positions import Position, RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
 MAX_HANDOFF_HISTORY = 200
@@ -207,6 +207,18 @@ class Transition:
     fence: tuple[tuple[int, int], ...] | None = None  # (partition, end) read after until_ms
 
 
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """The latest reset of one partition's positions (coordinator.group.resets): the
+    durability writer stores it as a marker ahead of the positions it changed."""
+
+    slots: RangeSet
+    position: Position
+    # Two resets to the same place are two markers: the later one must supersede what
+    # was written between them.
+    at: float
+
+
 @dataclass(slots=True)
 class GroupState:
     group: str
@@ -238,14 +250,22 @@ class GroupState:
     # The two members that last reported fetched records, newest first, with when: whether
     # members other than one judged read what waits in its slots (coordinator.group.stalls).
     readers: tuple[tuple[str, float], ...] = ()
-    # Partition ends as the members' fetches last saw them: what lag is measured against.
+    # Partition ends as the members' fetches last saw them, or the coordinator read them
+    # (coordinator.runtime.partition_watch), whichever is further: what lag is measured
+    # against.
     high_watermarks: dict[TopicPartition, int] = field(default_factory=dict)
+    # The members' fetches' part of it alone: whether the group has caught up with what it
+    # fetched (the demand check settles then) is judged on it, not on ends read at another
+    # instant, which under steady traffic are always a little ahead of every position.
+    fetched_ends: dict[TopicPartition, int] = field(default_factory=dict)
     # Partitions whose reported end is a last stable offset (read_committed members).
     stable_ends: dict[TopicPartition, bool] = field(default_factory=dict)
     quarantined: list[Quarantine] = field(default_factory=list)
     # Members that may come back for their quarantined ranges (see PendingClaim).
     claims: dict[str, PendingClaim] = field(default_factory=dict)
     positions: dict[TopicPartition, RangePositionMap] = field(default_factory=dict)
+    # The latest reset of each partition this coordinator made (see Reset).
+    resets: dict[TopicPartition, Reset] = field(default_factory=dict)
     handoffs: deque[Handoff] = field(default_factory=lambda: deque(maxlen=MAX_HANDOFF_HISTORY))
     next_handoff_id: int = 1
     inputs_version: int = 0  # bumped by whatever should make the target be recomputed

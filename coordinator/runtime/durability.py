@@ -6,6 +6,10 @@ from a stored position, and a replica taking the group over knows who runs what 
 this one dies right after. Progress is persisted periodically besides. Every caller waits
 for the one write in flight, or the next one if that started before the version it needs.
 
+A reset of positions (coordinator.group.resets) is written as its marker ahead of the
+rewritten chunks, in the same write: whatever part of that write lands, a load sees the
+reset (coordinator.storage.image).
+
 One write is one call of `StateLog.write`: a transaction on brokers that have them, under
 the group's state partition's coordinator epoch, so a replica that lost the partition
 cannot write it any more (`Fenced`).
@@ -20,17 +24,19 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 from keyshard.coordinator.group.growth import counts_of
-from keyshard.coordinator.group.state import GroupState, Member
+from keyshard.coordinator.group.state import GroupState, Member, Reset
 from keyshard.coordinator.runtime.activity import Activity
 from keyshard.coordinator.storage.base import Positions
 from keyshard.coordinator.storage.log_format import (
     MAX_RECORD_BYTES,
     MemberRecord,
+    ResetMarker,
     TopicsRecord,
     chunk_key,
     encode,
     encode_positions,
     member_key,
+    reset_key,
 )
 from keyshard.core.model.positions import RangePositionMap, TopicPartition
 
@@ -78,6 +84,7 @@ class StateWriter:
         self._records: dict[str, set[str]] = {}  # members with a live record, per group
         self._chunks: dict[tuple[str, TopicPartition], int] = {}  # chunks live in the log
         self._topics_written: dict[str, int] = {}  # topology_version last written
+        self._resets: dict[tuple[str, TopicPartition], Reset] = {}  # markers written
 
     def adopted(
         self,
@@ -103,6 +110,8 @@ class StateWriter:
         self._topics_written.pop(group, None)
         for key in [k for k in self._chunks if k[0] == group]:
             del self._chunks[key]
+        for key in [k for k in self._resets if k[0] == group]:
+            del self._resets[key]
 
     async def flush(self, group: str, needed: int | None = None) -> None:
         """Make the group as of this call (or version `needed`) durable (group commit).
@@ -148,8 +157,15 @@ class StateWriter:
         if topology_version != self._topics_written.get(group):
             records.append(_topics_record(state, epoch))
         positions_changed = positions_version != self._positions_written.get(group)
+        resets: dict[TopicPartition, Reset] = {}
         if positions_changed:
             snapshot = {tp: pmap.copy() for tp, pmap in state.positions.items()}
+            resets = {
+                tp: reset
+                for tp, reset in state.resets.items()
+                if self._resets.get((group, tp)) != reset
+            }
+            records += [_reset_marker(group, tp, reset, epoch) for tp, reset in resets.items()]
             for tp, pmap in snapshot.items():
                 chunks = encode_positions(group, tp, pmap, epoch, self.max_record_bytes)
                 records += chunks
@@ -159,6 +175,7 @@ class StateWriter:
             for g, tp in [k for k in self._chunks if k[0] == group and k[1] not in snapshot]:
                 # A partition that left the group: its positions go with it.
                 records += [(chunk_key(g, tp, i), None) for i in range(self._chunks[(g, tp)])]
+                records.append((reset_key(g, tp), None))  # a reset of it, if there was one
                 chunk_counts[tp] = 0
         written = self._records.setdefault(group, set())
         since = self._written_members_version(group)
@@ -177,6 +194,8 @@ class StateWriter:
             member_id = _member_of(key, group)
             if member_id is not None:
                 (written.add if value is not None else written.discard)(member_id)
+        for tp, reset in resets.items():
+            self._resets[(group, tp)] = reset
         for tp, count in chunk_counts.items():
             if count:
                 self._chunks[(group, tp)] = count
@@ -235,6 +254,13 @@ def _topics_record(state: GroupState, epoch: int) -> tuple[bytes, bytes | None]:
         transitions=tuple(sorted(state.transitions.values())),
         epoch=epoch,
     )
+    return record.key, encode(record)
+
+
+def _reset_marker(
+    group: str, tp: TopicPartition, reset: Reset, epoch: int
+) -> tuple[bytes, bytes | None]:
+    record = ResetMarker(group, tp, reset.slots, reset.position, epoch)
     return record.key, encode(record)
 
 

@@ -12,16 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from keyshard.coordinator.group import resets
 from keyshard.coordinator.group.records import GroupConfigChanged, RebalanceRequested
+from keyshard.coordinator.group.resets import Move, ResetTarget, ResetTargetMissing, ResetTo
 from keyshard.coordinator.group.state import GroupConfig, GroupState
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.storage.base import ClusterMetadata
 from keyshard.coordinator.strategies.registry import known_assignors
 from keyshard.core.model.hashing import slot_for_key
+from keyshard.core.model.positions import TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet
 
+log = logging.getLogger(__name__)
 BROKER_PROBE_TIMEOUT_S = 1.0
 
 
@@ -100,6 +107,88 @@ def fence(runtime: CoordinatorRuntime, group: str, member_id: str) -> None:
     if member_id not in state.members:
         raise UnknownMemberError(f"group {group!r} has no member {member_id!r}")
     runtime.fence(group, member_id, "fenced by an operator through the admin API")
+
+
+class ResetRefusedError(Exception):
+    """Members own slots of a reset, or may come back for them (coordinator.group.resets)."""
+
+    def __init__(self, owners: dict[str, RangeSet], message: str) -> None:
+        super().__init__(message)
+        self.owners = owners
+
+
+async def reset_positions(
+    runtime: CoordinatorRuntime,
+    group: str,
+    target: ResetTarget,
+    *,
+    topic: str | None = None,
+    partition: int | None = None,
+    slots: RangeSet | None = None,
+    execute: bool = False,
+) -> list[Move]:
+    """Where the scope's slot ranges resume now and after a reset to `target`, and with
+    `execute` the reset itself, stored before this returns. Refused (ResetRefusedError)
+    while members own the slots, a dry run too, as kafka-consumer-groups refuses any
+    reset of an active group; ResetTargetMissing for what the group does not read."""
+    scope = resets.scope_of(group_state(runtime, group), topic, partition, slots)
+    _refuse_if_owned(group_state(runtime, group), scope.slots)
+    offsets = await _target_offsets(runtime.metadata, group, scope.partitions, target)
+    state = group_state(runtime, group)  # Kafka was asked meanwhile: look again
+    _refuse_if_owned(state, scope.slots)
+    moves = resets.planned(state, scope, offsets)
+    if not execute:
+        return moves
+    result = resets.reset_positions(state, scope, offsets, runtime.clock())
+    runtime.apply_records(group, result.records, reconcile=False)
+    await runtime.writer.flush(group)
+    where = _slots_named(scope.slots)
+    log.info(
+        "group %s: positions reset to %s by an operator: %s", group, target,
+        ", ".join(f"{t}:{p} slots {where} at {o}" for (t, p), o in offsets.items()),
+    )  # fmt: skip
+    return moves
+
+
+def _refuse_if_owned(state: GroupState, slots: RangeSet) -> None:
+    owners = resets.blockers(state, slots)
+    if owners:
+        raise ResetRefusedError(owners, resets.owned_message(state.group, owners))
+
+
+def _slots_named(slots: RangeSet) -> str:
+    return "all" if slots == RangeSet.full() else ",".join(f"{r.start}-{r.end}" for r in slots)
+
+
+async def _target_offsets(
+    metadata: ClusterMetadata, group: str, partitions: Sequence[TopicPartition], target: ResetTarget
+) -> dict[TopicPartition, int]:
+    """One offset per partition for `target`, within the partition's log."""
+    earliest = await metadata.earliest_offsets(partitions)
+    latest = await metadata.partition_ends(partitions)
+    match target.to:
+        case ResetTo.EARLIEST:
+            wanted = dict(earliest)
+        case ResetTo.LATEST:
+            wanted = dict(latest)
+        case ResetTo.OFFSET:
+            wanted = dict.fromkeys(partitions, _or(target.offset, 0))
+        case ResetTo.DATETIME:
+            found = await metadata.offsets_for_times(partitions, _or(target.timestamp_ms, 0))
+            wanted = {tp: _or(found[tp], latest[tp]) for tp in partitions}
+        case ResetTo.COMMITTED:
+            committed = await metadata.committed_offsets(group, partitions)
+            missing = [f"{t}:{p}" for (t, p), offset in committed.items() if offset is None]
+            if missing:
+                raise ResetTargetMissing(
+                    f"no Kafka offset committed under {group!r} for {', '.join(missing)}"
+                )
+            wanted = {tp: _or(offset, 0) for tp, offset in committed.items()}
+    return resets.within_log(wanted, earliest, latest)
+
+
+def _or(offset: int | None, otherwise: int) -> int:
+    return otherwise if offset is None else offset
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,26 @@ class ClusterMetadata(Protocol):
         a cheap answer already reaches them, it is enough (it can only under-report)."""
         ...
 
+    async def earliest_offsets(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        """Where each partition starts (its log start offset), right now."""
+        ...
+
+    async def offsets_for_times(
+        self, partitions: Sequence[TopicPartition], timestamp_ms: int
+    ) -> dict[TopicPartition, int | None]:
+        """Each partition's first offset whose record is at or after `timestamp_ms`
+        (Kafka's offsets_for_times), None where no record is that late."""
+        ...
+
+    async def committed_offsets(
+        self, group: str, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int | None]:
+        """The Kafka offsets committed under `group` (None: none), as Kafka tools see
+        them: this coordinator's low watermarks, or a Kafka consumer group's own."""
+        ...
+
     async def probe(self) -> None:
         """One round trip to the cluster: raises when Kafka is unreachable."""
         ...

@@ -11,6 +11,13 @@ holds the partition; its epoch only keeps the next claim above it (`next_epoch`)
 epochs never go backwards when replicas start signing, since consumers refuse a
 coordinator older than one they heard. A forger gains a larger number at most: an
 unverified epoch above `MAX_UNVERIFIED_EPOCH` is not counted at all.
+
+A group's positions of one topic-partition are the union of its chunks (see
+`coordinator.storage.log_format`), with one exception: a chunk older than the partition's
+latest `ResetMarker` says nothing about the slots that reset covers. A reset may move
+positions backwards, and a chunk from before it (one a torn write left behind) would
+undo it there. The marker's own positions fill those slots; chunks written after it
+unite with them as usual, being the positions the group reached from there.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from keyshard.coordinator.storage.log_format import (
     MemberRecord,
     PositionsChunk,
     ReplicaBeat,
+    ResetMarker,
     StateRecord,
     Tombstone,
     TopicsRecord,
@@ -53,6 +61,8 @@ class PartitionImage:
     next_offset: int = 0  # the next log offset to apply
     fenced_records: int = 0  # ignored: written under an epoch older than a marker's
     _chunks: dict[bytes, PositionsChunk] = field(default_factory=dict)
+    _chunk_offsets: dict[bytes, int] = field(default_factory=dict)  # where each was read
+    _resets: dict[bytes, tuple[int, ResetMarker]] = field(default_factory=dict)  # by offset
     _members: dict[bytes, MemberRecord] = field(default_factory=dict)
     _topics: dict[bytes, TopicsRecord] = field(default_factory=dict)
 
@@ -70,14 +80,19 @@ class PartitionImage:
                 pass  # liveness is tracked apart (coordinator.storage.kafka_log)
             case Tombstone(key):
                 self._chunks.pop(key, None)
+                self._chunk_offsets.pop(key, None)
+                self._resets.pop(key, None)
                 self._members.pop(key, None)
                 self._topics.pop(key, None)
-            case PositionsChunk() | MemberRecord() | TopicsRecord():
+            case PositionsChunk() | ResetMarker() | MemberRecord() | TopicsRecord():
                 if record.epoch < self.epoch:
                     self.fenced_records += 1
                     return
                 if isinstance(record, PositionsChunk):
                     self._chunks[record.key] = record
+                    self._chunk_offsets[record.key] = offset
+                elif isinstance(record, ResetMarker):
+                    self._resets[record.key] = (offset, record)
                 elif isinstance(record, TopicsRecord):
                     self._topics[record.key] = record
                 else:
@@ -100,12 +115,22 @@ class PartitionImage:
         return None if self.owner is None or self.owner.released else self.owner.replica_id
 
     def groups(self) -> dict[str, GroupImage]:
-        """Every group with a record here: positions as the union of their chunks (see
-        coordinator.storage.log_format), and the members that owned ranges."""
+        """Every group with a record here: positions as the union of their chunks, each
+        chunk older than its partition's reset outside the slots reset (see above), and
+        the members that owned ranges."""
         groups: dict[str, GroupImage] = {}
-        for chunk in self._chunks.values():
+        resets = {(r.group, r.tp): (offset, r) for offset, r in self._resets.values()}
+        for key, chunk in self._chunks.items():
             image = groups.setdefault(chunk.group, GroupImage())
-            merge_into(image.positions.setdefault(chunk.tp, RangePositionMap()), chunk.positions)
+            pmap = image.positions.setdefault(chunk.tp, RangePositionMap())
+            reset = resets.get((chunk.group, chunk.tp))
+            if reset is not None and self._chunk_offsets[key] < reset[0]:
+                merge_into(pmap, chunk.positions, reset[1].slots.complement())
+            else:
+                merge_into(pmap, chunk.positions)
+        for (group, tp), (_, reset_marker) in resets.items():
+            image = groups.setdefault(group, GroupImage())
+            merge_into(image.positions.setdefault(tp, RangePositionMap()), reset_marker.positions())
         for member in self._members.values():
             groups.setdefault(member.group, GroupImage()).members[member.member_id] = member
         for topics in self._topics.values():

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
@@ -33,10 +33,12 @@ from keyshard.coordinator.storage.base import Positions, StoreError
 from keyshard.core.kafka.connect import quiet_bootstrap, start_client, unreachable
 from keyshard.core.kafka.ends import fetched_ends, partition_ends
 from keyshard.core.kafka.metadata import fetch_partitions
+from keyshard.core.kafka.no_topic_creation import never_create_topics
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.positions import TopicPartition
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 #: What the state topic must be, and what a new one is created with.
 STATE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
 #: The ends reader's fetches: short waits (a fetch at the end of a partition answers once
@@ -151,8 +153,8 @@ class KafkaCluster:
         self._committed_reader_lock = asyncio.Lock()
 
     async def start(self) -> None:
-        self._metadata = AIOKafkaClient(
-            bootstrap_servers=self.bootstrap, **self.settings.client_options()
+        self._metadata = never_create_topics(
+            AIOKafkaClient(bootstrap_servers=self.bootstrap, **self.settings.client_options())
         )
         try:
             with quiet_bootstrap():
@@ -207,7 +209,7 @@ class KafkaCluster:
                         bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                         isolation_level="read_committed", **self.settings.client_options(),
                     )  # fmt: skip
-                    self._committed_reader = await self._started(reader)
+                    self._committed_reader = await self._started(never_create_topics(reader))
                 return await partition_ends(self._committed_reader, partitions, self.timeout)
             except BaseException:
                 # One stuck on a partition or a broker: a fresh one next time.
@@ -239,6 +241,54 @@ class KafkaCluster:
                 await self._stop(reader)  # a fresh one next time
                 raise
 
+    async def earliest_offsets(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        """Each partition's log start offset (ListOffsets earliest)."""
+        ktps = [KafkaTP(*tp) for tp in partitions]
+        found = await self._ask_reader(lambda reader: reader.beginning_offsets(ktps))
+        return {tp: int(found[KafkaTP(*tp)]) for tp in partitions}
+
+    async def offsets_for_times(
+        self, partitions: Sequence[TopicPartition], timestamp_ms: int
+    ) -> dict[TopicPartition, int | None]:
+        """Each partition's first offset at or after `timestamp_ms`, None past its last
+        record (ListOffsets by timestamp). Kafka answers that with no offset; Tansu with
+        offset 0 and timestamp -1, which names no record either."""
+        ktps = [KafkaTP(*tp) for tp in partitions]
+        found = await self._ask_reader(
+            lambda reader: reader.offsets_for_times(dict.fromkeys(ktps, timestamp_ms))
+        )
+        answers = {tp: found.get(KafkaTP(*tp)) for tp in partitions}
+        return {
+            tp: None if a is None or a.timestamp < 0 else int(a.offset) for tp, a in answers.items()
+        }
+
+    async def committed_offsets(
+        self, group: str, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int | None]:
+        """The group's committed Kafka offsets, asked partition by partition (a broker
+        may not answer a request for every partition of a group: DESIGN.md §3)."""
+        async with self._commit_locks.setdefault(group, asyncio.Lock()):
+            committer = await self._committer(group)
+            found: dict[TopicPartition, int | None] = {}
+            for tp in partitions:
+                offset = await asyncio.wait_for(committer.committed(KafkaTP(*tp)), self.timeout)
+                found[tp] = None if offset is None else int(offset)
+            return found
+
+    async def _ask_reader(self, ask: Callable[[AIOKafkaConsumer], Awaitable[T]]) -> T:
+        """`ask` of the ends reader, within the timeout; a fresh reader next time when it
+        failed (one stuck on a partition or a broker)."""
+        async with self._reader_lock:
+            reader = await self._open_reader()
+            try:
+                return await asyncio.wait_for(ask(reader), self.timeout)
+            except BaseException:
+                reader, self._reader = self._reader, None
+                await self._stop(reader)
+                raise
+
     async def _open_reader(self) -> AIOKafkaConsumer:
         if self._reader is None:
             reader = AIOKafkaConsumer(
@@ -246,7 +296,7 @@ class KafkaCluster:
                 fetch_max_wait_ms=ENDS_FETCH_WAIT_MS, max_partition_fetch_bytes=ENDS_FETCH_BYTES,
                 **self.settings.client_options(),
             )  # fmt: skip
-            self._reader = await self._started(reader)
+            self._reader = await self._started(never_create_topics(reader))
         return self._reader
 
     async def _started(self, client: AIOKafkaConsumer) -> AIOKafkaConsumer:
@@ -301,5 +351,5 @@ class KafkaCluster:
                 bootstrap_servers=self.bootstrap, group_id=group, enable_auto_commit=False,
                 **options,
             )  # fmt: skip
-            self._committers[group] = await self._started(committer)
+            self._committers[group] = await self._started(never_create_topics(committer))
         return committer

@@ -7,6 +7,11 @@ the group goes there, so one partition's log is everything its coordinator needs
                     of at most `MAX_RECORD_BYTES` (loading takes the union of a
                     partition's chunks: positions only say which offsets are done, so a
                     stale or torn chunk can only say less, never something false);
+- `ResetMarker`     the latest reset of a group's positions of one topic-partition
+                    (coordinator.group.resets), written ahead of the rewritten
+                    chunks: a reset may move positions backwards, where a stale chunk
+                    would say more than the truth, so a load lets chunks older than the
+                    marker say nothing about the slots it reset (`image`);
 - `MemberRecord`    a member and the ranges it owns, written before a StartFetcher
                     leaves: what a new coordinator checks a re-registering member's
                     claim against (a tombstone when the member is gone);
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keyshard.coordinator.group.state import Transition
-from keyshard.core.model.positions import RangePositionMap, TopicPartition
+from keyshard.core.model.positions import Position, RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import RangeSet
 
 FORMAT_VERSION = 3
@@ -52,6 +57,29 @@ class PositionsChunk:
     @property
     def key(self) -> bytes:
         return _key("P", self.group, self.tp[0], str(self.tp[1]), str(self.chunk))
+
+
+@dataclass(frozen=True, slots=True)
+class ResetMarker:
+    """Positions `slots` of `tp` were reset to `position`: what the log held of those
+    slots before this record is superseded."""
+
+    group: str
+    tp: TopicPartition
+    slots: RangeSet
+    position: Position
+    epoch: int = 0
+
+    @property
+    def key(self) -> bytes:
+        return reset_key(self.group, self.tp)
+
+    def positions(self) -> RangePositionMap:
+        """The reset's slots at its position, every other slot at offset 0 (which a union
+        leaves as it is)."""
+        pmap = RangePositionMap()
+        pmap.update((slots, self.position) for slots in self.slots)
+        return pmap
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +164,15 @@ class Tombstone:
     key: bytes
 
 
-StateRecord = PositionsChunk | MemberRecord | TopicsRecord | EpochMarker | ReplicaBeat | Tombstone
+StateRecord = (
+    PositionsChunk
+    | ResetMarker
+    | MemberRecord
+    | TopicsRecord
+    | EpochMarker
+    | ReplicaBeat
+    | Tombstone
+)
 
 
 def _key(kind: str, *parts: str) -> bytes:
@@ -155,6 +191,10 @@ def chunk_key(group: str, tp: TopicPartition, chunk: int) -> bytes:
     return _key("P", group, tp[0], str(tp[1]), str(chunk))
 
 
+def reset_key(group: str, tp: TopicPartition) -> bytes:
+    return _key("R", group, tp[0], str(tp[1]))
+
+
 # ---- encoding -------------------------------------------------------------------------
 
 
@@ -170,6 +210,12 @@ def encode(record: StateRecord) -> bytes | None:
             return None
         case PositionsChunk():
             raise RecordError("positions are encoded in chunks: use encode_positions")
+        case ResetMarker():
+            body = {
+                "kind": "reset", "group": record.group, "topic": record.tp[0],
+                "partition": record.tp[1], "slots": _ranges(record.slots),
+                "position": record.position.to_json(),
+            }  # fmt: skip
         case MemberRecord():
             body = {
                 "kind": "member", "group": record.group, "member_id": record.member_id,
@@ -247,6 +293,14 @@ def decode(key: bytes, value: bytes | None) -> StateRecord:
         tp = (str(data["topic"]), int(data["partition"]))
         pmap = RangePositionMap.from_json(data["positions"])
         return PositionsChunk(str(data["group"]), tp, int(data["chunk"]), pmap, epoch)
+    if kind == "reset":
+        return ResetMarker(
+            group=str(data["group"]),
+            tp=(str(data["topic"]), int(data["partition"])),
+            slots=RangeSet.from_pairs(tuple(p) for p in data["slots"]),
+            position=Position.from_json(data["position"]),
+            epoch=epoch,
+        )
     if kind == "member":
         fixed = data.get("fixed_ranges")
         return MemberRecord(
@@ -304,9 +358,12 @@ def _dump(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
-def merge_into(target: RangePositionMap, part: RangePositionMap) -> None:
-    """`target` |= `part`, slot by slot (see the module docstring for why a union)."""
-    for slots, position in part.segments():
+def merge_into(
+    target: RangePositionMap, part: RangePositionMap, within: RangeSet | None = None
+) -> None:
+    """`target` |= `part`, slot by slot (see the module docstring for why a union), or
+    only the slots `within`."""
+    for slots, position in part.segments(within):
         target.update(
             (piece, old.union(position)) for piece, old in target.segments(RangeSet((slots,)))
         )

@@ -1,4 +1,5 @@
-"""`keyshard groups|status|positions|where|rebalance|fence`: the CLI over the admin HTTP API.
+"""`keyshard groups|status|positions|where|rebalance|fence|reset-positions`: the CLI over the
+admin HTTP API.
 
 The CLI holds no logic of its own, only HTTP calls and tables: whatever it shows, the API
 and the dashboard show too. Every failure an operator can cause (daemon down, wrong
@@ -71,7 +72,33 @@ def _call(args: argparse.Namespace) -> Any:
         case "fence":
             url = f"{base}/v1/groups/{group}/members/{_segment(args.member)}"
             return _request(args, "DELETE", url)
+        case "reset-positions":
+            url = f"{base}/v1/groups/{group}/positions/reset"
+            return _request(args, "POST", url, body=reset_body(args))
     raise AdminError(f"unknown command {args.command!r}")
+
+
+def reset_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The admin API's reset request for `reset-positions`' flags."""
+    body: dict[str, Any] = {"execute": args.execute}
+    if args.to_offset is not None:
+        body.update(to="offset", offset=args.to_offset)
+    elif args.to_datetime is not None:
+        body.update(to="datetime", datetime=args.to_datetime)
+    else:
+        body["to"] = "earliest" if args.to_earliest else "latest" if args.to_latest else "committed"
+    if args.topic is not None:
+        topic, colon, partition = args.topic.rpartition(":")
+        if colon and partition.isdigit():
+            body.update(topic=topic, partition=int(partition))
+        else:
+            body["topic"] = args.topic
+    if args.slots is not None:
+        first, dash, last = args.slots.partition("-")
+        if not (dash and first.isdigit() and last.isdigit()):
+            raise AdminError(f"--slots {args.slots!r}: expected A-B, two slot numbers")
+        body["slots"] = [int(first), int(last)]
+    return body
 
 
 def _segment(value: str) -> str:
@@ -80,11 +107,17 @@ def _segment(value: str) -> str:
 
 
 def _request(
-    args: argparse.Namespace, method: str, url: str, params: dict[str, str] | None = None
+    args: argparse.Namespace,
+    method: str,
+    url: str,
+    params: dict[str, str] | None = None,
+    body: dict[str, Any] | None = None,
 ) -> Any:
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     try:
-        response = httpx.request(method, url, headers=headers, params=params, timeout=TIMEOUT_S)
+        response = httpx.request(
+            method, url, headers=headers, params=params, json=body, timeout=TIMEOUT_S
+        )
     except httpx.ConnectError:
         raise AdminError(
             f"cannot reach the keyshard daemon at {args.admin} (is it running?)"
@@ -109,6 +142,8 @@ def _describe_error(response: httpx.Response, args: argparse.Namespace) -> str:
     except ValueError:
         body = {}
     detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, list):  # request validation (422): each error's message
+        detail = "; ".join(str(e.get("msg", e)) if isinstance(e, dict) else str(e) for e in detail)
     if not isinstance(detail, str):
         detail = json.dumps(detail) if detail else response.reason_phrase
     if response.status_code == 401:
@@ -151,6 +186,8 @@ def _show(args: argparse.Namespace, data: Any, console: Console) -> None:
             console.print(f"group {data['group']}: target recomputed, {data['moved_slots']} moved")
         case "fence":
             console.print(f"member {data['member_id']} of group {data['group']} fenced")
+        case "reset-positions":
+            _show_reset(data, console)
 
 
 def _show_positions(view: dict[str, Any], console: Console) -> None:
@@ -165,6 +202,24 @@ def _show_positions(view: dict[str, Any], console: Console) -> None:
                 str(s["next_offset"]), acked,
             )  # fmt: skip
     console.print(table)
+
+
+def _show_reset(view: dict[str, Any], console: Console) -> None:
+    """Before and after per topic-partition and slot range, as kafka-consumer-groups
+    prints a reset; a dry run says how to apply it."""
+    done = "reset" if view["executed"] else "dry run, nothing changed"
+    table = Table(
+        "topic", "partition", "slots", "next offset", "after reset",
+        title=f"{view['group']}: to {view['to']} ({done})",
+    )  # fmt: skip
+    for m in view["moves"]:
+        table.add_row(
+            m["topic"], str(m["partition"]), _ranges([[m["start"], m["end"]]]),
+            str(m["before"]), str(m["after"]),
+        )  # fmt: skip
+    console.print(table)
+    if not view["executed"]:
+        console.print("run again with --execute to apply it")
 
 
 def _show_status(view: dict[str, Any], handoffs: dict[str, Any], console: Console) -> None:

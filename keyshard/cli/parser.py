@@ -596,6 +596,39 @@ def add_admin_commands(command: Any) -> None:
     fence = command("fence", parents=[common], help="fence (remove) a member")
     fence.add_argument("group")
     fence.add_argument("member")
+    add_reset_command(command, common)
 
 
-ADMIN_COMMANDS = {"groups", "status", "positions", "where", "rebalance", "fence"}
+def add_reset_command(command: Any, common: argparse.ArgumentParser) -> None:
+    """`reset-positions`, shaped like `kafka-consumer-groups --reset-offsets`."""
+    reset = command(
+        "reset-positions",
+        parents=[common],
+        help="move a group's positions (a dry run unless --execute); members must be "
+        "stopped or fenced first",
+    )
+    reset.add_argument("group")
+    to = reset.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-earliest", action="store_true", help="each partition's first offset")
+    to.add_argument("--to-latest", action="store_true", help="each partition's end")
+    to.add_argument("--to-offset", type=int, metavar="N", help="offset N (within the log)")
+    to.add_argument(
+        "--to-datetime",
+        metavar="ISO",
+        help="the first offset at or after an ISO 8601 time (UTC unless it says)",
+    )
+    to.add_argument(
+        "--to-committed", action="store_true", help="the group's committed Kafka offsets"
+    )
+    reset.add_argument(
+        "--topic", metavar="T[:P]", default=None, help="only topic T (partition P of it)"
+    )
+    reset.add_argument(
+        "--slots", metavar="A-B", default=None, help="only slots A to B (0-65535, inclusive)"
+    )
+    reset.add_argument(
+        "--execute", action="store_true", help="apply it (without: show what it would do)"
+    )
+
+
+ADMIN_COMMANDS = {"groups", "status", "positions", "where", "rebalance", "fence", "reset-positions"}

@@ -141,3 +141,64 @@ def test_api_docs_need_no_network() -> None:
             served = http.get(asset)
             assert served.status_code == 200 and len(served.content) > 1000, asset
     assert http.get("/openapi.json").json()["info"]["title"] == "keyshard admin API"
+
+
+def test_a_reset_of_positions_is_refused_while_members_own_its_slots() -> None:
+    http, _ = client()
+    url = f"/v1/groups/{GROUP}/positions/reset"
+    assert http.post(url, json={"to": "earliest"}).status_code == 401
+    refused = http.post(url, json={"to": "earliest", "execute": True}, headers=AUTH)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"] == "conflict"
+    assert "a-1 (slots 0-32767)" in refused.json()["detail"]
+    assert "b-2 (slots 32768-65535)" in refused.json()["detail"]
+
+
+def test_a_reset_request_is_validated() -> None:
+    http, _ = client()
+    url = f"/v1/groups/{GROUP}/positions/reset"
+    for body in (
+        {"to": "offset"},
+        {"to": "earliest", "offset": 3},
+        {"to": "datetime"},
+        {"to": "offset", "offset": 1, "datetime": "2026-11-27T09:00:00Z"},
+        {"to": "earliest", "slots": [0, 65536]},
+        {"to": "sideways"},
+    ):
+        assert http.post(url, json=body, headers=AUTH).status_code == 422, body
+    unknown = http.post(url, json={"to": "earliest", "topic": "nope"}, headers=AUTH)
+    assert unknown.status_code == 404
+    assert "does not read nope" in unknown.json()["detail"]
+    unknown = http.post(url, json={"to": "earliest", "partition": 9}, headers=AUTH)
+    assert unknown.status_code == 404
+    assert "does not read a partition 9" in unknown.json()["detail"]
+    assert (
+        http.post(
+            "/v1/groups/nope/positions/reset", json={"to": "earliest"}, headers=AUTH
+        ).status_code
+        == 404
+    )
+
+
+def test_a_fenced_members_slots_are_reset_a_dry_run_first() -> None:
+    http, runtime = client()
+    runtime.metadata.ends = {(TOPIC, 0): 1000}  # type: ignore[attr-defined]
+    assert http.delete(f"/v1/groups/{GROUP}/members/a-1", headers=AUTH).status_code == 200
+    url = f"/v1/groups/{GROUP}/positions/reset"
+    body = {"to": "offset", "offset": 5, "topic": TOPIC, "partition": 0, "slots": [0, 32767]}
+    dry = http.post(url, json=body, headers=AUTH)
+    assert dry.status_code == 200, dry.text
+    expected = [
+        {"topic": TOPIC, "partition": 0, "start": 0, "end": 32767, "before": 99, "after": 5}
+    ]
+    assert dry.json() == {"group": GROUP, "to": "offset 5", "executed": False, "moves": expected}
+
+    def next_offsets() -> list[int]:
+        view = http.get(f"/v1/groups/{GROUP}").json()
+        part = next(p for p in view["partitions"] if p["partition"] == 0)
+        return [s["next_offset"] for s in part["segments"]]
+
+    assert next_offsets() == [99]
+    done = http.post(url, json={**body, "execute": True}, headers=AUTH)
+    assert done.status_code == 200 and done.json()["executed"], done.text
+    assert next_offsets() == [5, 99]

@@ -1,5 +1,6 @@
-"""`keyshard groups|status|positions|where|rebalance|fence` as an operator runs them: subprocesses
-against a real coordinator, and one-line errors (exit 1, no traceback) when things go wrong."""
+"""`keyshard groups|status|positions|where|rebalance|fence|reset-positions` as an operator
+runs them: subprocesses against a real coordinator, and one-line errors (exit 1, no
+traceback) when things go wrong."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness import GROUP, TOPIC, CoordinatorProcess, Workers, create_topic, wait_for
+from keyshard.cli.admin import AdminError, reset_body
+from keyshard.cli.parser import build_parser
 from keyshard.local.processes import free_port
 from tests.api.conftest import ADMIN_ARGS, ADMIN_TOKEN
 
@@ -113,3 +116,23 @@ async def test_cli_against_a_live_daemon(coordinator: CoordinatorProcess, worker
     assert_one_line_error(
         keyshard("fence", GROUP, victim, *admin, KEYSHARD_ADMIN_TOKEN=ADMIN_TOKEN), "has no member"
     )
+
+
+def test_reset_flags_make_the_api_request() -> None:
+    def body(*flags: str) -> dict[str, object]:
+        return reset_body(build_parser().parse_args(["reset-positions", GROUP, *flags]))
+
+    assert body("--to-earliest") == {"execute": False, "to": "earliest"}
+    assert body("--to-latest", "--execute", "--topic", "t.a-b_c") == {
+        "execute": True, "to": "latest", "topic": "t.a-b_c",
+    }  # fmt: skip
+    assert body("--to-offset", "7", "--topic", "orders:3", "--slots", "0-4095") == {
+        "execute": False, "to": "offset", "offset": 7, "topic": "orders", "partition": 3,
+        "slots": [0, 4095],
+    }  # fmt: skip
+    assert body("--to-datetime", "2026-11-27T09:00:00Z")["datetime"] == "2026-11-27T09:00:00Z"
+    assert body("--to-committed")["to"] == "committed"
+    with pytest.raises(AdminError, match="expected A-B"):
+        body("--to-earliest", "--slots", "12")
+    with pytest.raises(SystemExit):  # exactly one --to-*
+        body("--to-earliest", "--to-latest")

@@ -33,7 +33,7 @@ def test_the_command_list_has_no_internal_command() -> None:
     assert helped.returncode == 0, helped.stderr
     assert "SUPPRESS" not in helped.stdout and "demo-worker" not in helped.stdout
     listed = {"broker", "coordinator", "groups", "status", "positions", "where", "rebalance"}
-    listed |= {"fence"}
+    listed |= {"fence", "reset-positions"}
     assert listed | {"worker", "demo"} == set(subcommands())
 
 

@@ -18,6 +18,8 @@ from typing import Any
 from aiokafka import AIOKafkaClient
 from aiokafka.protocol.metadata import MetadataRequest
 
+from keyshard.core.kafka.no_topic_creation import never_create_topics
+
 
 class TopicMetadataError(RuntimeError):
     """A topic is missing, not visible to us, or shows no partitions."""
@@ -75,7 +77,9 @@ async def partitions_of(
     bootstrap_servers: str, topics: Sequence[str], timeout: float, **client_options: Any
 ) -> TopicPartitions:
     """`fetch_partitions` over a client of its own, closed before returning."""
-    client = AIOKafkaClient(bootstrap_servers=bootstrap_servers, **client_options)
+    client = never_create_topics(
+        AIOKafkaClient(bootstrap_servers=bootstrap_servers, **client_options)
+    )
     try:
         await asyncio.wait_for(client.bootstrap(), timeout)
         return await fetch_partitions(client, topics, timeout)

@@ -37,6 +37,11 @@ class MemoryLog:
         # Topics on the "cluster" -> partitions: those named at a Register appear with
         # `topic_partitions`; a test grows, adds or deletes topics here.
         self.counts: dict[str, int] = {}
+        # What a reset of positions asks (default: every partition starts at 0, holds no
+        # record at any time asked, and has no committed Kafka offset).
+        self.starts: dict[TopicPartition, int] = {}
+        self.at_times: dict[TopicPartition, int] = {}
+        self.committed: dict[TopicPartition, int] = {}
 
     async def write(
         self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
@@ -68,6 +73,21 @@ class MemoryLog:
     ) -> dict[TopicPartition, int]:
         self.high_asked.append(dict(needed))
         return {tp: self.high.get(tp, needed.get(tp, 0)) for tp in partitions}
+
+    async def earliest_offsets(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        return {tp: self.starts.get(tp, 0) for tp in partitions}
+
+    async def offsets_for_times(
+        self, partitions: Sequence[TopicPartition], timestamp_ms: int
+    ) -> dict[TopicPartition, int | None]:
+        return {tp: self.at_times.get(tp) for tp in partitions}
+
+    async def committed_offsets(
+        self, group: str, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, int | None]:
+        return {tp: self.committed.get(tp) for tp in partitions}
 
     async def commit_low_watermarks(self, group: str, positions: Any) -> None: ...
 

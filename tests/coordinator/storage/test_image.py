@@ -7,11 +7,13 @@ from keyshard.coordinator.storage.log_format import (
     EpochMarker,
     MemberRecord,
     PositionsChunk,
+    ResetMarker,
     Tombstone,
     decode,
     encode,
     encode_positions,
     member_key,
+    reset_key,
 )
 from keyshard.core.model.positions import Position, RangePositionMap
 from keyshard.core.model.ranges import RangeSet, SlotRange
@@ -69,3 +71,77 @@ def test_of_two_claims_at_the_same_epoch_the_first_in_the_log_holds() -> None:
     assert (image.epoch, image.holder) == (2, None)
     image.apply(4, EpochMarker(0, 3, "c", "c:1", "http://c:2"))
     assert (image.epoch, image.holder) == (3, "c")
+
+
+# ---- a reset supersedes older chunks for its slots -------------------------------------
+
+HIGH = RangeSet.from_pairs([(32768, 65535)])
+
+
+def chunks_of(pmap: RangePositionMap, max_bytes: int = 200) -> list[PositionsChunk]:
+    """`pmap` as the writer stores it, in small chunks (so a map of a few segments takes
+    several, and a torn write can leave some of them behind)."""
+    decoded = [decode(k, v) for k, v in encode_positions("g", TP, pmap, 1, max_bytes)]
+    assert all(isinstance(c, PositionsChunk) for c in decoded)
+    return decoded  # type: ignore[return-value]
+
+
+def striped(offsets: list[int]) -> RangePositionMap:
+    """A map of len(offsets) equal slices of the slot space, slice i at offsets[i]."""
+    pmap = RangePositionMap()
+    width = 65536 // len(offsets)
+    for i, offset in enumerate(offsets):
+        pmap.assign(SlotRange(i * width, (i + 1) * width - 1), Position(offset))
+    return pmap
+
+
+def test_a_reset_marker_round_trips_through_its_json() -> None:
+    marker = ResetMarker("g", TP, HIGH, Position(7, ((9, 12),)), epoch=4)
+    assert decode(marker.key, encode(marker)) == marker
+    assert decode(reset_key("g", TP), None) == Tombstone(marker.key)
+
+
+def test_chunks_older_than_a_reset_say_nothing_about_its_slots() -> None:
+    """A torn write of the reset: the marker and the first new chunk landed, the old
+    chunks after it did not get rewritten. The old ones still count outside the reset's
+    slots; inside, the reset's position and what was written after it."""
+    before = striped([900 + i for i in range(16)])
+    old = chunks_of(before)
+    assert len(old) > 2
+    image = PartitionImage(0)
+    offset = 0
+    for chunk in old:
+        image.apply(offset, chunk)
+        offset += 1
+    image.apply(offset, ResetMarker("g", TP, HIGH, Position(100), epoch=1))
+    after = before.copy()
+    for r in HIGH:
+        after.assign(r, Position(100))
+    image.apply(offset + 1, chunks_of(after)[0])  # the rest of the write is lost
+    loaded = image.groups()["g"].positions[TP]
+    assert loaded.get(40000) == Position(100)
+    assert loaded.get(65535) == Position(100)
+    assert loaded.get(0) == Position(900)
+    assert loaded.get(32767) == Position(907)
+    # Without the marker the stale chunks would have undone the reset:
+    image.apply(offset + 2, Tombstone(reset_key("g", TP)))
+    assert image.groups()["g"].positions[TP].get(65535) == Position(915)
+
+
+def test_progress_written_after_a_reset_counts() -> None:
+    image = PartitionImage(0)
+    image.apply(0, positions(900, 1))
+    image.apply(1, ResetMarker("g", TP, RangeSet.full(), Position(100), epoch=1))
+    image.apply(2, positions(100, 1))  # the reset's own write
+    assert image.groups()["g"].positions[TP].minimum_offset() == 100
+    image.apply(3, positions(250, 1))  # the group moved on from there
+    assert image.groups()["g"].positions[TP].minimum_offset() == 250
+
+
+def test_a_reset_marker_of_a_fenced_writer_is_ignored() -> None:
+    image = PartitionImage(0)
+    image.apply(0, EpochMarker(0, 2, "b", "b:1", "http://b:2"))
+    image.apply(1, positions(900, 2))
+    image.apply(2, ResetMarker("g", TP, RangeSet.full(), Position(0), epoch=1))
+    assert image.fenced_records == 1
+    assert image.groups()["g"].positions[TP].minimum_offset() == 900
