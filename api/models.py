@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
-from keyshard.coordinator.group.handlers import speed_factors_of
 from keyshard.coordinator.group.resets import Move, ResetTarget, ResetTo
 from keyshard.coordinator.group.state import (
     GroupConfig,
@@ -22,6 +21,7 @@ from keyshard.coordinator.group.state import (
     MemberPhase,
     OffsetReset,
 )
+from keyshard.coordinator.group.targets import speed_factors_of
 from keyshard.coordinator.strategies.registry import known_assignors
 from keyshard.core.model.hashing import MAX_SLOT
 from keyshard.core.model.positions import RangePositionMap

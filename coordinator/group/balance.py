@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from keyshard.coordinator.group.demand import backlog_excess
 from keyshard.coordinator.group.effects import BalanceTimer, Result, SetTimer
-from keyshard.coordinator.group.handlers import assignment_spec, backlog_now
 from keyshard.coordinator.group.records import ImbalanceObserved, RebalanceRequested
 from keyshard.coordinator.group.state import GroupState, MemberPhase
+from keyshard.coordinator.group.targets import assignment_spec, backlog_now
 from keyshard.coordinator.strategies._common import weight
 from keyshard.coordinator.strategies.base import AssignmentSpec, ImbalanceMeter
 

@@ -16,7 +16,7 @@ from hurting a busy coordinator:
 - **Where**: in a worker thread, on a frozen snapshot of the inputs (`AssignmentSpec`).
   Inline it would block the loop for its whole duration: no reply read, no timer on time,
   no connection accepted. In a thread the loop keeps its share of the GIL every switch
-  interval. The result is adopted on the loop (`handlers.target_computed`), tagged with
+  interval. The result is adopted on the loop (`targets.target_computed`), tagged with
   the inputs version it was computed from, so a membership change meanwhile simply
   leaves the target stale and schedules the next one.
 
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from keyshard.coordinator.group import handlers
+from keyshard.coordinator.group import targets
 from keyshard.coordinator.group.records import TargetComputed
 from keyshard.coordinator.group.state import GroupState
 from keyshard.coordinator.runtime.activity import Activity
@@ -134,7 +134,7 @@ class TargetRecomputer:
             if not state.members or state.target_version == state.inputs_version:
                 continue
             version = state.inputs_version
-            spec = handlers.assignment_spec(state, self._clock())
+            spec = targets.assignment_spec(state, self._clock())
             assignor = strategy_named(state.config.assignor).assignor
             began = time.perf_counter()
             assignment = await asyncio.to_thread(assignor.assign, spec)
@@ -143,4 +143,4 @@ class TargetRecomputer:
             self._activity.timed("recompute", ended - began)
             # Adopting may find the inputs changed again: that calls `stale`, which
             # queues the next round for this same loop.
-            self._adopt(group, state, handlers.target_computed(state, assignment, version))
+            self._adopt(group, state, targets.target_computed(state, assignment, version))

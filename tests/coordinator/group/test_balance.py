@@ -4,10 +4,11 @@ a short hold for a backlog."""
 from __future__ import annotations
 
 from keyshard.coordinator.group import handlers as h
+from keyshard.coordinator.group import targets
 from keyshard.coordinator.group.balance import balance_check
-from keyshard.coordinator.group.handlers import backlog_now
 from keyshard.coordinator.group.records import ImbalanceObserved, RebalanceRequested
 from keyshard.coordinator.group.state import GroupState
+from keyshard.coordinator.group.targets import backlog_now
 from keyshard.coordinator.strategies.base import ImbalanceMeter
 from keyshard.coordinator.strategies.load_aware import LoadAwareAssignor
 from keyshard.coordinator.strategies.registry import strategy_named
@@ -70,7 +71,7 @@ def test_a_backlog_behind_one_member_is_rebalanced_after_the_short_hold(
     asked = requests(check(3.5))
     # 1,200 waiting on m1, 800 beyond its third (a little less: unrefreshed levels fade)
     assert len(asked) == 1 and asked[0].reason.startswith("backlog imbalance (78")
-    spec = h.assignment_spec(state, 3.5)
+    spec = targets.assignment_spec(state, 3.5)
     placed = LoadAwareAssignor().assign(spec).ranges
     waiting = {mid: sum(c for b, c in counts if (b << LOAD_BUCKET_SHIFT) in r)
                for mid, r in placed.items()}  # fmt: skip
@@ -110,7 +111,7 @@ def test_a_drained_backlog_leaves_the_rate(group3: GroupState) -> None:
     assert state.demand.backlog(3.0) is not None
     heard(state, 3.0, load=counts)
     assert state.demand.backlog(3.0) is None
-    profile = h.assignment_spec(state, 3.0).slot_load
+    profile = targets.assignment_spec(state, 3.0).slot_load
     rates = state.load.rates(3.0)
     assert profile is not None and abs(sum(profile) - 2.0 * sum(rates.values())) < 1e-6
 
@@ -246,7 +247,7 @@ def test_a_member_measured_slower_is_given_less_of_the_backlog(group3: GroupStat
     assert check(2.5) == [ImbalanceObserved(2.5)]
     asked = requests(check(3.5))
     assert len(asked) == 1 and asked[0].reason.startswith("backlog imbalance"), asked
-    spec = h.assignment_spec(state, 3.5)
+    spec = targets.assignment_spec(state, 3.5)
     assert {m.member_id: m.speed for m in spec.members} == {"m1": 0.25, "m2": 1.0, "m3": 1.0}
     placed = LoadAwareAssignor().assign(spec).ranges
     backlog = backlog_now(state, 3.5)
@@ -265,6 +266,6 @@ def test_members_measured_alike_are_not_rebalanced(group3: GroupState) -> None:
     even_backlog(state, 2.0, 600)
     check = checker(state)
     assert check(2.5) == [] and check(4.0) == []
-    assert {m.member_id: m.speed for m in h.assignment_spec(state, 4.0).members} == {
+    assert {m.member_id: m.speed for m in targets.assignment_spec(state, 4.0).members} == {
         "m1": 1.0, "m2": 1.0, "m3": 1.0
     }  # fmt: skip

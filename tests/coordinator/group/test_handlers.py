@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keyshard.coordinator.group import handlers as h
+from keyshard.coordinator.group import targets
 from keyshard.coordinator.group.effects import (
     CancelTimer,
     CloseMember,
@@ -491,7 +492,7 @@ def later(state: GroupState, result: Result, now: float) -> list[Effect]:
 
 def recomputed(state: GroupState, version: int, assignment: Assignment, now: float) -> list[Effect]:
     """What the runtime does when a recompute for inputs `version` lands (_adopt_target)."""
-    effects = apply(state, Result(records=[h.target_computed(state, assignment, version)]))
+    effects = apply(state, Result(records=[targets.target_computed(state, assignment, version)]))
     return effects + apply(state, h.reconcile(state, now=now, assignor=ASSIGNOR, recompute=False))
 
 
@@ -507,7 +508,7 @@ def test_a_target_that_lands_after_more_joins_grants_nothing_until_they_are_plac
     for i, mid in enumerate(("a", "b", "c")):
         effects += later(state, join(state, mid, 0.01 * i), 0.01 * i)
     first = state.inputs_version  # the pause: the recompute for a, b, c starts...
-    wave1 = ASSIGNOR.assign(h.assignment_spec(state, 0.15))
+    wave1 = ASSIGNOR.assign(targets.assignment_spec(state, 0.15))
     for i, mid in enumerate(("d", "e")):  # ...and the storm goes on while it runs
         effects += later(state, join(state, mid, 0.2 + 0.01 * i), 0.2 + 0.01 * i)
     effects += recomputed(state, first, wave1, 0.3)
@@ -515,7 +516,7 @@ def test_a_target_that_lands_after_more_joins_grants_nothing_until_they_are_plac
     assert not of(effects, SendStart) and not of(effects, SendStop)
     assert SetTimer(HoldTimer(), 0.3 + h.GRANT_HOLD_S) in effects
     second = state.inputs_version
-    effects += recomputed(state, second, ASSIGNOR.assign(h.assignment_spec(state, 0.4)), 0.9)
+    effects += recomputed(state, second, ASSIGNOR.assign(targets.assignment_spec(state, 0.4)), 0.9)
     starts = of(effects, SendStart)
     assert not of(effects, SendStop)
     assert sorted(s.member_id for s in starts) == ["a", "b", "c", "d", "e"]
@@ -555,7 +556,7 @@ def test_a_lone_join_is_not_held(group3: GroupState) -> None:
     state = group3
     apply(state, join(state, "m4", 2.0))
     version = state.inputs_version
-    assignment = ASSIGNOR.assign(h.assignment_spec(state, 2.0))
+    assignment = ASSIGNOR.assign(targets.assignment_spec(state, 2.0))
     stops = of(recomputed(state, version, assignment, 2.5), SendStop)
     effects = [e for s in stops for e in later(state, stopped(state, s, 2.6), 2.6)]
     starts = of(effects, SendStart)  # each drain's slots as soon as they are free
