@@ -476,6 +476,15 @@ def add_worker_command(command: Any) -> None:
     _add(w, "--max-concurrency", type=positive_int, default=64, help="keys in flight at once")
     _add(
         w,
+        "--max-buffer-bytes",
+        type=positive_int,
+        default=None,
+        help="memory budget: record bytes held at most (fetched, in flight, replay windows); "
+        "fetching pauses while it is used up. Size the pod's memory request to about this "
+        "plus 100 MiB (default: 67108864, 64 MiB; at least 65536)",
+    )
+    _add(
+        w,
         "--session-timeout-ms",
         type=positive_ms,
         default=10_000,

@@ -1,0 +1,237 @@
+"""The memory budget (`_datapath.budget`): record bytes held by kind, and what it lets in.
+
+The property: whatever the order of fetches, dispatches and handler completions, the
+records a consumer holds (waiting + in flight + replay windows) exceed the budget by at
+most one record, the windows hold only what the others leave, and every byte counted in
+is counted out again once the records are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition as KafkaTP
+from aiokafka.structs import ConsumerRecord
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keyshard.consumer_client._datapath import budget as budget_module
+from keyshard.consumer_client._datapath import fastpath
+from keyshard.consumer_client._datapath.budget import (
+    BufferBudget,
+    fetch_sizes,
+    record_size,
+    take,
+)
+from keyshard.consumer_client._datapath.lanes import Suspended
+from keyshard.core.model.positions import Position
+from keyshard.core.model.ranges import RangeSet, SlotRange
+from tests.consumer_client import parts
+
+TOPIC = "t"
+
+
+def rec(
+    offset: int,
+    size: int,
+    *,
+    partition: int = 0,
+    key: bytes | None = b"k",
+    headers: list[tuple[str, bytes | None]] | None = None,
+) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord(
+        TOPIC, partition, offset, 0, 0, key, b"v" * size, None, 0, size, headers or []
+    )
+
+
+# ---- what a record weighs, what a batch takes ------------------------------------------
+
+
+def test_a_record_weighs_its_key_value_and_headers() -> None:
+    assert record_size(rec(0, 100)) == 101
+    assert record_size(rec(0, 0, key=None)) == 0
+    assert record_size(rec(0, 10, headers=[("ordering-key", b"abc"), ("none", None)])) == (
+        1 + 10 + len("ordering-key") + 3 + len("none")
+    )
+
+
+@pytest.mark.skipif(fastpath.NATIVE is None, reason="the C fast path is not built")
+def test_the_c_take_counts_as_the_python_one() -> None:
+    records = [
+        rec(0, 10),
+        rec(1, 0, key=None),
+        rec(2, 5, headers=[("h", b"xyz"), ("g", None)]),
+        rec(3, 3000),
+        rec(4, 7),
+    ]
+    assert fastpath.NATIVE is not None
+    for room in (-5, 0, 1, 11, 12, 40, 3040, 10**9):
+        assert fastpath.NATIVE.take(records, room) == budget_module.take(records, room)
+
+
+def test_a_batch_is_taken_up_to_the_record_that_uses_the_room_up() -> None:
+    records = [rec(o, 99) for o in range(5)]  # 100 bytes each
+    assert take(records, 250) == (3, 300, 100)  # the third passes 250: the last one taken
+    assert take(records, 200) == (2, 200, 100)
+    assert take(records, 1) == (1, 100, 100)  # at least one record while there is room
+    assert take(records, 0) == (0, 0, 0)
+    assert take(records, 10_000) == (5, 500, 100)
+
+
+def test_fetching_pauses_when_the_budget_is_used_up_until_an_eighth_is_free() -> None:
+    budget = BufferBudget(800)
+    budget.waiting = 799
+    assert budget.may_fetch()
+    budget.in_flight = 1
+    assert not budget.may_fetch() and budget.pauses == 1
+    budget.waiting = 750  # 751 used: less than an eighth free
+    assert not budget.may_fetch()
+    budget.waiting = 699  # 700 used: an eighth free
+    assert budget.may_fetch() and budget.pauses == 1
+
+
+def test_the_next_batch_is_sized_by_the_room_and_the_last_largest_record() -> None:
+    budget = BufferBudget(10_000)
+    assert budget.batch(2000) == 2000  # nothing known yet
+    budget.largest, budget.waiting = 1000, 6500
+    assert budget.batch(2000) == 3
+    budget.waiting = 9999
+    assert budget.batch(2000) == 1
+
+
+def test_fetch_sizes_follow_the_budget() -> None:
+    assert fetch_sizes(64 * 1024 * 1024) == {
+        "fetch_max_bytes": 16 * 1024 * 1024,
+        "max_partition_fetch_bytes": 1024 * 1024,
+    }
+    assert fetch_sizes(1024 * 1024) == {
+        "fetch_max_bytes": 256 * 1024,
+        "max_partition_fetch_bytes": 64 * 1024,
+    }
+
+
+# ---- the whole data path under a budget ------------------------------------------------
+
+
+class Log:
+    """An aiokafka stand-in the test feeds by hand: it remembers where each partition is
+    sought to (the fetcher puts back what the budget does not take)."""
+
+    def __init__(self) -> None:
+        self.position: dict[int, int] = {}
+
+    def assignment(self) -> set[KafkaTP]:
+        return {KafkaTP(TOPIC, p) for p in self.position}
+
+    def assign(self, tps: Any) -> None:
+        for tp in tps:
+            self.position.setdefault(tp.partition, 0)
+
+    def seek(self, tp: KafkaTP, offset: int) -> None:
+        self.position[tp.partition] = offset
+
+    def resume(self, *tps: Any) -> None: ...
+
+    def pause(self, *tps: Any) -> None: ...
+
+
+LIMIT = 10_000
+PARTITIONS = 3
+# Every partition shared: part of the slots is elsewhere, so the windows hold records.
+OWNED = SlotRange(0, 49_999)
+
+fetch_op = st.tuples(
+    st.just("fetch"),
+    st.integers(0, PARTITIONS - 1),
+    st.lists(st.integers(0, 4_000) | st.integers(LIMIT, LIMIT + 3_000), min_size=1, max_size=8),
+)
+complete_op = st.tuples(st.just("complete"), st.integers(0, 10**6), st.just(list[int]()))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(fetch_op | complete_op, min_size=1, max_size=40))
+def test_the_budget_holds_whatever_the_order_of_fetches_and_completions(
+    ops: list[tuple[str, int, list[int]]],
+) -> None:
+    asyncio.run(_run_ops(ops))
+
+
+async def _run_ops(ops: list[tuple[str, int, list[int]]]) -> None:
+    gates: dict[int, asyncio.Future[None]] = {}
+    sizes: dict[tuple[int, int], int] = {}
+    completed = 0
+
+    async def handler(record: Any) -> None:
+        nonlocal completed
+        gate = gates.setdefault(id(record), asyncio.get_running_loop().create_future())
+        await gate
+        completed += 1
+
+    log = Log()
+    consumer = parts.build(handler, log, max_buffer_bytes=LIMIT, max_concurrency=4)
+    fetcher, budget = consumer.fetcher, consumer.fetcher.budget
+    positions = {(TOPIC, p): [(OWNED, Position(0))] for p in range(PARTITIONS)}
+    consumer.hooks.start_fetcher(RangeSet([OWNED]), positions)
+    workers: list[asyncio.Task[None]] = []
+    largest_taken = 0
+
+    def dispatch_all() -> None:
+        while fetcher.backlog:
+            suspended = fetcher.dispatch(fetcher.backlog)
+            if isinstance(suspended, Suspended):
+                workers.append(asyncio.create_task(consumer.lanes.adopt(suspended)))
+
+    async def settle(done_before: int) -> None:
+        for _ in range(1000):  # turns of the loop, not time: the handler's awaits
+            if completed > done_before:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError("a released handler did not complete")
+
+    def check() -> None:
+        held = budget.waiting + budget.in_flight + budget.window
+        assert held <= LIMIT + largest_taken, (budget, largest_taken)
+        assert budget.window <= max(0, LIMIT - budget.waiting - budget.in_flight)
+        assert budget.window == sum(w.bytes for _, w in fetcher.windows.items())
+
+    try:
+        for op, n, batch in ops:
+            if op == "fetch":
+                if not budget.may_fetch():
+                    continue
+                start = log.position[n]
+                records = [
+                    rec(start + i, size, partition=n, key=f"k{(start + i) % 5}".encode())
+                    for i, size in enumerate(batch)
+                ]
+                for r in records:
+                    sizes[(n, r.offset)] = record_size(r)
+                log.position[n] = start + len(records)
+                generations = {tp: p.generation for tp, p in consumer.progress.partitions.items()}
+                fetcher.queue_fetched({KafkaTP(TOPIC, n): records}, generations, parts.SESSION)
+                taken = fetcher.fetched_upto.get((TOPIC, n), 0)
+                largest_taken = max([largest_taken] + [sizes[(n, o)] for o in range(start, taken)])
+                assert log.position[n] == max(taken, start)  # the rest was put back
+                dispatch_all()
+            else:
+                waiting = [g for g in gates.values() if not g.done()]
+                if waiting:
+                    before = completed
+                    waiting[n % len(waiting)].set_result(None)
+                    await settle(before)
+            check()
+        for _ in range(1000):  # drain: every byte counted in is counted out
+            if not consumer.progress.pending_count():
+                break
+            for gate in gates.values():  # those of records queued behind their key too
+                if not gate.done():
+                    gate.set_result(None)
+            await asyncio.sleep(0)
+        assert budget.in_flight == 0 and budget.waiting == 0
+        check()
+    finally:
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
