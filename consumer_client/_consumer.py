@@ -416,6 +416,7 @@ class CoordinatedConsumer:
         """What this consumer holds now (the endpoints take one a second, on the loop)."""
         running = self._running
         lanes = running.path.lanes if running is not None else None
+        budget = running.path.fetcher.budget if running is not None else None
         return ConsumerSnapshot(
             taken=time.monotonic(),
             # A member riding through a coordinator failover keeps its member id (and
@@ -429,6 +430,17 @@ class CoordinatedConsumer:
             lag=running.path.fetcher.fetch_lag() if running is not None else {},
             unreadable_for=running.aside.unreadable_for() if running is not None else None,
             reads=self.stats.as_dict(),
+            buffered=(
+                {
+                    "waiting": budget.waiting,
+                    "in_flight": budget.in_flight,
+                    "replay_window": budget.window,
+                }
+                if budget is not None
+                else {}
+            ),
+            max_buffer_bytes=self.max_buffer_bytes,
+            budget_pauses=budget.pauses if budget is not None else 0,
         )
 
     @property

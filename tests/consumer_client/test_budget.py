@@ -17,6 +17,7 @@ from aiokafka.structs import ConsumerRecord
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness import wait_for
 from keyshard.consumer_client._datapath import budget as budget_module
 from keyshard.consumer_client._datapath import fastpath
 from keyshard.consumer_client._datapath.budget import (
@@ -235,3 +236,71 @@ async def _run_ops(ops: list[tuple[str, int, list[int]]]) -> None:
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+
+
+# ---- the fetch loop: it pauses while the budget is used up, and resumes ----------------
+
+
+class FiniteLog(Log):
+    """One partition of `records`; `getmany` hands out what is left from the position."""
+
+    def __init__(self, records: list[Any]) -> None:
+        super().__init__()
+        self.records = records
+        self.position[0] = 0
+        self.calls = 0
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int = 0) -> dict[Any, list[Any]]:
+        self.calls += 1
+        at = self.position[0]
+        batch = self.records[at : at + max(1, max_records)]
+        if not batch:
+            await asyncio.sleep(timeout_ms / 1000)
+            return {}
+        self.position[0] = at + len(batch)
+        return {KafkaTP(TOPIC, 0): batch}
+
+
+async def test_the_fetch_loop_stops_at_the_budget_and_resumes_as_handlers_complete() -> None:
+    """Handlers that hold every record: the fetcher stops once the budget is used up (by
+    at most one record past it), and goes on as they are let go; every record is
+    processed once, each key in offset order."""
+    size, budget_bytes = 1_000, 64 * 1024
+    records = [rec(o, size - 2, key=f"k{o % 40}".encode()) for o in range(400)]
+    release = asyncio.Event()
+    done: list[tuple[bytes, int]] = []
+
+    async def handler(record: Any) -> None:
+        await release.wait()
+        done.append((record.key, record.offset))
+
+    log = FiniteLog(records)
+    consumer = parts.build(
+        handler, log, max_buffer_bytes=budget_bytes, max_concurrency=400, max_pending=10_000
+    )
+    budget = consumer.fetcher.budget
+    full = RangeSet.full()
+    consumer.hooks.start_fetcher(full, {(TOPIC, 0): [(SlotRange(0, 65535), Position(0))]})
+    consumer.fetcher.start()
+    try:
+        await _until(lambda: budget.paused, "the fetcher to pause for the budget")
+        assert budget.pauses == 1
+        assert budget_bytes <= budget.used() <= budget_bytes + size
+        assert log.position[0] == budget.used() // size < len(records)  # the rest: not taken
+        release.set()
+        await _until(lambda: len(done) == len(records), "every record to be processed")
+        assert sorted(done) == sorted((r.key, r.offset) for r in records)  # each once
+        by_key: dict[bytes, list[int]] = {}
+        for key, offset in done:
+            by_key.setdefault(key, []).append(offset)
+        assert all(offsets == sorted(offsets) for offsets in by_key.values())
+        await _until(lambda: budget.used() == 0, "the budget to be free again")
+    finally:
+        consumer.fetcher.closing = True
+        release.set()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), 5)
+
+
+async def _until(condition: Any, what: str) -> None:
+    await wait_for(condition, 5, what, interval=0.001)
