@@ -29,6 +29,7 @@ from keyshard.cli.flag_values import (
     servers,
 )
 from keyshard.cli.secret_flags import add_coordinator_secret_flags, add_token_file_flag
+from keyshard.consumer_client._datapath.budget import DEFAULT_MAX_BUFFER_BYTES
 from keyshard.coordinator.group.growth import DEFAULT_GROWTH_WINDOW_MS
 from keyshard.coordinator.group.state import GroupConfig
 from keyshard.coordinator.replication.liveness import DEFAULT_LEADER_FAILOVER_MS
@@ -478,10 +479,10 @@ def add_worker_command(command: Any) -> None:
         w,
         "--max-buffer-bytes",
         type=positive_int,
-        default=None,
+        default=DEFAULT_MAX_BUFFER_BYTES,
         help="memory budget: record bytes held at most (fetched, in flight, replay windows); "
         "fetching pauses while it is used up. Size the pod's memory request to about this "
-        "plus 100 MiB (default: 67108864, 64 MiB; at least 65536)",
+        "plus 100 MiB (at least 65536)",
     )
     _add(
         w,
