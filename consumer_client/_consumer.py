@@ -365,6 +365,7 @@ class CoordinatedConsumer:
             kafka=self.kafka,
             name=self.name,
             interval_ms=self.transaction_interval_ms,
+            max_batch_bytes=self.max_buffer_bytes // 4,
         )
         await self._serve(writer.wrap(handler), writer)
 
