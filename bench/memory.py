@@ -2,6 +2,7 @@
 
     python -m bench.memory                 # the issue's four backlogs and a 2 GB one
     python -m bench.memory --quick         # the 600 MB backlog only
+    python -m bench.memory --case 2gb      # one of them
     python -m bench.memory --max-buffer-bytes 100000000000   # as without a budget
 
 A topic is filled with records of 10 KB (or 100 KB), then two `keyshard worker`
@@ -68,13 +69,14 @@ class Case:
         return f"{size} ({self.records:,} x {self.value_bytes // 1000} KB)"
 
 
-ISSUE_CASES = [
-    Case(20_000, 10_000, 2),
-    Case(40_000, 10_000, 4),
-    Case(4_000, 100_000, 2),
-    Case(60_000, 10_000, 6),
-]
-LARGE_CASE = Case(200_000, 10_000, 8)
+#: The backlogs of issue 32's table, and a 2 GB one, by the name `--case` takes.
+CASES = {
+    "200mb": Case(20_000, 10_000, 2),
+    "400mb": Case(40_000, 10_000, 4),
+    "400mb-100k": Case(4_000, 100_000, 2),
+    "600mb": Case(60_000, 10_000, 6),
+    "2gb": Case(200_000, 10_000, 8),
+}
 
 
 @dataclass
@@ -233,13 +235,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--broker", default="kafka", choices=["kafka", "tansu"])
     parser.add_argument("--quick", action="store_true", help="the 600 MB backlog only")
-    parser.add_argument("--no-large", action="store_true", help="without the 2 GB backlog")
+    parser.add_argument(
+        "--case", action="append", choices=sorted(CASES), help="these backlogs (default: all)"
+    )
     parser.add_argument("--max-buffer-bytes", type=int, default=None)
     parser.add_argument("--stem", default="memory", help="results file names")
     args = parser.parse_args(argv)
-    cases = [ISSUE_CASES[-1]] if args.quick else list(ISSUE_CASES)
-    if not args.quick and not args.no_large:
-        cases.append(LARGE_CASE)
+    names = ["600mb"] if args.quick else args.case or list(CASES)
+    cases = [CASES[name] for name in names]
     work = workdir()
     results: list[Result] = []
     try:

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from keyshard.consumer_client._datapath.budget import BufferBudget
 from keyshard.consumer_client._datapath.progress import ConsumerProgress, Grant
-from keyshard.consumer_client._datapath.window import ReplayWindow
+from keyshard.consumer_client._datapath.window import ReplayWindow, ReplayWindows
 from keyshard.core.model.positions import Position
 from keyshard.core.model.ranges import RangeSet, SlotRange
 from tests.consumer_client import parts
@@ -89,6 +90,31 @@ def test_a_window_of_zero_holds_nothing() -> None:
     window = ReplayWindow(start=0, limit=0)
     window.append(chunk(0, 1), 0)
     assert window.start == 2 and window.between(0, 10) == []
+
+
+def test_windows_give_way_to_the_budget_oldest_chunks_of_the_fullest_first() -> None:
+    """The windows hold what waiting and in-flight records leave of the memory budget:
+    when those grow, the fullest window drops its oldest chunks (its start moves up, so
+    what it still holds is contiguous), and nothing more than needed."""
+    budget = BufferBudget(1000)
+    windows = ReplayWindows(budget, limit=10_000)
+    a, b = ("t", 0), ("t", 1)
+    windows.seek(a, 0)
+    windows.seek(b, 0)
+    windows.append(windows[a], chunk(0, 1), 300)
+    windows.append(windows[a], chunk(2, 3), 300)
+    windows.append(windows[b], chunk(0), 200)
+    assert budget.window == 800 and windows[a].start == 0
+    budget.waiting = 400  # room for 600 in the windows
+    windows.fit()
+    assert budget.window == 500 and windows[a].start == 2 and windows[b].start == 0
+    assert offsets(windows[a].between(0, 10)) == [2, 3]
+    budget.in_flight = 600  # nothing left for them
+    windows.fit()
+    assert budget.window == 0 and windows[a].start == 4 and windows[b].start == 1
+    windows.seek(a, 0)
+    windows.pop(b)
+    assert budget.window == 0
 
 
 # ---- grants that replay --------------------------------------------------------------
