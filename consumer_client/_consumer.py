@@ -29,11 +29,6 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.abc import AbstractTokenProvider
 
 from keyshard.consumer_client._datapath.assembly import DataPath, DataPathSettings
-from keyshard.consumer_client._datapath.budget import (
-    DEFAULT_MAX_BUFFER_BYTES,
-    MIN_BUFFER_BYTES,
-    fetch_sizes,
-)
 from keyshard.consumer_client._datapath.dead_letters import DeadLetters
 from keyshard.consumer_client._datapath.hooks import ConsumerHooks
 from keyshard.consumer_client._datapath.lanes import DEFAULT_RETRY, RetryPolicy
@@ -62,6 +57,11 @@ from keyshard.consumer_client._operations.signals import (
     signals_to_handle,
 )
 from keyshard.core.kafka.connect import KafkaUnreachable, start_client
+from keyshard.core.kafka.fetch_sizes import (
+    DEFAULT_MAX_BUFFER_BYTES,
+    MIN_BUFFER_BYTES,
+    fetch_sizes,
+)
 from keyshard.core.kafka.no_topic_creation import never_create_topics
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.addresses import parse_host_ports

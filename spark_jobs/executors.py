@@ -47,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from keyshard.consumer_client._datapath.budget import DEFAULT_MAX_BUFFER_BYTES, MIN_BUFFER_BYTES
+from keyshard.core.kafka.fetch_sizes import DEFAULT_MAX_BUFFER_BYTES, MIN_BUFFER_BYTES
 from keyshard.core.kafka.settings import KafkaSettings, load_properties
 from keyshard.core.model.addresses import parse_host_port
 from keyshard.core.model.durations import renamed_seconds, take_renamed_flags

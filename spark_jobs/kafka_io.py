@@ -23,7 +23,6 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.errors import KafkaError
 
-from keyshard.consumer_client._datapath.budget import DEFAULT_MAX_BUFFER_BYTES, fetch_sizes
 from keyshard.core.kafka.connect import (
     KafkaUnreachable,
     quiet_bootstrap,
@@ -31,6 +30,7 @@ from keyshard.core.kafka.connect import (
     unreachable,
 )
 from keyshard.core.kafka.ends import fetched_ends
+from keyshard.core.kafka.fetch_sizes import DEFAULT_MAX_BUFFER_BYTES, fetch_sizes
 from keyshard.core.kafka.metadata import TopicMetadataError, partitions_of
 from keyshard.core.kafka.no_topic_creation import never_create_topics
 from keyshard.core.kafka.settings import KafkaConfigError, KafkaSettings

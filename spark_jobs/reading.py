@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 
-from keyshard.consumer_client._datapath.budget import DEFAULT_MAX_BUFFER_BYTES, MIN_BUFFER_BYTES
+from keyshard.core.kafka.fetch_sizes import DEFAULT_MAX_BUFFER_BYTES, MIN_BUFFER_BYTES
 from keyshard.core.model.hashing import ORDERING_KEY_HEADER
 from keyshard.spark_jobs.kafka_io import SparkKafka, read_slice
 from keyshard.spark_jobs.planning import ReadSlice, parse_int, parse_ms

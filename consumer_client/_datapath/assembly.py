@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer
 
-from keyshard.consumer_client._datapath.budget import DEFAULT_MAX_BUFFER_BYTES, BufferBudget
+from keyshard.consumer_client._datapath.budget import BufferBudget
 from keyshard.consumer_client._datapath.dispatch import Dispatcher
 from keyshard.consumer_client._datapath.fetcher import Fetcher
 from keyshard.consumer_client._datapath.lanes import (
@@ -27,6 +27,7 @@ from keyshard.consumer_client._datapath.lanes import (
 )
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
 from keyshard.consumer_client._datapath.stats import ConsumerStats
+from keyshard.core.kafka.fetch_sizes import DEFAULT_MAX_BUFFER_BYTES
 from keyshard.core.model.hashing import ORDERING_KEY_HEADER
 
 

@@ -18,7 +18,8 @@ bounds a Kafka consumer:
 - the replay windows hold what is left (budget - waiting - in flight) and give way
   first: they save a refetch at a handoff, nothing depends on them.
 
-Pure: sizes in, decisions out. The fetcher, the lanes and the windows keep the counts.
+Pure: sizes in, decisions out. The fetcher, the lanes and the windows keep the counts;
+the default budget and the Kafka fetch sizes it sets are in `core.kafka.fetch_sizes`.
 """
 
 from __future__ import annotations
@@ -26,14 +27,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-#: The default budget: records of 64 MiB. A consumer process then stays near 150 MiB
-#: resident (interpreter, libraries, aiokafka's fetch buffer), within a 256 MiB request.
-DEFAULT_MAX_BUFFER_BYTES = 64 * 1024 * 1024
-#: The smallest budget accepted: below it every batch would be a record or two.
-MIN_BUFFER_BYTES = 64 * 1024
-#: Kafka's own default per-partition fetch size: the most a budget makes it.
-KAFKA_PARTITION_FETCH_BYTES = 1024 * 1024
 
 
 def record_size(record: Any) -> int:
@@ -62,21 +55,6 @@ def take(records: Sequence[Any], room: int) -> tuple[int, int, int]:
         largest = max(largest, size)
         count += 1
     return count, taken, largest
-
-
-def fetch_sizes(max_buffer_bytes: int) -> dict[str, int]:
-    """aiokafka's fetch sizes for a budget: what the Kafka client buffers besides it.
-
-    aiokafka keeps at most one fetched response per partition until it is consumed, each
-    up to `max_partition_fetch_bytes` (Kafka's default 1 MiB, less for a small budget),
-    and a response up to `fetch_max_bytes` per broker (a quarter of the budget, not
-    Kafka's 50 MiB default). A first record larger than both still comes whole: brokers
-    return at least one record batch."""
-    per_partition = min(KAFKA_PARTITION_FETCH_BYTES, max_buffer_bytes // 16)
-    return {
-        "fetch_max_bytes": max(1, max_buffer_bytes // 4),
-        "max_partition_fetch_bytes": max(1, per_partition),
-    }
 
 
 @dataclass(slots=True)

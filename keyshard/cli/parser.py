@@ -29,7 +29,6 @@ from keyshard.cli.flag_values import (
     servers,
 )
 from keyshard.cli.secret_flags import add_coordinator_secret_flags, add_token_file_flag
-from keyshard.consumer_client._datapath.budget import DEFAULT_MAX_BUFFER_BYTES
 from keyshard.coordinator.group.growth import DEFAULT_GROWTH_WINDOW_MS
 from keyshard.coordinator.group.state import GroupConfig
 from keyshard.coordinator.replication.liveness import DEFAULT_LEADER_FAILOVER_MS
@@ -39,6 +38,7 @@ from keyshard.coordinator.server.admission import (
     DEFAULT_REGISTER_TIMEOUT_MS,
 )
 from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, DEFAULT_STATE_TOPIC
+from keyshard.core.kafka.fetch_sizes import DEFAULT_MAX_BUFFER_BYTES
 from keyshard.core.model.addresses import LOOPBACK
 
 DEFAULT_LISTEN = (LOOPBACK, 7171)  # the consumer channel

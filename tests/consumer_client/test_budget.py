@@ -20,12 +20,7 @@ from hypothesis import strategies as st
 from harness import wait_for
 from keyshard.consumer_client._datapath import budget as budget_module
 from keyshard.consumer_client._datapath import fastpath
-from keyshard.consumer_client._datapath.budget import (
-    BufferBudget,
-    fetch_sizes,
-    record_size,
-    take,
-)
+from keyshard.consumer_client._datapath.budget import BufferBudget, record_size, take
 from keyshard.consumer_client._datapath.lanes import Suspended
 from keyshard.core.model.positions import Position
 from keyshard.core.model.ranges import RangeSet, SlotRange
@@ -100,17 +95,6 @@ def test_the_next_batch_is_sized_by_the_room_and_the_last_largest_record() -> No
     assert budget.batch(2000) == 3
     budget.waiting = 9999
     assert budget.batch(2000) == 1
-
-
-def test_fetch_sizes_follow_the_budget() -> None:
-    assert fetch_sizes(64 * 1024 * 1024) == {
-        "fetch_max_bytes": 16 * 1024 * 1024,
-        "max_partition_fetch_bytes": 1024 * 1024,
-    }
-    assert fetch_sizes(1024 * 1024) == {
-        "fetch_max_bytes": 256 * 1024,
-        "max_partition_fetch_bytes": 64 * 1024,
-    }
 
 
 # ---- the whole data path under a budget ------------------------------------------------
