@@ -9,6 +9,7 @@ is counted out again once the records are done.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -55,16 +56,26 @@ def test_a_record_weighs_its_key_value_and_headers() -> None:
 
 @pytest.mark.skipif(fastpath.NATIVE is None, reason="the C fast path is not built")
 def test_the_c_take_counts_as_the_python_one() -> None:
-    records = [
+    records: list[Any] = [
         rec(0, 10),
         rec(1, 0, key=None),
         rec(2, 5, headers=[("h", b"xyz"), ("g", None)]),
         rec(3, 3000),
         rec(4, 7),
     ]
+    records += [Slotted(b"key", b"value", ()), Slotted(None, b"v", (("h", b"1"),))]
     assert fastpath.NATIVE is not None
-    for room in (-5, 0, 1, 11, 12, 40, 3040, 10**9):
+    for room in (-5, 0, 1, 11, 12, 40, 3040, 3060, 10**9):
         assert fastpath.NATIVE.take(records, room) == budget_module.take(records, room)
+
+
+@dataclass(frozen=True, slots=True)
+class Slotted:
+    """A record with no instance dict: the C take reads it by attribute."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
 
 
 def test_a_batch_is_taken_up_to_the_record_that_uses_the_room_up() -> None:
@@ -105,21 +116,24 @@ class Log:
     sought to (the fetcher puts back what the budget does not take)."""
 
     def __init__(self) -> None:
-        self.position: dict[int, int] = {}
+        self.positions: dict[int, int] = {}
 
     def assignment(self) -> set[KafkaTP]:
-        return {KafkaTP(TOPIC, p) for p in self.position}
+        return {KafkaTP(TOPIC, p) for p in self.positions}
 
     def assign(self, tps: Any) -> None:
         for tp in tps:
-            self.position.setdefault(tp.partition, 0)
+            self.positions.setdefault(tp.partition, 0)
 
     def seek(self, tp: KafkaTP, offset: int) -> None:
-        self.position[tp.partition] = offset
+        self.positions[tp.partition] = offset
 
     def resume(self, *tps: Any) -> None: ...
 
     def pause(self, *tps: Any) -> None: ...
+
+    async def position(self, tp: KafkaTP) -> int:
+        return self.positions[tp.partition]
 
 
 LIMIT = 10_000
@@ -186,19 +200,19 @@ async def _run_ops(ops: list[tuple[str, int, list[int]]]) -> None:
             if op == "fetch":
                 if not budget.may_fetch():
                     continue
-                start = log.position[n]
+                start = log.positions[n]
                 records = [
                     rec(start + i, size, partition=n, key=f"k{(start + i) % 5}".encode())
                     for i, size in enumerate(batch)
                 ]
                 for r in records:
                     sizes[(n, r.offset)] = record_size(r)
-                log.position[n] = start + len(records)
+                log.positions[n] = start + len(records)
                 generations = {tp: p.generation for tp, p in consumer.progress.partitions.items()}
                 fetcher.queue_fetched({KafkaTP(TOPIC, n): records}, generations, parts.SESSION)
                 taken = fetcher.fetched_upto.get((TOPIC, n), 0)
                 largest_taken = max([largest_taken] + [sizes[(n, o)] for o in range(start, taken)])
-                assert log.position[n] == max(taken, start)  # the rest was put back
+                assert log.positions[n] == max(taken, start)  # the rest was put back
                 dispatch_all()
             else:
                 waiting = [g for g in gates.values() if not g.done()]
@@ -231,17 +245,17 @@ class FiniteLog(Log):
     def __init__(self, records: list[Any]) -> None:
         super().__init__()
         self.records = records
-        self.position[0] = 0
+        self.positions[0] = 0
         self.calls = 0
 
     async def getmany(self, timeout_ms: int = 0, max_records: int = 0) -> dict[Any, list[Any]]:
         self.calls += 1
-        at = self.position[0]
+        at = self.positions[0]
         batch = self.records[at : at + max(1, max_records)]
         if not batch:
             await asyncio.sleep(timeout_ms / 1000)
             return {}
-        self.position[0] = at + len(batch)
+        self.positions[0] = at + len(batch)
         return {KafkaTP(TOPIC, 0): batch}
 
 
@@ -270,7 +284,7 @@ async def test_the_fetch_loop_stops_at_the_budget_and_resumes_as_handlers_comple
         await _until(lambda: budget.paused, "the fetcher to pause for the budget")
         assert budget.pauses == 1
         assert budget_bytes <= budget.used() <= budget_bytes + size
-        assert log.position[0] == budget.used() // size < len(records)  # the rest: not taken
+        assert log.positions[0] == budget.used() // size < len(records)  # the rest: not taken
         release.set()
         await _until(lambda: len(done) == len(records), "every record to be processed")
         assert sorted(done) == sorted((r.key, r.offset) for r in records)  # each once
@@ -279,6 +293,7 @@ async def test_the_fetch_loop_stops_at_the_budget_and_resumes_as_handlers_comple
             by_key.setdefault(key, []).append(offset)
         assert all(offsets == sorted(offsets) for offsets in by_key.values())
         await _until(lambda: budget.used() == 0, "the budget to be free again")
+        assert consumer.fetcher.failed is not None and not consumer.fetcher.failed.done()
     finally:
         consumer.fetcher.closing = True
         release.set()
