@@ -145,10 +145,10 @@ class CoordinatedConsumer:
             turn, records in flight (queued behind their key or running) and the replay
             windows. Fetching pauses while it is used up and resumes as handlers complete;
             the replay windows give way first. A record larger than the whole budget is
-            still processed, alone, with a WARNING. Kafka's ``fetch.max.bytes`` and
+            still processed (past the budget), with a WARNING. Kafka's ``fetch.max.bytes`` and
             ``max.partition.fetch.bytes`` follow it (a quarter of it, and a sixteenth up
             to 1 MiB) unless `kafka_config` sets them. The process needs about this much
-            memory plus ~80 MiB (docs/operations/kubernetes.md). At least 65536.
+            memory plus ~100 MiB (docs/operations/kubernetes.md). At least 65536.
             Default: 67108864 (64 MiB).
         max_pending (int): records dispatched and not yet acknowledged, at most; fetching
             pauses at this many. A second bound beside `max_buffer_bytes`, on the count:

@@ -49,7 +49,7 @@ async def _produce_large(bootstrap: str, topic: str) -> None:
         await producer.stop()
 
 
-async def test_records_larger_than_the_budget_are_processed_alone_with_a_warning(
+async def test_records_larger_than_the_budget_are_processed_with_a_warning(
     coordinator: CoordinatorProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     topic = f"large-{uuid.uuid4().hex[:8]}"
