@@ -354,9 +354,9 @@ class Fetcher:
     def dispatch(self, backlog: list[Chunk]) -> Suspended | None:
         """Dispatch the chunks of `backlog` in order, consuming it; stops at the first
         handler that suspends inline. Chunks fetched for an older session are dropped,
-        and those fetched before a rewind are fetched again. A chunk's bytes count as
-        waiting until it leaves the backlog: its records then are done, in flight in the
-        lanes, or only in the replay window."""
+        and those fetched before a rewind are fetched again. A chunk's records count as
+        waiting until they go to a lane (in flight) or the chunk leaves the backlog (done,
+        or only in the replay window)."""
         session = self._session()
         try:
             while backlog:
@@ -370,7 +370,15 @@ class Fetcher:
                     self.seek(chunk.tp, progress.cursor)  # fetched before a rewind: refetch
                     self._pop(backlog)
                     continue
+                entered = self.budget.in_flight
                 suspended = self.dispatcher.dispatch_chunk(chunk, progress)
+                # Records that went to a lane count in flight from now on, not as waiting
+                # (nothing completes in a lane during this synchronous call).
+                moved = self.budget.in_flight - entered
+                if moved:
+                    chunk.size -= moved
+                    if backlog is self.backlog:
+                        self._backlog_bytes -= moved
                 if suspended is not None:
                     return suspended
                 if replay is not None:
