@@ -290,12 +290,19 @@ class Fetcher:
             generation = generations.get(tp)
             progress = self.progress.partitions.get(tp)
             joins_up = progress is not None and progress.generation == generation
+            if not (current and joins_up):
+                # Stale: queued whole, as fetched, for the dispatcher to drop (and to seek
+                # the partition back to its cursor, when it was rewound meanwhile).
+                size = self._take(records, _EVERYTHING)[1]
+                self.stats.fetched += len(records)
+                self.backlog.append(Chunk(tp, generation, session, records, size=size))
+                self._backlog_bytes += size
+                continue
             if self._gate_bound:
                 room = max(room, 1)  # the gate waits for this partition: a record at least
             count, size, biggest = self._take(records, room)
             if count < len(records):
-                if current and joins_up:  # else the dispatcher refetches it anyway
-                    self.kafka.seek(ktp, records[count].offset)  # put back: fetched later
+                self.kafka.seek(ktp, records[count].offset)  # put back: fetched later
                 records = records[:count]
             room -= size
             largest = max(largest, biggest)
@@ -304,7 +311,7 @@ class Fetcher:
                 continue
             self.fetched_upto[tp] = records[-1].offset + 1
             window = self.windows.get(tp)
-            if window is not None and joins_up:
+            if window is not None:
                 assert progress is not None
                 if not progress.owns_everything:
                     self.windows.append(window, records, size)
@@ -408,13 +415,17 @@ class Fetcher:
         self.stats.rewinds += len(running & seeks.keys())
         for tp in seeks:
             self.merge.rewound(tp)
-        for tp, grant in self.progress.take_replays():
-            records = self.windows[tp].between(grant.fetch_from, grant.replay_upto)
+        replays = [
+            (tp, grant, self.windows[tp].between(grant.fetch_from, grant.replay_upto))
+            for tp, grant in self.progress.take_replays()
+        ]  # all taken before the windows give way to them (`_count_waiting`)
+        for tp, grant, records in replays:
             self.stats.replayed += len(records)
             size = self._take(records, _EVERYTHING)[1]
             replay = Chunk(tp, None, self._session(), records, replay=grant, size=size)
             self.backlog.insert(0, replay)
             self._backlog_bytes += size
+        if replays:
             self._count_waiting()
             self.room.set()
             if self._waker is not None:

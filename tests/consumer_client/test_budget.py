@@ -23,6 +23,8 @@ from keyshard.consumer_client._datapath import budget as budget_module
 from keyshard.consumer_client._datapath import fastpath
 from keyshard.consumer_client._datapath.budget import BufferBudget, record_size, take
 from keyshard.consumer_client._datapath.lanes import Suspended
+from keyshard.core.kafka.fetch_sizes import MIN_BUFFER_BYTES
+from keyshard.core.model.hashing import slot_for_key
 from keyshard.core.model.positions import Position
 from keyshard.core.model.ranges import RangeSet, SlotRange
 from tests.consumer_client import parts
@@ -303,3 +305,28 @@ async def test_the_fetch_loop_stops_at_the_budget_and_resumes_as_handlers_comple
 
 async def _until(condition: Any, what: str) -> None:
     await wait_for(condition, 5, what, interval=0.001)
+
+
+# ---- replays under the budget ----------------------------------------------------------
+
+
+def test_replays_of_several_partitions_each_get_every_record_they_need() -> None:
+    """One StartFetcher can replay several partitions. The replays count as waiting, so
+    the windows give way to them, but only once every replay took its records: a window
+    emptied for an earlier replay must not shorten a later one (records skipped = lost)."""
+    log = Log()
+    consumer = parts.build(kafka=log, max_buffer_bytes=MIN_BUFFER_BYTES)
+    lower, upper = SlotRange(0, 32767), SlotRange(32768, 65535)
+    tps = [(TOPIC, p) for p in range(3)]
+    consumer.hooks.start_fetcher(RangeSet([lower]), {tp: [(lower, Position(0))] for tp in tps})
+    held = {0: 2, 1: 2, 2: 3}  # records of 6 KB: windows of 12, 12 and 18 KB in a 64 KiB budget
+    keys = [k for k in (f"k{i}".encode() for i in range(100)) if slot_for_key(k) in upper]
+    for p, n in held.items():  # records of the upper half: skipped, and held for a handover
+        records = [rec(o, 6000, partition=p, key=keys[o]) for o in range(n)]
+        generations = {tp: g.generation for tp, g in consumer.progress.partitions.items()}
+        consumer.fetcher.queue_fetched({KafkaTP(TOPIC, p): records}, generations, parts.SESSION)
+        assert consumer.fetcher.dispatch(consumer.fetcher.backlog) is None
+    assert all(consumer.fetcher.windows[tp].start == 0 for tp in tps)
+    consumer.hooks.start_fetcher(RangeSet([upper]), {tp: [(upper, Position(0))] for tp in tps})
+    replayed = {c.tp: [r.offset for r in c.records] for c in consumer.fetcher.backlog}
+    assert replayed == {(TOPIC, p): list(range(n)) for p, n in held.items()}
