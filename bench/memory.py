@@ -209,12 +209,13 @@ def _lines(path: Path) -> int:
         return 0
 
 
-def _table(results: list[Result], budget: int | None) -> str:
+def _table(results: list[Result], budget: int | None, label: str | None) -> str:
     shown = "default (64 MiB)" if budget is None else f"{budget:,} bytes"
+    shown = f"max_buffer_bytes {shown}" if label is None else label
     rows = [
         f"Peak RSS per consumer process over its first {MEASURE_S:.0f} s; two `keyshard "
         f"worker` processes, {HANDLER_S * 1000:.0f} ms handler, --max-concurrency "
-        f"{CONCURRENCY}, max_buffer_bytes {shown}.",
+        f"{CONCURRENCY}, {shown}.",
         "",
         "| backlog | partitions | peak RSS per consumer (MiB) | processed | lost | duplicates "
         "| order violations | drained after (s) |",
@@ -240,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--max-buffer-bytes", type=int, default=None)
     parser.add_argument("--stem", default="memory", help="results file names")
+    parser.add_argument("--label", default=None, help="what ran, for the table (a build)")
     args = parser.parse_args(argv)
     names = ["600mb"] if args.quick else args.case or list(CASES)
     cases = [CASES[name] for name in names]
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         cleanup(work)
     md = f"# Memory on a backlog ({args.broker})\n\n{machine()}\n\n" + _table(
-        results, args.max_buffer_bytes
+        results, args.max_buffer_bytes, args.label
     )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.stem}.md").write_text(md)
