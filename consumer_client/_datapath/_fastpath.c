@@ -503,37 +503,11 @@ data_length(PyObject *data)
 }
 
 /* What a record weighs in the memory budget, exactly as budget.record_size counts it:
- * key + value + header names and values. -1 with an exception set on error. */
-static Py_ssize_t record_bytes_slow(PyObject *rec);
-
+ * key + value + header names and values. -1 with an exception set on error. By
+ * attribute: on Python 3.11+ a record's fields live inline, and asking for its __dict__
+ * would build one per record. */
 static Py_ssize_t
 record_bytes(PyObject *rec)
-{
-    /* aiokafka's ConsumerRecord keeps its fields in its instance dict: three lookups
-     * there cost half of three attribute lookups. Anything else: by attribute. */
-    PyObject **dictptr = _PyObject_GetDictPtr(rec);
-    PyObject *dict = dictptr != NULL ? *dictptr : NULL;
-    if (dict == NULL || !PyDict_CheckExact(dict))
-        return record_bytes_slow(rec);
-    PyObject *key = PyDict_GetItemWithError(dict, s_key);
-    PyObject *value = key ? PyDict_GetItemWithError(dict, s_value) : NULL;
-    PyObject *headers = value ? PyDict_GetItemWithError(dict, s_headers) : NULL;
-    if (headers == NULL) {
-        if (PyErr_Occurred())
-            return -1;
-        return record_bytes_slow(rec);
-    }
-    if ((key == Py_None || PyBytes_CheckExact(key)) &&
-        (value == Py_None || PyBytes_CheckExact(value)) &&
-        (headers == Py_None || (PyList_CheckExact(headers) && PyList_GET_SIZE(headers) == 0) ||
-         (PyTuple_CheckExact(headers) && PyTuple_GET_SIZE(headers) == 0)))
-        return (key == Py_None ? 0 : PyBytes_GET_SIZE(key)) +
-               (value == Py_None ? 0 : PyBytes_GET_SIZE(value));
-    return record_bytes_slow(rec);
-}
-
-static Py_ssize_t
-record_bytes_slow(PyObject *rec)
 {
     Py_ssize_t size, part;
     PyObject *attr = PyObject_GetAttr(rec, s_key);
