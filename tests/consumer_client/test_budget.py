@@ -297,10 +297,7 @@ async def test_the_fetch_loop_stops_at_the_budget_and_resumes_as_handlers_comple
         await _until(lambda: budget.used() == 0, "the budget to be free again")
         assert consumer.fetcher.failed is not None and not consumer.fetcher.failed.done()
     finally:
-        consumer.fetcher.closing = True
-        release.set()
-        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), 5)
+        await parts.stop_fetching(consumer, release)
 
 
 async def _until(condition: Any, what: str) -> None:
