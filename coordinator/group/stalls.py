@@ -25,6 +25,13 @@ from keyshard.coordinator.group.demand import buckets_of
 from keyshard.coordinator.group.state import GroupState, Member
 from keyshard.core.model.positions import TopicPartition
 
+#: The bound when the group sets none. Longer than any session (at most 60 s by default):
+#: an honest handler may wait on Kafka's own failovers (a leader elected, a transaction
+#: coordinator moved, exactly-once fencing a lost member's producer) for more than one,
+#: and Kafka's own consumers get `max.poll.interval.ms` (5 min) for the same reason. A
+#: member cut off from Kafka hands its keys back itself, within its
+#: `fetch_failure_timeout_ms`; this rule is the backstop for handlers that hang.
+DEFAULT_STALL_TIMEOUT_MS = 60_000
 #: Fewer records than this estimated waiting in a member's slots is nothing waiting (the
 #: demand estimate is fractional).
 MIN_WAITING = 1.0
@@ -89,9 +96,9 @@ def judge_progress(
     now: float,
 ) -> tuple[float | None, str | None]:
     """At one of `member`'s Ping replies: its stall clock (`stalled_since`) and, once that
-    reached the group's bound (`stall_timeout_ms`, else its session timeout), why it has
+    reached the group's bound (`stall_timeout_ms`, else `DEFAULT_STALL_TIMEOUT_MS`), why it has
     failed. Costs the member's own load buckets, not the group's size."""
-    bound_s = (state.config.stall_timeout_ms or member.session_timeout_ms) / 1000
+    bound_s = (state.config.stall_timeout_ms or DEFAULT_STALL_TIMEOUT_MS) / 1000
     waiting = 0.0
     # Others' fetches count from one bound before the clock started: a backlog they read
     # once stays waiting while nobody fetches anything new.

@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_ms,
         default=None,
         help="a member with records waiting in its slots whose positions stand still this "
-        "long is fenced and its ranges move (default: its session timeout)",
+        "long is fenced and its ranges move (default: 60000)",
     )
     _add(
         coord,

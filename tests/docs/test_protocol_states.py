@@ -32,7 +32,7 @@ def test_the_table_has_exactly_the_machines_states() -> None:
 
 
 #: What the machine answers without deciding anything: not in the table.
-QUERIES = {"heard_ago", "lease_left", "claims", "state", "timeout_s"}
+QUERIES = {"aside", "heard_ago", "lease_left", "claims", "state", "timeout_s"}
 
 
 def test_the_section_names_every_decision_of_the_machine() -> None:

@@ -145,13 +145,15 @@ async def test_a_consumer_cut_off_from_kafka_gives_its_keys_up_and_comes_back(
 
 # Slot counts, not load: no backlog rebalance sends the stuck member a StopFetcher it
 # could not drain (a drain deadline would fence it first); only the stall rule acts.
-@pytest.mark.coordinator_args("--assignor", "balanced")
+@pytest.mark.coordinator_args(
+    "--assignor", "balanced", "--stall-timeout-ms", str(int(SESSION_S * 1000))
+)
 async def test_a_consumer_that_completes_nothing_while_records_wait_is_fenced(
     coordinator: CoordinatorProcess, workers: Workers
 ) -> None:
     """Its channel stays up and it answers every Ping; its handler hangs on every record
-    until the member is fenced. Its ranges move after the bound (the session timeout),
-    and the records it had not started run once elsewhere."""
+    until the member is fenced. Its ranges move after the bound (`--stall-timeout-ms`, one
+    session here), and the records it had not started run once elsewhere."""
     await create_topic(coordinator.bootstrap)
     workers.spawn_cli("c0", *SESSION)
     workers.spawn_cli("c1", *SESSION)

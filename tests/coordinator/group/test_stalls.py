@@ -10,6 +10,7 @@ from keyshard.coordinator.group import handlers as h
 from keyshard.coordinator.group.demand import BucketDemand
 from keyshard.coordinator.group.effects import CloseMember, Effect, QuarantineTimer, SetTimer
 from keyshard.coordinator.group.stalls import (
+    DEFAULT_STALL_TIMEOUT_MS,
     latest_readers,
     read_by_others,
     stall_verdict,
@@ -109,6 +110,7 @@ def test_a_member_that_completes_nothing_while_records_wait_is_fenced_after_the_
     group3: GroupState,
 ) -> None:
     state = group3
+    state.config = GroupConfig(stall_timeout_ms=10_000)
     backlog_on(state, "m1", 2.0)
     assert pinged(state, "m1", 2.0) and "m1" in state.members  # the clock starts
     for now in (5.0, 8.0, 11.0):
@@ -144,18 +146,19 @@ def test_an_idle_member_is_never_judged(group3: GroupState) -> None:
     assert "m1" in state.members and state.members["m1"].stalled_since is None
 
 
-@pytest.mark.parametrize("bound_ms", [3_000, 20_000])
-def test_the_bound_is_a_group_setting(group3: GroupState, bound_ms: int) -> None:
+@pytest.mark.parametrize("bound_ms", [3_000, 20_000, None])
+def test_the_bound_is_a_group_setting(group3: GroupState, bound_ms: int | None) -> None:
+    """None: the default, longer than the members' 10 s session."""
     state = group3
     state.config = GroupConfig(stall_timeout_ms=bound_ms)
     backlog_on(state, "m1", 2.0)
     pinged(state, "m1", 2.0)
     now = 2.0
-    while "m1" in state.members and now < 30.0:
+    while "m1" in state.members and now < 100.0:
         now += 1.0
         backlog_on(state, "m1", now, end=1200 + int(now))
         pinged(state, "m1", now)
-    assert now == 2.0 + bound_ms / 1000
+    assert now == 2.0 + (bound_ms or DEFAULT_STALL_TIMEOUT_MS) / 1000
 
 
 def test_a_member_whose_backlog_only_it_reads_is_not_judged(group3: GroupState) -> None:
@@ -171,6 +174,7 @@ def test_a_backlog_the_others_read_once_stays_evidence(group3: GroupState) -> No
     """Everything was fetched at once and nothing new comes: nobody reports fetches any
     more, and the records still wait."""
     state = group3
+    state.config = GroupConfig(stall_timeout_ms=10_000)
     backlog_on(state, "m1", 2.0)
     for now in (3.0, 6.0, 9.0, 12.0):
         pinged(state, "m1", now)
