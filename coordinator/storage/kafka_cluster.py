@@ -223,30 +223,29 @@ class KafkaCluster:
         """Each partition's high watermark: ListOffsets, and where that answers less than
         `needed`, a fetch's answer (right on brokers whose ListOffsets under-reports,
         keyshard.core.kafka.ends) from the listed offset on."""
-        async with self._reader_lock:
-            reader = await self._open_reader()
-            try:
-                ktps = [KafkaTP(*tp) for tp in partitions]
-                listed = await asyncio.wait_for(reader.end_offsets(ktps), self.timeout)
-                ends = {tp: int(listed[KafkaTP(*tp)]) for tp in partitions}
-                short = [tp for tp in partitions if ends[tp] < needed.get(tp, 0)]
-                if short:
-                    seek = {KafkaTP(*tp): ends[tp] for tp in short}
-                    fetched = await fetched_ends(reader, short, seek, self.timeout)
-                    for tp in short:
-                        ends[tp] = max(ends[tp], fetched[tp])
-                return ends
-            except BaseException:
-                reader, self._reader = self._reader, None
-                await self._stop(reader)  # a fresh one next time
-                raise
+
+        async def read(reader: AIOKafkaConsumer) -> dict[TopicPartition, int]:
+            ktps = [KafkaTP(*tp) for tp in partitions]
+            listed = await asyncio.wait_for(reader.end_offsets(ktps), self.timeout)
+            ends = {tp: int(listed[KafkaTP(*tp)]) for tp in partitions}
+            short = [tp for tp in partitions if ends[tp] < needed.get(tp, 0)]
+            if short:
+                seek = {KafkaTP(*tp): ends[tp] for tp in short}
+                fetched = await fetched_ends(reader, short, seek, self.timeout)
+                for tp in short:
+                    ends[tp] = max(ends[tp], fetched[tp])
+            return ends
+
+        return await self._with_reader(read)
 
     async def earliest_offsets(
         self, partitions: Sequence[TopicPartition]
     ) -> dict[TopicPartition, int]:
         """Each partition's log start offset (ListOffsets earliest)."""
         ktps = [KafkaTP(*tp) for tp in partitions]
-        found = await self._ask_reader(lambda reader: reader.beginning_offsets(ktps))
+        found = await self._with_reader(
+            lambda reader: asyncio.wait_for(reader.beginning_offsets(ktps), self.timeout)
+        )
         return {tp: int(found[KafkaTP(*tp)]) for tp in partitions}
 
     async def offsets_for_times(
@@ -256,8 +255,9 @@ class KafkaCluster:
         record (ListOffsets by timestamp). Kafka answers that with no offset; Tansu with
         offset 0 and timestamp -1, which names no record either."""
         ktps = [KafkaTP(*tp) for tp in partitions]
-        found = await self._ask_reader(
-            lambda reader: reader.offsets_for_times(dict.fromkeys(ktps, timestamp_ms))
+        asked = dict.fromkeys(ktps, timestamp_ms)
+        found = await self._with_reader(
+            lambda reader: asyncio.wait_for(reader.offsets_for_times(asked), self.timeout)
         )
         answers = {tp: found.get(KafkaTP(*tp)) for tp in partitions}
         return {
@@ -277,13 +277,13 @@ class KafkaCluster:
                 found[tp] = None if offset is None else int(offset)
             return found
 
-    async def _ask_reader(self, ask: Callable[[AIOKafkaConsumer], Awaitable[T]]) -> T:
-        """`ask` of the ends reader, within the timeout; a fresh reader next time when it
+    async def _with_reader(self, use: Callable[[AIOKafkaConsumer], Awaitable[T]]) -> T:
+        """`use` the ends reader, one caller at a time; a fresh reader next time when it
         failed (one stuck on a partition or a broker)."""
         async with self._reader_lock:
             reader = await self._open_reader()
             try:
-                return await asyncio.wait_for(ask(reader), self.timeout)
+                return await use(reader)
             except BaseException:
                 reader, self._reader = self._reader, None
                 await self._stop(reader)
