@@ -227,13 +227,11 @@ class _Rebalance:
             (self.load.load(a, b), a, b) for a, b in self.free
         )
         self._freed: list[SlotRange] = []  # pieces given back, for `_donate`
-        self.starts: list[int] = []
-        self.owner_at: dict[int, tuple[int, str]] = {}
-        self._index_owners()
-
-    def _index_owners(self) -> None:
-        """Owner of each owned run, by start (for "who is next to this edge")."""
-        self.owner_at = {a: (b, mid) for mid, runs in self.owned.items() for a, b in runs}
+        # Owner of each owned run, by start (for "who is next to this edge"); built once,
+        # then kept by `_reindex`.
+        self.owner_at: dict[int, tuple[int, str]] = {
+            a: (b, mid) for mid, runs in self.owned.items() for a, b in runs
+        }
         self.starts = sorted(self.owner_at)
 
     def _reindex(self, run: SlotRange, owner: str) -> None:
