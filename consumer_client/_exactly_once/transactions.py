@@ -53,11 +53,19 @@ from keyshard.consumer_client._exactly_once.txn_log import (
     merge_positions,
     start_positions,
 )
+from keyshard.core.kafka.connect import is_passing
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.positions import PositionUpdate, RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet
 
 log = logging.getLogger(__name__)
+
+#: How long a start failing for a passing reason is tried again before the consumer gives
+#: up: longer than a Kafka node's restart or a transaction coordinator's move.
+START_PATIENCE_S = 60.0
+START_RETRY_S = 0.5
+START_RETRY_MAX_S = 5.0
+
 
 #: Attempts of one commit (same batch, same positions) before the consumer gives up.
 COMMIT_ATTEMPTS = 5
@@ -171,19 +179,37 @@ class TransactionalWriter:
     # ---- life cycle -----------------------------------------------------------------
 
     async def start(self) -> None:
-        """The transaction log and our producer; a broker without transactions (Tansu)
-        fails here, with a ConsumerError saying so."""
-        try:
-            await self.txn_log.start()
-            await self._open_producer()
-        except (KafkaError, TxnLogError, TimeoutError, OSError) as err:
-            raise ConsumerError(
-                f"{self.name}: exactly-once needs Kafka transactions (a transactional "
-                f"producer and the topic {self.txn_log.topic!r}), which failed: {err!r}; "
-                "is this a broker with transactions (Apache Kafka; Tansu has none)?"
-            ) from None
+        """The transaction log and our producer. A broker without transactions (Tansu)
+        fails here, with a ConsumerError saying so; a passing failure (a Kafka node
+        restarting, a transaction coordinator moving) is tried again first."""
+        await self._patiently(self.txn_log.start)
+        await self._patiently(self._open_producer)
         self.state = WriterState.OPEN
         self._loop_task = asyncio.create_task(self._commit_loop(), name=f"{self.name}-commits")
+
+    async def _patiently(self, step: Callable[[], Awaitable[None]]) -> None:
+        """Run `step`, again after a pause while it fails for a reason that passes, for
+        up to START_PATIENCE_S: a consumer started while a Kafka node fails over must not
+        take that for a cluster without transactions and stop."""
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + START_PATIENCE_S, START_RETRY_S
+        while True:
+            try:
+                return await step()
+            except (KafkaError, TxnLogError, TimeoutError, OSError) as err:
+                if is_passing(err) and loop.time() + pause < deadline:
+                    log.warning(
+                        "%s: Kafka is not ready for transactions yet (%r); trying again in "
+                        "%.1f s", self.name, err, pause,
+                    )  # fmt: skip
+                    await asyncio.sleep(pause)
+                    pause = min(2 * pause, START_RETRY_MAX_S)
+                    continue
+                raise ConsumerError(
+                    f"{self.name}: exactly-once needs Kafka transactions (a transactional "
+                    f"producer and the topic {self.txn_log.topic!r}), which failed: {err!r}; "
+                    "is this a broker with transactions (Apache Kafka; Tansu has none)?"
+                ) from None
 
     async def _open_producer(self) -> None:
         producer = AIOKafkaProducer(

@@ -127,8 +127,8 @@ class TxnLog:
         """Create the topic when missing (compacted: one record per writer survives) and
         find this group's partition."""
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self.kafka.admin_options())
-        await asyncio.wait_for(admin.start(), timeout)
-        try:
+        try:  # a start that fails is tried again: nothing it opened may stay open
+            await asyncio.wait_for(admin.start(), timeout)
             new = NewTopic(
                 self.topic, DEFAULT_PARTITIONS, -1, {}, topic_configs={"cleanup.policy": "compact"}
             )
@@ -136,6 +136,8 @@ class TxnLog:
             for _, code, *_ in response.topic_errors:
                 error = for_code(code)
                 if code and error is not TopicAlreadyExistsError:
+                    if error.retriable:  # no controller yet, say: tried again
+                        raise error(f"creating the transaction log topic {self.topic!r}")
                     raise TxnLogError(
                         f"cannot create the transaction log topic {self.topic!r} "
                         f"({error.__name__}): create it yourself ({DEFAULT_PARTITIONS} "
@@ -145,8 +147,8 @@ class TxnLog:
             with contextlib.suppress(Exception):
                 await admin.close()
         probe = self._consumer("read_committed")
-        await asyncio.wait_for(probe.start(), timeout)
         try:
+            await asyncio.wait_for(probe.start(), timeout)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
             while not (parts := probe.partitions_for_topic(self.topic)):

@@ -43,7 +43,12 @@ from keyshard.coordinator.storage.kafka_cluster import denied, ensure_state_topi
 from keyshard.coordinator.storage.log_format import EpochMarker, ReplicaBeat, encode
 from keyshard.coordinator.storage.record_reader import BEAT_KIND, RecordReader
 from keyshard.coordinator.storage.signing import ReplicaSecret
-from keyshard.core.kafka.connect import KafkaUnreachable, quiet_aiokafka, start_client
+from keyshard.core.kafka.connect import (
+    KafkaUnreachable,
+    is_passing,
+    quiet_aiokafka,
+    start_client,
+)
 from keyshard.core.kafka.metadata import cluster_id, partitions_of
 from keyshard.core.kafka.settings import KafkaSettings
 
@@ -191,8 +196,7 @@ class KafkaStateLog:
                     f"keyshard.{self.topic}"
                 ) from None
             except (KafkaError, OSError, TimeoutError) as err:
-                passing = isinstance(err, TimeoutError) or getattr(err, "retriable", False)
-                if passing and attempt < PROBE_ATTEMPTS:
+                if is_passing(err) and attempt < PROBE_ATTEMPTS:
                     await asyncio.sleep(RETRY_S * attempt)
                     continue
                 known = await self._known_without_transactions()

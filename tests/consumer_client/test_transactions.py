@@ -6,13 +6,18 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from aiokafka.errors import NotCoordinatorError, UnsupportedVersionError
 
-from keyshard.consumer_client import CoordinatedConsumer, Outputs
+from keyshard.consumer_client import ConsumerError, CoordinatedConsumer, Outputs
+from keyshard.consumer_client._datapath.progress import ConsumerProgress
+from keyshard.consumer_client._exactly_once import transactions
+from keyshard.consumer_client._exactly_once.transactions import TransactionalWriter
 from keyshard.consumer_client._exactly_once.txn_log import (
     WriterRecord,
     merge_positions,
     start_positions,
 )
+from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.positions import Position, RangePositionMap
 from keyshard.core.model.ranges import RangeSet, SlotRange
 
@@ -90,22 +95,67 @@ async def test_the_two_run_modes_are_not_mixed() -> None:
         await consumer().run_exactly_once(lambda r, o: None)  # type: ignore[arg-type,return-value]
 
 
-async def test_outputs_past_a_quarter_of_the_budget_are_committed_at_once() -> None:
-    """The batch waits for the interval (10 s here) unless its outputs reach
-    `max_batch_bytes`: then it is committed at once, so held outputs stay bounded."""
-    from keyshard.consumer_client._datapath.progress import ConsumerProgress
-    from keyshard.consumer_client._exactly_once.transactions import TransactionalWriter
-    from keyshard.core.kafka.settings import KafkaSettings
-
-    writer = TransactionalWriter(
+def new_writer(max_batch_bytes: int = 1000) -> TransactionalWriter:
+    return TransactionalWriter(
         progress=ConsumerProgress(),
-        txn_log=SimpleNamespace(prefix="app", group="g"),  # type: ignore[arg-type]
+        txn_log=SimpleNamespace(prefix="app", group="g", topic="keyshard.txn"),  # type: ignore[arg-type]
         bootstrap="127.0.0.1:9092",
         kafka=KafkaSettings.parse({}),
         name="w",
         interval_ms=10_000,
-        max_batch_bytes=1000,
+        max_batch_bytes=max_batch_bytes,
     )
+
+
+class FailingFirst:
+    """A start step that fails with each of `errors` in turn, then succeeds."""
+
+    def __init__(self, *errors: BaseException) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    async def __call__(self) -> None:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+
+
+async def test_a_start_failing_for_a_passing_reason_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Kafka node failing over while a member starts (a timeout, NOT_COORDINATOR, a
+    refused connection) is not taken for a cluster without transactions."""
+    monkeypatch.setattr(transactions, "START_RETRY_S", 0.01)
+    step = FailingFirst(TimeoutError(), NotCoordinatorError(), ConnectionRefusedError())
+    await new_writer()._patiently(step)
+    assert step.calls == 4
+
+
+async def test_a_start_failing_for_a_lasting_reason_says_so_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(transactions, "START_RETRY_S", 0.01)
+    step = FailingFirst(TimeoutError(), UnsupportedVersionError())
+    with pytest.raises(ConsumerError, match="needs Kafka transactions") as err:
+        await new_writer()._patiently(step)
+    assert "UnsupportedVersionError" in str(err.value) and step.calls == 2
+
+
+async def test_a_start_that_keeps_failing_gives_up_after_its_patience(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(transactions, "START_RETRY_S", 0.01)
+    monkeypatch.setattr(transactions, "START_PATIENCE_S", 0.2)
+    step = FailingFirst(*[TimeoutError() for _ in range(1000)])
+    with pytest.raises(ConsumerError, match="needs Kafka transactions"):
+        await new_writer()._patiently(step)
+    assert 2 <= step.calls < 1000
+
+
+async def test_outputs_past_a_quarter_of_the_budget_are_committed_at_once() -> None:
+    """The batch waits for the interval (10 s here) unless its outputs reach
+    `max_batch_bytes`: then it is committed at once, so held outputs stay bounded."""
+    writer = new_writer(max_batch_bytes=1000)
     commits: list[int] = []
     committed = asyncio.Event()
 

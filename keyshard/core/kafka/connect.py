@@ -103,6 +103,15 @@ def _diagnose(err: BaseException, settings: KafkaSettings, address: str) -> Diag
     )
 
 
+def is_passing(err: BaseException) -> bool:
+    """Whether the same request may well succeed soon: a timeout, a connection refused or
+    reset, or an error Kafka marks retriable (NOT_COORDINATOR, a coordinator still
+    loading, ...). A TLS failure is not: the same handshake fails the same way."""
+    if isinstance(err, ssl.SSLError):
+        return False
+    return isinstance(err, TimeoutError | OSError) or bool(getattr(err, "retriable", False))
+
+
 async def diagnose(
     bootstrap_servers: str, settings: KafkaSettings, timeout: float = 10.0
 ) -> list[Diagnosis]:
