@@ -266,6 +266,8 @@ class RunSpec:
     # one-partition topic) was handled at least once, or this many seconds after the go
     # (then it timed out). Needs order_log (the times and members come from it).
     until_all_s: float = 0.0
+    # The checkout the workers run from (its `keyshard`): another build, for bench/ab.py.
+    root: Path = ROOT
 
 
 @dataclass
@@ -279,6 +281,9 @@ class RunResult:
     stats: dict[str, int] = field(default_factory=dict)  # keyshard counters, summed
     error: str = ""
     order: OrderStats | None = None
+    # CPU microseconds of the worker processes per record, over the span in which they
+    # did records (0: not measured; bench._worker's Meter.cpu_span)
+    cpu_us_per_record: float = 0.0
     # until_all_s runs: from the order logs
     timed_out: bool = False
     distinct: int = 0  # records handled at least once
@@ -323,7 +328,7 @@ def run(cluster: Cluster, spec: RunSpec, timeout_s: float = 60) -> RunResult:
             log = open(work / f"w{i}.log", "wb")  # noqa: SIM115 - handed to the child
             procs.append(
                 subprocess.Popen(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env(spec)
+                    cmd, stdout=log, stderr=subprocess.STDOUT, cwd=spec.root, env=_env(spec)
                 )
             )
             log.close()
@@ -475,7 +480,15 @@ def _measure(spec: RunSpec, t_go: float, finals: list[dict[str, Any]]) -> RunRes
         total=total,
         stats=dict(stats),
         order=order_stats([d.get("order", []) for d in finals]) if spec.order_log else None,
+        cpu_us_per_record=_cpu_per_record(finals),
     )
+
+
+def _cpu_per_record(finals: list[dict[str, Any]]) -> float:
+    spans = [d["cpu"] for d in finals if len(d.get("cpu", [])) == 2]
+    done = sum(last[0] - first[0] for first, last in spans)
+    spent = sum(last[1] - first[1] for first, last in spans)
+    return spent / done * 1e6 if done > 0 else 0.0
 
 
 # ---- reporting ----------------------------------------------------------------------------

@@ -47,6 +47,9 @@ class Meter:
         self.extra: dict[str, Any] = {}
         self.order: list[tuple[int, int, int, float, float]] | None = None
         self.seen: bytearray | None = None  # --track-distinct: bit per offset handled
+        # (records done, CPU seconds of the process) at each report: CPU per record is
+        # much steadier than records per second on a busy machine (bench/ab.py).
+        self.cpu: list[tuple[int, float]] = []
 
     def done(self, record: Any = None, start: float = 0.0) -> None:
         now = time.monotonic()
@@ -63,6 +66,18 @@ class Meter:
                     self.seen.extend(bytes(offset // 8 + 1 - len(self.seen)))
                 self.seen[offset // 8] |= 1 << (offset % 8)
 
+    def sample_cpu(self) -> None:
+        self.cpu.append((self.count, time.process_time()))
+
+    def cpu_span(self) -> list[tuple[int, float]]:
+        """The first sample with records done and the first with all of them: the CPU
+        spent on records, without start-up and shutdown ([] when there were none)."""
+        busy = [sample for sample in self.cpu if sample[0] > 0]
+        if not busy:
+            return []
+        last = busy[-1][0]
+        return [busy[0], next(sample for sample in busy if sample[0] == last)]
+
     def write(self, final: bool) -> None:
         data: dict[str, Any] = {"pid": os.getpid(), "count": self.count, "first": self.first}
         if self.seen is not None:
@@ -71,6 +86,7 @@ class Meter:
             data["final"] = True
             data["buckets"] = {str(k): v for k, v in self.buckets.items()}
             data.update(self.extra)
+            data["cpu"] = self.cpu_span()
             if self.order is not None:
                 data["order"] = self.order
         tmp = self.status.with_suffix(".tmp")
@@ -138,6 +154,7 @@ def reporter(meter: Meter, stopping: threading.Event) -> None:
     """A thread, not a task: a CPU-bound handler in a plain loop never yields to the event
     loop while aiokafka has records buffered, and the orchestrator must still see progress."""
     while not stopping.wait(0.1):
+        meter.sample_cpu()
         meter.write(final=False)
 
 

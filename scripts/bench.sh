@@ -10,6 +10,7 @@
 #       handoff        bench.handoff_pause         coord-scale    bench.coord_scale
 #       balance        bench.balance               spark          bench.spark_source
 #       filter-breakdown   bench.filter_breakdown
+#       ab --base REV      this checkout's no-op path against REV's, alternating (bench.ab)
 #       failover       bench.failover              exactly-once   bench.exactly_once
 #       sigterm-handoff    bench.sigterm_handoff
 #       memory         peak RSS of two consumers on a 200 MB..2 GB backlog (bench.memory;
@@ -33,7 +34,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 part="$1"
@@ -54,6 +55,7 @@ case "$part" in
   peers) module=bench.peers; peers=1; broker="${broker:-kafka}" ;;
   handoff) module=bench.handoff_pause; peers=1 ;;
   coord-scale) module=bench.coord_scale; peers=0 ;;
+  ab) module=bench.ab; peers=0 ;;
   balance) module=bench.balance; peers=0 ;;
   spark) module=bench.spark_source; peers=0; spark_kafka=1 ;;
   filter-breakdown) module=bench.filter_breakdown; peers=0 ;;
