@@ -85,6 +85,8 @@ class RangeLag(BaseModel):
 class MemberView(BaseModel):
     member_id: str
     name: str
+    # Who its connection authenticated as (User:ANONYMOUS when nothing authenticates).
+    principal: str
     phase: MemberPhase  # draining > starting > running > idle (see MemberPhase)
     epoch: int
     capacity: int
@@ -285,6 +287,7 @@ def group_view(
             MemberView(
                 member_id=m.member_id,
                 name=m.name,
+                principal=m.principal,
                 phase=m.phase,
                 epoch=m.epoch,
                 capacity=m.capacity,

@@ -29,6 +29,7 @@ from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_M
 from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.coordinator.server.admission import connection_limits, count_accept_errors
+from keyshard.coordinator.server.authentication import Authentication
 from keyshard.coordinator.server.listener import CoordinatorServer
 from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, DEFAULT_STATE_TOPIC
 from keyshard.coordinator.storage.kafka_cluster import KafkaCluster
@@ -49,7 +50,8 @@ class DaemonConfig:
     admin_host: str
     admin_port: int
     state_topic: str = DEFAULT_STATE_TOPIC
-    auth_token: str | None = None
+    # Who each consumer connection is (coordinator.server.authentication).
+    authentication: Authentication = field(default_factory=Authentication)
     admin_token: str | None = None  # bearer token for admin mutations (and reads if below)
     admin_auth_reads: bool = False
     group_defaults: GroupConfig = field(default_factory=GroupConfig)
@@ -204,7 +206,6 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             bootstrap_servers=bootstrap,
             advertised_address=advertised,
             state_topic=config.state_topic,
-            auth_token=config.auth_token,
             group_defaults=config.group_defaults,
             group_assignors=dict(config.group_assignors),
             group_offset_resets=dict(config.group_offset_resets),
@@ -234,10 +235,12 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         server = CoordinatorServer(
             runtime, config.listen_host, config.listen_port, config.max_frame_bytes,
             tls=channel_tls, limits=limits, replicas=replicas,
+            authentication=config.authentication,
         )  # fmt: skip
         await server.start()
         await replicas.start()
         log.info("%s", limits.describe())
+        log.info("%s", config.authentication.describe())
     except BaseException:
         admin_socket.close()
         if server is not None:

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keyshard.coordinator.group.state import GroupConfig, HandoffKind, PendingClaim, Transition
+from keyshard.coordinator.group.state import (
+    ANONYMOUS_PRINCIPAL,
+    GroupConfig,
+    HandoffKind,
+    PendingClaim,
+    Transition,
+)
 from keyshard.core.model.positions import Position, RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
@@ -29,6 +35,7 @@ class MemberJoined:
     at: float
     fixed_ranges: RangeSet | None = None
     topic_pattern: str | None = None
+    principal: str = ANONYMOUS_PRINCIPAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +181,7 @@ class MemberAdopted:
     at: float
     fixed_ranges: RangeSet | None = None
     topic_pattern: str | None = None
+    principal: str = ANONYMOUS_PRINCIPAL
 
 
 @dataclass(frozen=True, slots=True)

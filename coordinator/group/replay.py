@@ -70,6 +70,7 @@ def replay(state: GroupState, record: Record) -> None:
                 session_timeout_ms=record.session_timeout_ms,
                 last_heard=record.at,
                 fixed_ranges=record.fixed_ranges,
+                principal=record.principal,
             )
             _subscribe(state, record.topics, record.partitions, record.topic_pattern)
             state.inputs_version += 1
@@ -224,7 +225,7 @@ def replay(state: GroupState, record: Record) -> None:
                 elif record.reclaimable:
                     state.claims[member.member_id] = PendingClaim(
                         member.member_id, member.name, member.epoch, member.owned,
-                        record.quarantine_until,
+                        record.quarantine_until, member.principal,
                     )  # fmt: skip
             _member_changed(state, record.member_id)
             state.inputs_version += 1
@@ -297,6 +298,7 @@ def _adopt(state: GroupState, record: MemberAdopted) -> None:
         epoch=record.member_epoch,
         owned=record.owned,
         fixed_ranges=record.fixed_ranges,
+        principal=record.principal,
     )
     _subscribe(state, record.topics, record.partitions, record.topic_pattern)
     state.inputs_version += 1

@@ -22,6 +22,8 @@ from keyshard.core.model.positions import Position, RangePositionMap, TopicParti
 from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
 MAX_HANDOFF_HISTORY = 200
+#: Who a member is when nothing authenticated its connection (Kafka's PLAINTEXT principal).
+ANONYMOUS_PRINCIPAL = "User:ANONYMOUS"
 
 
 class OffsetReset(StrEnum):
@@ -98,6 +100,9 @@ class Member:
     session_timeout_ms: int
     last_heard: float
     epoch: int = 1
+    # The principal its connection authenticated as (keyshard.core.security.identity):
+    # only that principal may adopt its claim after a failover.
+    principal: str = ANONYMOUS_PRINCIPAL
     owned: RangeSet = EMPTY  # granted (start sent) and not yet released, includes draining
     draining: RangeSet = EMPTY  # StopFetcher sent, final positions not yet back
     # One deadline per StopFetcher: a later stop gets its own full drain timeout.
@@ -169,6 +174,8 @@ class PendingClaim:
     member_epoch: int
     owned: RangeSet
     until: float
+    # Only a connection of this principal may adopt the claim (docs/protocol.md §7.4).
+    principal: str = ANONYMOUS_PRINCIPAL
 
 
 @dataclass(slots=True)

@@ -276,6 +276,7 @@ def _member_record(state: GroupState, member: Member, epoch: int) -> tuple[bytes
         topics=state.topics,
         fixed_ranges=member.fixed_ranges,
         epoch=epoch,
+        principal=member.principal,
     )
     return record.key, encode(record)
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 import uuid
@@ -89,6 +88,7 @@ from keyshard.core.protocol.messages import (
     RegisterResponse,
 )
 from keyshard.core.protocol.wire import ranges_from_wire, ranges_to_wire
+from keyshard.core.security.identity import ANONYMOUS, Principal
 
 log = logging.getLogger(__name__)
 PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced, DrainStarted, EndsObserved)
@@ -308,16 +308,14 @@ class CoordinatorRuntime:
 
     # ---- events from channels -----------------------------------------------------
 
-    async def register(self, channel: Channel, request: RegisterRequest) -> RegisterResponse:
-        """Validate a Register, admit the member and start pinging it."""
+    async def register(
+        self, channel: Channel, request: RegisterRequest, principal: Principal = ANONYMOUS
+    ) -> RegisterResponse:
+        """Validate a Register of a connection authenticated as `principal`, admit the
+        member and start pinging it."""
         if not self.ready:
             raise CoordinatorError(ErrorCode.NOT_COORDINATOR, "coordinator is still starting")
         self._require_owned(request.group)
-        expected = self.config.auth_token
-        if expected is not None and not hmac.compare_digest(
-            (request.auth_token or "").encode(), expected.encode()
-        ):
-            raise CoordinatorError(ErrorCode.AUTHENTICATION_FAILED, "invalid or missing auth token")
         # Bounds before anything is created: a refused Register leaves no group behind.
         refused = self.config.bounds.session_refusal(request.session_timeout_ms)
         if refused is None and request.group not in self._groups:
@@ -353,7 +351,9 @@ class CoordinatorRuntime:
         fixed = None if request.fixed_ranges is None else ranges_from_wire(request.fixed_ranges)
         claim = request.claim
         result: Result | None = None
-        if claim is not None and claim.member_id in state.claims:
+        if claim is not None and not _claims_own(state, claim.member_id, principal):
+            claim = None  # another principal's: an ordinary Register, the claim waits
+        if claim is not None:
             member_id = claim.member_id
             judge = claim_judge(state, request, topics, partitions, fixed, self.clock())
             result = await self.reports.verdict(judge)  # None: its lease ran out meanwhile
@@ -373,6 +373,7 @@ class CoordinatorRuntime:
                 fixed_ranges=fixed,
                 validate_ranges=strategy_named(state.config.assignor).validate_ranges,
                 topic_pattern=pattern,
+                principal=str(principal),
             )
         if result.error is not None:
             raise CoordinatorError(*result.error)
@@ -393,9 +394,9 @@ class CoordinatorRuntime:
         adopted = member.owned if claim is not None and claim.member_id == member_id else None
         self.activity.count("joined" if adopted is None else "adopted")
         log.info(
-            "member %s %s group %s (%s)", member_id,
+            "member %s %s group %s (%s, %s)", member_id,
             "joined" if adopted is None else f"came back to, keeping {adopted},", request.group,
-            channel.peer,
+            principal, channel.peer,
         )  # fmt: skip
         return RegisterResponse(
             correlation_id=0,
@@ -633,6 +634,22 @@ class CoordinatorRuntime:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+
+def _claims_own(state: GroupState, member_id: str, principal: Principal) -> bool:
+    """Whether the group holds a pending claim for `member_id` that `principal` may
+    adopt: member ids are public (admin API, metric labels), so only the principal that
+    owned the member can take its ranges over; anyone else registers as a new member."""
+    pending = state.claims.get(member_id)
+    if pending is None:
+        return False
+    if pending.principal != str(principal):
+        log.warning(
+            "group %s: %s sent a claim for member %s of %s: not adopted",
+            state.group, principal, member_id, pending.principal,
+        )  # fmt: skip
+        return False
+    return True
 
 
 def _removes_a_member(result: Result) -> bool:

@@ -46,8 +46,9 @@ def takeover_result(image: GroupImage, now: float, margin_s: float) -> Result:
             continue
         until = now + member.session_timeout_ms / 1000 + margin_s
         claim = PendingClaim(
-            member.member_id, member.name, member.member_epoch, member.owned, until
-        )
+            member.member_id, member.name, member.member_epoch, member.owned, until,
+            member.principal,
+        )  # fmt: skip
         result.records.append(ClaimAwaited(claim))
         result.effects.append(SetTimer(QuarantineTimer(member.member_id), until))
     return result

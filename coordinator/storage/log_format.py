@@ -32,7 +32,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from keyshard.coordinator.group.state import Transition
+from keyshard.coordinator.group.state import ANONYMOUS_PRINCIPAL, Transition
 from keyshard.core.model.positions import Position, RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import RangeSet
 
@@ -97,6 +97,9 @@ class MemberRecord:
     topics: tuple[str, ...]
     fixed_ranges: RangeSet | None = None
     epoch: int = 0  # the coordinator epoch that wrote it
+    # Who it authenticated as: only that principal may adopt its claim. A record without
+    # one (written before principals existed) is anonymous.
+    principal: str = ANONYMOUS_PRINCIPAL
 
     @property
     def key(self) -> bytes:
@@ -223,6 +226,7 @@ def encode(record: StateRecord) -> bytes | None:
                 "session_timeout_ms": record.session_timeout_ms,
                 "member_epoch": record.member_epoch, "owned": _ranges(record.owned),
                 "topics": list(record.topics), "fixed_ranges": _ranges(record.fixed_ranges),
+                "principal": record.principal,
             }  # fmt: skip
         case TopicsRecord():
             body = {
@@ -314,6 +318,7 @@ def decode(key: bytes, value: bytes | None) -> StateRecord:
             topics=tuple(str(t) for t in data["topics"]),
             fixed_ranges=None if fixed is None else RangeSet.from_pairs(tuple(p) for p in fixed),
             epoch=epoch,
+            principal=str(data.get("principal", ANONYMOUS_PRINCIPAL)),
         )
     if kind == "topics":
         return TopicsRecord(

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from keyshard.cli.access_flags import authentication_from
 from keyshard.cli.bound_flags import bounds_from
 from keyshard.cli.endpoint_tls import endpoint_tls
 from keyshard.cli.extras import require_server_extra
@@ -107,6 +108,7 @@ def _run_coordinator(args: argparse.Namespace) -> int:
             ReplicaSecret.from_file(args.replica_secret_file) if args.replica_secret_file else None
         )
         args.bounds = bounds_from(args)
+        args.authentication = authentication_from(args)
     except (TlsConfigError, SecretFileError, SecretError, ValueError) as err:
         print(f"keyshard coordinator: {err}", file=sys.stderr)
         return 2
@@ -160,7 +162,7 @@ def _serve(
         admin_host=admin_host,
         admin_port=admin_port,
         state_topic=args.state_topic,
-        auth_token=args.auth_token,
+        authentication=args.authentication,
         admin_token=args.admin_token,
         replica_secret=args.replica_secret,
         admin_auth_reads=bool(args.admin_auth_reads),

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from keyshard.coordinator.group.state import GroupConfig
 from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.server.admission import ConnectionLimits
+from keyshard.coordinator.server.authentication import Authentication
 from keyshard.coordinator.server.listener import CoordinatorServer
 from keyshard.local.processes import free_port
 from tests.coordinator.runtime.memory import serving_runtime
@@ -19,6 +20,7 @@ async def running_coordinator(
     limits: ConnectionLimits | None = None,
     tls: ssl.SSLContext | None = None,
     auth_token: str | None = None,
+    authentication: Authentication | None = None,
 ) -> AsyncIterator[CoordinatorServer]:
     """A listening coordinator on a free loopback port; groups may use any topic (the
     in-memory cluster says every topic exists, with one partition)."""
@@ -26,12 +28,15 @@ async def running_coordinator(
     config = RuntimeConfig(
         "unused:1",
         advertised_address=f"127.0.0.1:{port}",
-        auth_token=auth_token,
         group_defaults=GroupConfig(ping_interval_ms=100),
     )
     runtime = serving_runtime(config)
     await runtime.start()
-    server = CoordinatorServer(runtime, "127.0.0.1", port, tls=tls, limits=limits)
+    if authentication is None:
+        authentication = Authentication(shared_token=auth_token)
+    server = CoordinatorServer(
+        runtime, "127.0.0.1", port, tls=tls, limits=limits, authentication=authentication
+    )
     try:
         await server.start()
         yield server

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 from keyshard.coordinator.storage.image import PartitionImage
 from keyshard.coordinator.storage.log_format import (
     EpochMarker,
@@ -39,6 +42,15 @@ def test_records_round_trip_through_their_json() -> None:
     e = EpochMarker(3, 7, "replica-a", "10.0.0.1:7171", "http://10.0.0.1:7172")
     assert decode(e.key, encode(e)) == e
     assert decode(b"M\x00g\x00m1", None) == Tombstone(b"M\x00g\x00m1")
+
+
+def test_a_member_keeps_its_principal_and_one_stored_without_is_anonymous() -> None:
+    m = replace(member("m1", 2, RangeSet.full()), principal="User:team-a")
+    assert decode(m.key, encode(m)) == m
+    stored = json.loads(encode(member("m1", 2, RangeSet.full())) or b"")
+    del stored["principal"]
+    old = decode(m.key, json.dumps(stored).encode())
+    assert isinstance(old, MemberRecord) and old.principal == "User:ANONYMOUS"
 
 
 def test_a_fenced_writer_after_the_marker_is_ignored_and_before_it_counts() -> None:

@@ -1,0 +1,86 @@
+"""`keyshard coordinator`'s flags for who a consumer is (`coordinator.server.
+authentication`): each a flag, its KEYSHARD_* variable, a Helm value. The names follow
+Kafka's broker settings where one exists (`ssl.principal.mapping.rules`,
+`sasl.oauthbearer.*`), so a platform team copies its values across."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from keyshard.coordinator.server.authentication import SHARED_TOKEN_PRINCIPAL, Authentication
+from keyshard.core.security.identity import PrincipalMapper, parse_principal
+from keyshard.core.security.tokens import read_token_file
+
+
+def add_identity_flags(coord: argparse.ArgumentParser, add: Callable[..., None]) -> None:
+    """`add` is the parser's flag adder (keyshard.cli.parser._add: it reads the variable)."""
+    add(
+        coord,
+        "--auth-token-principal",
+        default=str(SHARED_TOKEN_PRINCIPAL),
+        help="the principal a consumer presenting --auth-token is, when no client "
+        "certificate names it",
+    )
+    add(
+        coord,
+        "--auth-tokens-file",
+        default=None,
+        help="file of per-principal tokens, a line each: '<principal> <token>' or "
+        "'<principal> sha256:<hex>' (instead of --auth-token)",
+    )
+    add(
+        coord,
+        "--ssl-principal-mapping-rules",
+        default="DEFAULT",
+        help="how a client certificate's subject becomes a principal, as Kafka's "
+        "ssl.principal.mapping.rules (RULE:pattern/replacement/[LU], DEFAULT)",
+    )
+    add(
+        coord,
+        "--jwt-jwks-url",
+        default=None,
+        help="accept bearer JWTs signed by a key of this JWKS (Kafka's "
+        "sasl.oauthbearer.jwks.endpoint.url)",
+    )
+    add(coord, "--jwt-issuer", default=None, help="a JWT's required 'iss' claim")
+    add(coord, "--jwt-audience", default=None, help="a JWT's required 'aud' claim")
+    add(
+        coord,
+        "--jwt-principal-claim",
+        default="sub",
+        help="the JWT claim that names the principal (Kafka's sasl.oauthbearer.sub.claim.name)",
+    )
+
+
+def authentication_from(args: argparse.Namespace) -> Authentication:
+    """The consumers' authentication the flags describe; a bad value is a ValueError
+    naming its flag (an IdentityConfigError)."""
+    jwt = None
+    if args.jwt_jwks_url:
+        from keyshard.coordinator.server.jwt_identity import JwtSettings, JwtVerifier
+
+        jwt = JwtVerifier(
+            JwtSettings(
+                args.jwt_jwks_url,
+                issuer=args.jwt_issuer,
+                audience=args.jwt_audience,
+                principal_claim=args.jwt_principal_claim,
+            )
+        )
+    return Authentication(
+        shared_token=args.auth_token,
+        shared_principal=parse_principal(
+            args.auth_token_principal, setting="--auth-token-principal"
+        ),
+        tokens=read_token_file(args.auth_tokens_file) if args.auth_tokens_file else None,
+        jwt=jwt,
+        mapper=_mapper(args.ssl_principal_mapping_rules),
+    )
+
+
+def _mapper(rules: str) -> PrincipalMapper:
+    try:
+        return PrincipalMapper(rules)
+    except ValueError as err:
+        raise ValueError(f"--ssl-principal-mapping-rules: {err}") from None
