@@ -26,6 +26,7 @@ from keyshard.coordinator.group.state import GroupConfig, OffsetReset
 from keyshard.coordinator.replication.liveness import DEFAULT_LEADER_FAILOVER_MS
 from keyshard.coordinator.replication.manager import ReplicaManager, ReplicationSettings
 from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
+from keyshard.coordinator.runtime.authorization import DEFAULT_ACL_CACHE_MS, authorizer_for
 from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.coordinator.server.admission import connection_limits, count_accept_errors
@@ -52,6 +53,10 @@ class DaemonConfig:
     state_topic: str = DEFAULT_STATE_TOPIC
     # Who each consumer connection is (coordinator.server.authentication).
     authentication: Authentication = field(default_factory=Authentication)
+    # Who may join which group (coordinator.runtime.authorization): none, kafka, acl-file.
+    authorizer: str = "none"
+    acl_file: str | None = None
+    acl_cache_ms: int = DEFAULT_ACL_CACHE_MS
     admin_token: str | None = None  # bearer token for admin mutations (and reads if below)
     admin_auth_reads: bool = False
     group_defaults: GroupConfig = field(default_factory=GroupConfig)
@@ -214,9 +219,14 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             metadata_refresh_ms=config.metadata_refresh_ms,
             partition_growth_window_ms=config.partition_growth_window_ms,
         )
+        authorizer = authorizer_for(
+            config.authorizer, acl_file=config.acl_file, cache_ms=config.acl_cache_ms,
+            describe=cluster.describe_acls,
+        )  # fmt: skip
         runtime = CoordinatorRuntime(
-            runtime_config, state_log, metadata=cluster, partitions=state_log.partitions
-        )
+            runtime_config, state_log, metadata=cluster, partitions=state_log.partitions,
+            authorizer=authorizer,
+        )  # fmt: skip
         await runtime.start()
         replicas = ReplicaManager(
             state_log, runtime, bootstrap=bootstrap, kafka=config.kafka,
@@ -240,7 +250,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         await server.start()
         await replicas.start()
         log.info("%s", limits.describe())
-        log.info("%s", config.authentication.describe())
+        log.info("%s; %s", config.authentication.describe(), authorizer.describe())
     except BaseException:
         admin_socket.close()
         if server is not None:

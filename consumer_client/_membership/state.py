@@ -56,6 +56,8 @@ FATAL_CODES = frozenset(
     {
         ErrorCode.UNKNOWN_TOPIC,
         ErrorCode.AUTHENTICATION_FAILED,
+        # As Kafka's consumer raises GroupAuthorizationException: an operator must grant.
+        ErrorCode.AUTHORIZATION_FAILED,
         ErrorCode.INCONSISTENT_TOPICS,
         ErrorCode.INVALID_MESSAGE,
         ErrorCode.INVALID_RANGES,

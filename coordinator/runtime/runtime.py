@@ -58,6 +58,7 @@ from keyshard.coordinator.group.records import (
 from keyshard.coordinator.group.replay import replay
 from keyshard.coordinator.group.state import GroupState, MemberPhase
 from keyshard.coordinator.runtime.activity import Activity, report_loop, watch_loop
+from keyshard.coordinator.runtime.authorization import AllowAll, Authorizer, register_verdict
 from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.runtime.confirmed_ends import ConfirmedEnds
 from keyshard.coordinator.runtime.durability import NotOwned, StateWriter
@@ -115,8 +116,11 @@ class CoordinatorRuntime:
         clock: Clock = time.monotonic,
         timers: Timers[TimerId] | None = None,
         wall_clock: Callable[[], float] = time.time,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.config = config
+        # Who may join which group (coordinator.runtime.authorization).
+        self.authorizer: Authorizer = authorizer or AllowAll()
         self.log = log
         self.metadata = metadata
         self.partitions = partitions  # of the state log: a group lives in partition_of()
@@ -324,6 +328,14 @@ class CoordinatorRuntime:
             raise CoordinatorError(*refused)
         pattern = request.topic_pattern
         counts, missing = await self._subscriptions.counts(tuple(request.topics), pattern)
+        # Named topics are authorized as named (whether they exist is not told to whoever
+        # may not read them); a pattern's, as it matches them now.
+        read = tuple(request.topics) if pattern is None else tuple(sorted(counts))
+        verdict = await register_verdict(
+            self.authorizer, principal, channel.peer_host, request.group, read
+        )
+        if verdict is not None:
+            raise CoordinatorError(*verdict)
         if missing:
             raise CoordinatorError(
                 ErrorCode.UNKNOWN_TOPIC,

@@ -8,6 +8,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from keyshard.cli.flag_values import positive_ms
+from keyshard.coordinator.runtime.authorization import (
+    AUTHORIZERS,
+    DEFAULT_ACL_CACHE_MS,
+    authorizer_for,
+)
 from keyshard.coordinator.server.authentication import SHARED_TOKEN_PRINCIPAL, Authentication
 from keyshard.core.security.identity import PrincipalMapper, parse_principal
 from keyshard.core.security.tokens import read_token_file
@@ -51,6 +57,43 @@ def add_identity_flags(coord: argparse.ArgumentParser, add: Callable[..., None])
         default="sub",
         help="the JWT claim that names the principal (Kafka's sasl.oauthbearer.sub.claim.name)",
     )
+
+
+def add_authorization_flags(coord: argparse.ArgumentParser, add: Callable[..., None]) -> None:
+    add(
+        coord,
+        "--authorizer",
+        choices=AUTHORIZERS,
+        default="none",
+        help="who may join which group: none (everyone authenticated), kafka (the "
+        "cluster's ACLs: Read on the Group and its Topics; needs Describe on the "
+        "Cluster) or acl-file (--acl-file)",
+    )
+    add(
+        coord,
+        "--acl-file",
+        default=None,
+        help="ACLs for --authorizer acl-file, a line each: '<principal> <allow|deny> "
+        "<operation> <resource type> <literal|prefixed> <name> [host]'; read again when "
+        "it changes",
+    )
+    add(
+        coord,
+        "--acl-cache-ms",
+        type=positive_ms,
+        default=DEFAULT_ACL_CACHE_MS,
+        help="--authorizer kafka: the cluster's ACLs are read again after this, so a grant "
+        "or a revocation takes effect within it",
+    )
+
+
+def check_authorization(args: argparse.Namespace) -> None:
+    """A bad --authorizer / --acl-file pair, or an ACL file that does not parse, as a
+    ValueError naming the flag, before anything starts."""
+    if args.authorizer == "acl-file":
+        authorizer_for("acl-file", acl_file=args.acl_file)
+    elif args.acl_file:
+        raise ValueError("--acl-file is read only with --authorizer acl-file")
 
 
 def authentication_from(args: argparse.Namespace) -> Authentication:

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from keyshard.cli.access_flags import authentication_from
+from keyshard.cli.access_flags import authentication_from, check_authorization
 from keyshard.cli.bound_flags import bounds_from
 from keyshard.cli.endpoint_tls import endpoint_tls
 from keyshard.cli.extras import require_server_extra
@@ -109,6 +109,7 @@ def _run_coordinator(args: argparse.Namespace) -> int:
         )
         args.bounds = bounds_from(args)
         args.authentication = authentication_from(args)
+        check_authorization(args)
     except (TlsConfigError, SecretFileError, SecretError, ValueError) as err:
         print(f"keyshard coordinator: {err}", file=sys.stderr)
         return 2
@@ -163,6 +164,9 @@ def _serve(
         admin_port=admin_port,
         state_topic=args.state_topic,
         authentication=args.authentication,
+        authorizer=args.authorizer,
+        acl_file=args.acl_file,
+        acl_cache_ms=int(args.acl_cache_ms),
         admin_token=args.admin_token,
         replica_secret=args.replica_secret,
         admin_auth_reads=bool(args.admin_auth_reads),

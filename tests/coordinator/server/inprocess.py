@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from keyshard.coordinator.group.state import GroupConfig
+from keyshard.coordinator.runtime.authorization import Authorizer
 from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.server.admission import ConnectionLimits
 from keyshard.coordinator.server.authentication import Authentication
@@ -21,6 +22,7 @@ async def running_coordinator(
     tls: ssl.SSLContext | None = None,
     auth_token: str | None = None,
     authentication: Authentication | None = None,
+    authorizer: Authorizer | None = None,
 ) -> AsyncIterator[CoordinatorServer]:
     """A listening coordinator on a free loopback port; groups may use any topic (the
     in-memory cluster says every topic exists, with one partition)."""
@@ -30,7 +32,7 @@ async def running_coordinator(
         advertised_address=f"127.0.0.1:{port}",
         group_defaults=GroupConfig(ping_interval_ms=100),
     )
-    runtime = serving_runtime(config)
+    runtime = serving_runtime(config, authorizer=authorizer)
     await runtime.start()
     if authentication is None:
         authentication = Authentication(shared_token=auth_token)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import trustme
 
+from keyshard.coordinator.runtime.authorization import AclFileAuthorizer
 from keyshard.coordinator.server.authentication import Authentication
 from keyshard.core.protocol.channel import Channel, RemoteError
 from keyshard.core.protocol.messages import (
@@ -133,3 +134,28 @@ async def test_a_token_names_the_principal_and_a_wrong_one_is_refused(pki: Pki) 
         assert refused.value.code is ErrorCode.AUTHENTICATION_FAILED
         assert "no principal has it" in refused.value.message
         assert "Zq9" not in refused.value.message
+
+
+async def test_a_principal_registers_only_where_its_acls_let_it(pki: Pki, tmp_path: Path) -> None:
+    acls = tmp_path / "acls"
+    acls.write_text(
+        "User:team-a.alice allow Read Group literal g\n"
+        "User:team-a.alice allow Read Topic literal t\n"
+    )
+    async with running_coordinator(
+        tls=pki.server(),
+        authentication=Authentication(mapper=PrincipalMapper(RULES)),
+        authorizer=AclFileAuthorizer(str(acls)),
+    ) as server:
+        channel, _ = await register(server.port, pki.client("alice", "team-a"))
+        await channel.aclose()
+        with pytest.raises(RemoteError) as refused:
+            await register(server.port, pki.client("bob", "team-b"))
+        assert refused.value.code is ErrorCode.AUTHORIZATION_FAILED
+        assert refused.value.message == (
+            "User:team-b.bob may not join group 'g': it lacks Read on Group 'g' (no ACL allows it)"
+        )
+        assert server.runtime.group_states()["g"].members.keys() <= {
+            m for m, member in server.runtime.group_states()["g"].members.items()
+            if member.principal == "User:team-a.alice"
+        }  # fmt: skip
