@@ -20,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from keyshard.api.app import create_app
+from keyshard.api.auth import AdminAuth
 from keyshard.coordinator.group.bounds import Bounds
 from keyshard.coordinator.group.growth import DEFAULT_GROWTH_WINDOW_MS
 from keyshard.coordinator.group.state import GroupConfig, OffsetReset
@@ -59,6 +60,8 @@ class DaemonConfig:
     acl_cache_ms: int = DEFAULT_ACL_CACHE_MS
     admin_token: str | None = None  # bearer token for admin mutations (and reads if below)
     admin_auth_reads: bool = False
+    # Admin principals and roles (keyshard.api.auth); None: from the two settings above.
+    admin_auth: AdminAuth | None = None
     group_defaults: GroupConfig = field(default_factory=GroupConfig)
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     group_assignors: Mapping[str, str] = field(default_factory=dict)
@@ -241,6 +244,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             runtime, replicas=replicas, admin_token=config.admin_token,
             auth_reads=config.admin_auth_reads,
             peer_verify=config.admin_tls.peer_context() if config.admin_tls is not None else True,
+            auth=config.admin_auth,
         )  # fmt: skip
         server = CoordinatorServer(
             runtime, config.listen_host, config.listen_port, config.max_frame_bytes,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from keyshard.coordinator.group.state import (
     ANONYMOUS_PRINCIPAL,
+    AuditEntry,
     GroupConfig,
     HandoffKind,
     PendingClaim,
@@ -213,6 +214,13 @@ class GroupConfigChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class AdminActed:
+    """An admin call changed the group: its audit trail keeps who, what and when."""
+
+    entry: AuditEntry
+
+
+@dataclass(frozen=True, slots=True)
 class PartitionsChanged:
     """The group's topics and partitions as the cluster has them now (a partition added,
     a topic created that matches the group's pattern, a topic deleted), and the
@@ -263,6 +271,7 @@ Record = (
     | GrantsHeld
     | PositionsLoaded
     | GroupConfigChanged
+    | AdminActed
     | PartitionsChanged
     | TransitionsChanged
     | EndsObserved

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from keyshard.coordinator.group.demand import buckets_of
 from keyshard.coordinator.group.records import (
+    AdminActed,
     ClaimAwaited,
     DrainStarted,
     EndsObserved,
@@ -249,6 +250,8 @@ def replay(state: GroupState, record: Record) -> None:
             state.positions[record.tp] = record.positions.copy()
         case GroupConfigChanged():
             state.config = record.config
+        case AdminActed(entry):
+            state.audit.append(entry)
         case PartitionsChanged():
             kept = set(record.partitions)
             for tp in [tp for tp in state.partitions if tp not in kept]:

@@ -22,6 +22,7 @@ from keyshard.core.model.positions import Position, RangePositionMap, TopicParti
 from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
 MAX_HANDOFF_HISTORY = 200
+MAX_AUDIT_HISTORY = 200
 #: Who a member is when nothing authenticated its connection (Kafka's PLAINTEXT principal).
 ANONYMOUS_PRINCIPAL = "User:ANONYMOUS"
 
@@ -226,6 +227,16 @@ class Reset:
     at: float
 
 
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """A state-changing admin call on the group: who made it, what, when."""
+
+    at_ms: int  # wall clock, ms since the epoch
+    principal: str
+    action: str  # "config", "rebalance", "fence", "reset"
+    detail: str
+
+
 @dataclass(slots=True)
 class GroupState:
     group: str
@@ -274,6 +285,8 @@ class GroupState:
     # The latest reset of each partition this coordinator made (see Reset).
     resets: dict[TopicPartition, Reset] = field(default_factory=dict)
     handoffs: deque[Handoff] = field(default_factory=lambda: deque(maxlen=MAX_HANDOFF_HISTORY))
+    # The latest admin changes, oldest first (coordinator.runtime.operations.audit).
+    audit: deque[AuditEntry] = field(default_factory=lambda: deque(maxlen=MAX_AUDIT_HISTORY))
     next_handoff_id: int = 1
     inputs_version: int = 0  # bumped by whatever should make the target be recomputed
     target_version: int = -1

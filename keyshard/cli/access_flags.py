@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from keyshard.api.auth import AdminAuth
+from keyshard.api.roles import AdminRoles, read_roles_file
 from keyshard.cli.flag_values import positive_ms
 from keyshard.coordinator.runtime.authorization import (
     AUTHORIZERS,
@@ -84,6 +86,38 @@ def add_authorization_flags(coord: argparse.ArgumentParser, add: Callable[..., N
         default=DEFAULT_ACL_CACHE_MS,
         help="--authorizer kafka: the cluster's ACLs are read again after this, so a grant "
         "or a revocation takes effect within it",
+    )
+
+
+def add_admin_access_flags(coord: argparse.ArgumentParser, add: Callable[..., None]) -> None:
+    add(
+        coord,
+        "--admin-tokens-file",
+        default=None,
+        help="file of per-principal admin API tokens, as --auth-tokens-file (beside "
+        "--admin-token, whose holder is User:keyshard-admin, operator of every group)",
+    )
+    add(
+        coord,
+        "--admin-roles-file",
+        default=None,
+        help="admin roles, a line each: '<principal> <viewer|operator> <group> ...' (a "
+        "group: a name, prefix* or *); a viewer reads, an operator also changes its groups",
+    )
+
+
+def admin_auth_from(args: argparse.Namespace, consumers: Authentication) -> AdminAuth:
+    """The admin API's principals and roles; JWTs are verified as the consumers' are."""
+    return AdminAuth(
+        token=args.admin_token,
+        auth_reads=bool(args.admin_auth_reads),
+        tokens=(
+            read_token_file(args.admin_tokens_file, "--admin-tokens-file")
+            if args.admin_tokens_file
+            else None
+        ),
+        jwt=consumers.jwt,
+        roles=read_roles_file(args.admin_roles_file) if args.admin_roles_file else AdminRoles(),
     )
 
 

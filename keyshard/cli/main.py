@@ -13,7 +13,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from keyshard.cli.access_flags import authentication_from, check_authorization
+from keyshard.cli.access_flags import (
+    admin_auth_from,
+    authentication_from,
+    check_authorization,
+)
 from keyshard.cli.bound_flags import bounds_from
 from keyshard.cli.endpoint_tls import endpoint_tls
 from keyshard.cli.extras import require_server_extra
@@ -110,6 +114,7 @@ def _run_coordinator(args: argparse.Namespace) -> int:
         args.bounds = bounds_from(args)
         args.authentication = authentication_from(args)
         check_authorization(args)
+        args.admin_auth = admin_auth_from(args, args.authentication)
     except (TlsConfigError, SecretFileError, SecretError, ValueError) as err:
         print(f"keyshard coordinator: {err}", file=sys.stderr)
         return 2
@@ -168,6 +173,7 @@ def _serve(
         acl_file=args.acl_file,
         acl_cache_ms=int(args.acl_cache_ms),
         admin_token=args.admin_token,
+        admin_auth=args.admin_auth,
         replica_secret=args.replica_secret,
         admin_auth_reads=bool(args.admin_auth_reads),
         group_defaults=GroupConfig(

@@ -12,7 +12,11 @@ import argparse
 import os
 from typing import Any
 
-from keyshard.cli.access_flags import add_authorization_flags, add_identity_flags
+from keyshard.cli.access_flags import (
+    add_admin_access_flags,
+    add_authorization_flags,
+    add_identity_flags,
+)
 from keyshard.cli.bound_flags import add_bound_flags
 from keyshard.cli.flag_values import (
     LOG_LEVELS,
@@ -330,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bound_flags(coord, _add)
     add_identity_flags(coord, _add)
     add_authorization_flags(coord, _add)
+    add_admin_access_flags(coord, _add)
 
     add_admin_commands(command)
     add_worker_command(command)
