@@ -89,6 +89,7 @@ def test_full_values_render_the_optional_objects() -> None:
         "ConfigMap",
         "ConfigMap",  # the Kafka client settings file
         "ConfigMap",  # the Grafana dashboard
+        "ConfigMap",  # the ACL file and the admin roles
         "Deployment",
         "PodDisruptionBudget",
         "Secret",  # the tokens
