@@ -18,12 +18,11 @@ Nothing here does I/O but reading that file.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from enum import IntEnum
-from pathlib import Path
 
 from keyshard.core.security.identity import IdentityConfigError, Principal, parse_principal, user
+from keyshard.core.security.line_files import fields_by_line, read_line_file
 
 #: Who holds the shared `--admin-token`.
 ADMIN_TOKEN_PRINCIPAL = user("keyshard-admin")
@@ -90,14 +89,7 @@ class AdminRoles:
 
 def parse_role_lines(text: str, source: str) -> AdminRoles:
     grants: list[RoleGrant] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        where = f"{source} line {number}"
-        try:
-            fields = shlex.split(line, comments=True)
-        except ValueError:
-            raise AdminRolesError(f"{where}: unbalanced quotes") from None
-        if not fields:
-            continue
+    for where, fields in fields_by_line(text, source, AdminRolesError):
         if len(fields) < 3:
             raise AdminRolesError(
                 f"{where}: expected '<principal> <viewer|operator> <group> ...' (a group: a "
@@ -118,8 +110,4 @@ def parse_role_lines(text: str, source: str) -> AdminRoles:
 
 
 def read_roles_file(path: str, flag: str = "--admin-roles-file") -> AdminRoles:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise AdminRolesError(f"{flag} {path}: cannot read it: {err}") from None
-    return parse_role_lines(text, f"{flag} {path}")
+    return parse_role_lines(read_line_file(path, flag, AdminRolesError), f"{flag} {path}")

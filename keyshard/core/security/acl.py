@@ -20,13 +20,12 @@ Nothing here does I/O but reading that file.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 
 from keyshard.core.security.identity import IdentityConfigError, Principal, parse_principal
+from keyshard.core.security.line_files import fields_by_line, read_line_file
 
 
 class AclConfigError(ValueError):
@@ -154,14 +153,7 @@ def _choice(enum: type[StrEnum], text: str, what: str, where: str) -> StrEnum:
 
 def parse_acl_lines(text: str, source: str) -> tuple[AclBinding, ...]:
     bindings: list[AclBinding] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        where = f"{source} line {number}"
-        try:
-            fields = shlex.split(line, comments=True)
-        except ValueError:
-            raise AclConfigError(f"{where}: unbalanced quotes") from None
-        if not fields:
-            continue
+    for where, fields in fields_by_line(text, source, AclConfigError):
         if len(fields) not in (6, 7):
             raise AclConfigError(
                 f"{where}: expected '<principal> <allow|deny> <operation> <resource type> "
@@ -195,8 +187,4 @@ def parse_acl_lines(text: str, source: str) -> tuple[AclBinding, ...]:
 
 
 def read_acl_file(path: str, flag: str = "--acl-file") -> tuple[AclBinding, ...]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise AclConfigError(f"{flag} {path}: cannot read it: {err}") from None
-    return parse_acl_lines(text, f"{flag} {path}")
+    return parse_acl_lines(read_line_file(path, flag, AclConfigError), f"{flag} {path}")

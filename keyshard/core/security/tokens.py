@@ -13,11 +13,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from keyshard.core.security.identity import IdentityConfigError, Principal, parse_principal
+from keyshard.core.security.line_files import fields_by_line, read_line_file
 
 _DIGEST = re.compile(r"sha256:([0-9a-fA-F]{64})")
 
@@ -49,15 +48,8 @@ class TokenTable:
 def parse_token_lines(text: str, source: str) -> TokenTable:
     """The table a token file's text gives; `source` names it in errors."""
     entries: list[tuple[bytes, Principal]] = []
-    seen: dict[bytes, int] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        where = f"{source} line {number}"
-        try:
-            fields = shlex.split(line, comments=True)
-        except ValueError:
-            raise IdentityConfigError(f"{where}: unbalanced quotes") from None
-        if not fields:
-            continue
+    seen: dict[bytes, str] = {}
+    for where, fields in fields_by_line(text, source, IdentityConfigError):
         if len(fields) != 2:
             raise IdentityConfigError(
                 f"{where}: expected '<principal> <token>' or '<principal> sha256:<hex>' "
@@ -73,9 +65,9 @@ def parse_token_lines(text: str, source: str) -> TokenTable:
             digest = token_digest(fields[1])
         if digest in seen:
             raise IdentityConfigError(
-                f"{where}: the same token as line {seen[digest]}: a token must name one principal"
+                f"{where}: the same token as {seen[digest]}: a token must name one principal"
             )
-        seen[digest] = number
+        seen[digest] = where
         entries.append((digest, principal))
     if not entries:
         raise IdentityConfigError(f"{source}: no tokens in it")
@@ -83,8 +75,5 @@ def parse_token_lines(text: str, source: str) -> TokenTable:
 
 
 def read_token_file(path: str, flag: str = "--auth-tokens-file") -> TokenTable:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise IdentityConfigError(f"{flag} {path}: cannot read it: {err}") from None
+    text = read_line_file(path, flag, IdentityConfigError)
     return parse_token_lines(text, f"{flag} {path}")
