@@ -20,8 +20,12 @@ import pytest
 import trustme
 
 from harness import CoordinatorProcess, create_topic, wait_for
+from harness.brokers import Broker
 from harness.brokers.kafka import run_tool
 from keyshard.consumer_client import ConsumerError, CoordinatedConsumer
+from keyshard.coordinator.storage.base import StoreError
+from keyshard.coordinator.storage.kafka_cluster import KafkaCluster
+from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.protocol.channel import Channel
 from keyshard.core.protocol.messages import (
     MemberClaim,
@@ -32,6 +36,13 @@ from keyshard.core.protocol.messages import (
     RegisterResponse,
     StartFetcherRequest,
     StartFetcherResponse,
+)
+from keyshard.core.security.acl import (
+    AclBinding,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
 )
 from keyshard.core.security.tls import ClientTls
 from tests.conftest import SECURED_PREFIX, SecuredKafka
@@ -281,3 +292,47 @@ async def test_mutual_tls_identities_are_authorized_and_keep_their_claims(
         assert "sent a claim for member" in coordinator.read_log()
     finally:
         coordinator.stop()
+
+
+# ---- reading the cluster's ACLs -------------------------------------------------------------
+
+
+async def test_the_clusters_acls_are_read_and_a_missing_permission_is_named(
+    secured_kafka: SecuredKafka, tmp_path: Path
+) -> None:
+    """DescribeAcls through the coordinator's client: the bindings as kafka-acls made them;
+    without Describe on the Cluster, the error says what to grant."""
+    group = f"{SECURED_PREFIX}{tmp_path.name}"
+    acl(secured_kafka, "--add", "User:app", "--group", group)
+    may_read_acls(secured_kafka)
+    reader = KafkaCluster(
+        secured_kafka.address, KafkaSettings.parse(secured_kafka.client_config("keyshard"))
+    )
+    await reader.start()
+    try:
+        bindings = await reader.describe_acls(ResourceType.GROUP)
+    finally:
+        await reader.stop()
+    assert AclBinding(
+        "User:app", Permission.ALLOW, Operation.READ, ResourceType.GROUP,
+        PatternType.LITERAL, group,
+    ) in bindings  # fmt: skip
+    # The consumers' principal holds no Describe on the Cluster.
+    app = KafkaCluster(secured_kafka.address, KafkaSettings.parse(secured_kafka.client_config()))
+    await app.start()
+    try:
+        with pytest.raises(StoreError, match="grant User:app Describe on the Cluster"):
+            await app.describe_acls(ResourceType.TOPIC)
+    finally:
+        await app.stop()
+
+
+@pytest.mark.brokers("kafka")
+async def test_a_cluster_without_an_authorizer_is_said(broker: Broker) -> None:
+    cluster = KafkaCluster(broker.bootstrap_servers, KafkaSettings.parse())
+    await cluster.start()
+    try:
+        with pytest.raises(StoreError, match="the cluster has no authorizer"):
+            await cluster.describe_acls(ResourceType.GROUP)
+    finally:
+        await cluster.stop()
