@@ -62,7 +62,7 @@ from keyshard.coordinator.runtime.authorization import AllowAll, Authorizer, reg
 from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.runtime.confirmed_ends import ConfirmedEnds
 from keyshard.coordinator.runtime.durability import NotOwned, StateWriter
-from keyshard.coordinator.runtime.judges import claim_judge, leave_judge
+from keyshard.coordinator.runtime.judges import claim_judge, claim_owned_by, leave_judge
 from keyshard.coordinator.runtime.partition_counts import CoalescedPartitionCounts
 from keyshard.coordinator.runtime.partition_ends import (
     PartitionEndsUnknown,
@@ -363,7 +363,7 @@ class CoordinatorRuntime:
         fixed = None if request.fixed_ranges is None else ranges_from_wire(request.fixed_ranges)
         claim = request.claim
         result: Result | None = None
-        if claim is not None and not _claims_own(state, claim.member_id, principal):
+        if claim is not None and not claim_owned_by(state, claim.member_id, principal):
             claim = None  # another principal's: an ordinary Register, the claim waits
         if claim is not None:
             member_id = claim.member_id
@@ -646,22 +646,6 @@ class CoordinatorRuntime:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
-
-
-def _claims_own(state: GroupState, member_id: str, principal: Principal) -> bool:
-    """Whether the group holds a pending claim for `member_id` that `principal` may
-    adopt: member ids are public (admin API, metric labels), so only the principal that
-    owned the member can take its ranges over; anyone else registers as a new member."""
-    pending = state.claims.get(member_id)
-    if pending is None:
-        return False
-    if pending.principal != str(principal):
-        log.warning(
-            "group %s: %s sent a claim for member %s of %s: not adopted",
-            state.group, principal, member_id, pending.principal,
-        )  # fmt: skip
-        return False
-    return True
 
 
 def _removes_a_member(result: Result) -> bool:
