@@ -58,7 +58,12 @@ from keyshard.coordinator.group.records import (
 from keyshard.coordinator.group.replay import replay
 from keyshard.coordinator.group.state import GroupState, MemberPhase
 from keyshard.coordinator.runtime.activity import Activity, report_loop, watch_loop
-from keyshard.coordinator.runtime.authorization import AllowAll, Authorizer, register_verdict
+from keyshard.coordinator.runtime.authorization import (
+    DEFAULT_ACL_CACHE_MS,
+    AllowAll,
+    Authorizer,
+    register_verdict,
+)
 from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.runtime.confirmed_ends import ConfirmedEnds
 from keyshard.coordinator.runtime.durability import NotOwned, StateWriter
@@ -71,6 +76,7 @@ from keyshard.coordinator.runtime.partition_ends import (
 )
 from keyshard.coordinator.runtime.partition_watch import PartitionWatcher
 from keyshard.coordinator.runtime.pings import Pinger, ping_interval_ms
+from keyshard.coordinator.runtime.reauthorize import reauthorize_loop
 from keyshard.coordinator.runtime.recompute import TargetRecomputer
 from keyshard.coordinator.runtime.report_order import ReportJudge
 from keyshard.coordinator.runtime.sender import OrderedSender
@@ -201,6 +207,9 @@ class CoordinatorRuntime:
         self._spawn(report_loop(self.activity, self._gauges), "activity-report")
         if self.config.metadata_refresh_ms > 0:
             self._spawn(self.watcher.run(), "partition-watch")
+        if not isinstance(self.authorizer, AllowAll):
+            interval = getattr(self.authorizer, "cache_s", DEFAULT_ACL_CACHE_MS / 1000)
+            self._spawn(reauthorize_loop(self, interval), "reauthorize")
 
     async def stop(self) -> None:
         """Stop deciding, close the members' channels, store the last positions and let

@@ -7,6 +7,7 @@ An in-process coordinator behind its real TLS listener; the clients are raw chan
 
 from __future__ import annotations
 
+import os
 import ssl
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import trustme
 
 from keyshard.coordinator.runtime.authorization import AclFileAuthorizer
+from keyshard.coordinator.runtime.reauthorize import reauthorize
 from keyshard.coordinator.server.authentication import Authentication
 from keyshard.core.protocol.channel import Channel, RemoteError
 from keyshard.core.protocol.messages import (
@@ -159,3 +161,35 @@ async def test_a_principal_registers_only_where_its_acls_let_it(pki: Pki, tmp_pa
             m for m, member in server.runtime.group_states()["g"].members.items()
             if member.principal == "User:team-a.alice"
         }  # fmt: skip
+
+
+async def test_a_member_whose_permission_is_revoked_is_fenced_and_not_let_back(
+    pki: Pki, tmp_path: Path
+) -> None:
+    acls = tmp_path / "acls"
+    acls.write_text(
+        "User:team-a.alice allow Read Group literal g\n"
+        "User:team-a.alice allow Read Topic literal t\n"
+        "User:team-b.bob allow Read Group literal g\n"
+        "User:team-b.bob allow Read Topic literal t\n"
+    )
+    async with running_coordinator(
+        tls=pki.server(),
+        authentication=Authentication(mapper=PrincipalMapper(RULES)),
+        authorizer=AclFileAuthorizer(str(acls)),
+    ) as server:
+        alice, _ = await register(server.port, pki.client("alice", "team-a"))
+        bob, bob_member = await register(server.port, pki.client("bob", "team-b"))
+        assert await reauthorize(server.runtime) == 0  # nothing revoked: nobody fenced
+        acls.write_text("User:team-b.bob allow Read Group literal g\n"
+                        "User:team-b.bob allow Read Topic literal t\n")  # fmt: skip
+        os.utime(acls, ns=(1, 1))
+        assert await reauthorize(server.runtime) == 1
+        reason = await alice.wait_closed()
+        assert "User:team-a.alice may not join group 'g'" in reason
+        members = server.runtime.group_states()["g"].members
+        assert set(members) == {bob_member.member_id}
+        with pytest.raises(RemoteError) as refused:
+            await register(server.port, pki.client("alice", "team-a"))
+        assert refused.value.code is ErrorCode.AUTHORIZATION_FAILED
+        await bob.aclose()
