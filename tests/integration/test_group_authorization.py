@@ -3,8 +3,8 @@ the coordinator authorizes each Register with the cluster's own ACLs (Read on th
 and on its Topics), read with DescribeAcls and cached for `--acl-cache-ms`.
 
 A principal with Read on group A only registers in A and is refused in B, naming what it
-lacks; granting Read on B lets it in without a restart; revoking it refuses its next
-Register. Once with per-principal tokens, once with mutual TLS identities, where a
+lacks; granting Read on B lets it in without a restart; revoking it fences the member
+running in B and refuses its next Register. Once with per-principal tokens, once with mutual TLS identities, where a
 connection of another principal cannot adopt a member's claim either.
 """
 
@@ -132,13 +132,15 @@ async def test_a_principal_joins_only_the_groups_its_kafka_acls_allow(
     )  # fmt: skip
     app = secured_kafka.client_config("app")
 
-    async def join(group: str) -> str:
-        consumer = CoordinatedConsumer(
+    def consumer(group: str) -> CoordinatedConsumer:
+        return CoordinatedConsumer(
             group=group, topics=[topic], coordinator=coordinator.address,
             bootstrap_servers=secured_kafka.address, kafka_config=app, auth_token=TOKEN,
             session_timeout_ms=3000, handle_signals=False,
         )  # fmt: skip
-        return await outcome(consumer, lambda: coordinator.settled(1, group))
+
+    async def join(group: str) -> str:
+        return await outcome(consumer(group), lambda: coordinator.settled(1, group))
 
     try:
         await coordinator.start()
@@ -148,8 +150,19 @@ async def test_a_principal_joins_only_the_groups_its_kafka_acls_allow(
         assert f"User:app may not join group '{group_b}': it lacks Read on Group" in refused
         acl(secured_kafka, "--add", "User:app", "--group", group_b)
         await until_outcome(lambda: join(group_b), lambda o: o == "registered", "granted")
-        acl(secured_kafka, "--remove", "User:app", "--group", group_b)
-        await until_outcome(lambda: join(group_b), lambda o: "AUTHORIZATION_FAILED" in o, "revoked")
+        # Revoked while a member runs in B: it is fenced, and its Register is refused.
+        member_b = consumer(group_b)
+        running = asyncio.ensure_future(member_b.run(lambda record: asyncio.sleep(0)))
+        try:
+            await wait_for(lambda: coordinator.settled(1, group_b), WITHIN_S, "B's member")
+            acl(secured_kafka, "--remove", "User:app", "--group", group_b)
+            with pytest.raises(ConsumerError, match="AUTHORIZATION_FAILED"):
+                await asyncio.wait_for(asyncio.shield(running), WITHIN_S)
+        finally:
+            if not running.done():
+                member_b.request_stop()
+            await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 30)
+        assert "AUTHORIZATION_FAILED" in await join(group_b)
         log = coordinator.read_log()
         assert TOKEN not in log
         assert f"joined group {group_a} (User:app," in log
