@@ -4,8 +4,9 @@ and on its Topics), read with DescribeAcls and cached for `--acl-cache-ms`.
 
 A principal with Read on group A only registers in A and is refused in B, naming what it
 lacks; granting Read on B lets it in without a restart; revoking it fences the member
-running in B and refuses its next Register. Once with per-principal tokens, once with mutual TLS identities, where a
-connection of another principal cannot adopt a member's claim either.
+running in B and refuses its next Register. Once with per-principal tokens, once with
+mutual TLS identities, where a connection of another principal cannot adopt a member's
+claim either.
 """
 
 from __future__ import annotations
