@@ -107,9 +107,9 @@ class Authentication:
             return None if subject_of(certificate) else _missing(self)
         if not isinstance(token, str):
             return "invalid auth token: not a string"
-        if self.jwt is not None and self.jwt.accepts(token):
-            return None
         if self.tokens is not None and self.tokens.principal(token) is not None:
+            return None
+        if self.jwt is not None and self.jwt.accepts(token):
             return None
         return "invalid auth token: no principal has it"
 
@@ -119,12 +119,11 @@ class Authentication:
         if refusal is not None:
             raise AuthenticationFailed(refusal)
         if self.identity_tokens and token is not None:
-            if self.jwt is not None and self.jwt.accepts(token):
-                return await self.jwt.principal(token)
-            assert self.tokens is not None
-            found = self.tokens.principal(token)
-            assert found is not None
-            return found
+            found = self.tokens.principal(token) if self.tokens is not None else None
+            if found is not None:
+                return found
+            assert self.jwt is not None  # the screen let only a token or a JWT through
+            return await self.jwt.principal(token)
         subject = subject_of(certificate)
         if subject is not None:
             try:
