@@ -30,13 +30,8 @@ from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.protocol.channel import Channel
 from keyshard.core.protocol.messages import (
     MemberClaim,
-    Message,
-    PingRequest,
-    PingResponse,
     RegisterRequest,
     RegisterResponse,
-    StartFetcherRequest,
-    StartFetcherResponse,
 )
 from keyshard.core.security.acl import (
     AclBinding,
@@ -47,6 +42,7 @@ from keyshard.core.security.acl import (
 )
 from keyshard.core.security.tls import ClientTls
 from tests.conftest import SECURED_PREFIX, SecuredKafka
+from tests.coordinator.server.test_principals import answer
 from tests.integration.test_secured_kafka import coordinator_args
 
 pytestmark = pytest.mark.integration
@@ -204,23 +200,13 @@ class Identities:
         ]  # fmt: skip
 
 
-def _answer(channel: Channel, message: Message) -> None:
-    match message:
-        case PingRequest():
-            channel.reply(message, PingResponse(correlation_id=0, member_epoch=1))
-        case StartFetcherRequest():
-            channel.reply(
-                message, StartFetcherResponse(correlation_id=0, member_epoch=message.member_epoch)
-            )
-
-
 @asynccontextmanager
 async def member(
     port: int, tls: ssl.SSLContext, group: str, topic: str, claim: MemberClaim | None = None
 ) -> AsyncIterator[tuple[Channel, RegisterResponse]]:
     """A protocol-level member (raw channel): what a claim needs, a member id to name."""
     channel = await Channel.connect("127.0.0.1", port, ssl=tls, name="member")
-    channel.set_request_handler(_answer)
+    channel.set_request_handler(answer)
     channel.start()
     try:
         request = RegisterRequest(
