@@ -57,6 +57,11 @@ from keyshard.consumer_client._operations.signals import (
     signals_to_handle,
 )
 from keyshard.core.kafka.connect import KafkaUnreachable, start_client
+from keyshard.core.kafka.fetch_sizes import (
+    DEFAULT_MAX_BUFFER_BYTES,
+    MIN_BUFFER_BYTES,
+    fetch_sizes,
+)
 from keyshard.core.kafka.no_topic_creation import never_create_topics
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.addresses import parse_host_ports
@@ -136,8 +141,20 @@ class CoordinatedConsumer:
             (50 ms doubling up to 5000 ms, 5 attempts).
         ordering_header (str): the record header whose value is the ordering key, when
             present (otherwise the record key). Default: ``"ordering-key"``.
-        max_pending (int): records fetched and not yet acknowledged, at most; fetching
-            pauses at this many. Bounds memory and the work a crash repeats. Default:
+        max_buffer_bytes (int): the memory budget: record bytes (key + value + headers)
+            this consumer holds at most, counting records fetched and waiting for their
+            turn, records in flight (queued behind their key or running) and the replay
+            windows. Fetching pauses while it is used up and resumes as handlers complete;
+            the replay windows give way first. A record larger than the whole budget is
+            still processed (past the budget), with a WARNING. Kafka's ``fetch.max.bytes`` and
+            ``max.partition.fetch.bytes`` follow it (a quarter of it, and a sixteenth up
+            to 1 MiB) unless `kafka_config` sets them. The process needs about this much
+            memory plus ~100 MiB (docs/operations/kubernetes.md). At least 65536.
+            Default: 67108864 (64 MiB).
+        max_pending (int): records dispatched and not yet acknowledged, at most; fetching
+            pauses at this many. A second bound beside `max_buffer_bytes`, on the count:
+            it bounds the per-record bookkeeping (which small records make weigh more
+            than their bytes) and the work a crash repeats. Default:
             ``max(1000, 16 * max_concurrency)``.
         drain_timeout_ms (int): how long `close()` waits for handlers in flight before it
             leaves the group anyway (the next owners then process those records again).
@@ -147,7 +164,8 @@ class CoordinatedConsumer:
             records are waiting, so it bounds delivery latency there. Default: 100.
         replay_window (int): records held per partition so that a range granted a little
             behind the fetch position is replayed from memory rather than fetched again
-            (broker egress). 0 turns it off. Default: 10000.
+            (broker egress), within what `max_buffer_bytes` leaves. 0 turns it off.
+            Default: 10000.
         handle_signals (bool): SIGTERM and SIGINT close gracefully (drain, then leave with
             exact positions), a second one aborts. Taken only in the main thread, and each
             only when the app has no handler of its own for it (an ignored signal is not
@@ -193,6 +211,7 @@ class CoordinatedConsumer:
         retry: RetryPolicy = DEFAULT_RETRY,
         ordering_header: str = ORDERING_KEY_HEADER,
         max_pending: int | None = None,
+        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
         drain_timeout_ms: int = 30_000,
         fetch_max_wait_ms: int = 100,
         replay_window: int = 10_000,
@@ -214,6 +233,8 @@ class CoordinatedConsumer:
         if not 1 <= len(name) <= MAX_CONSUMER_NAME:
             raise ValueError(f"name must be 1..{MAX_CONSUMER_NAME} characters, got {len(name)}")
         check_one_line(name)  # a ValueError naming the character
+        if max_buffer_bytes < MIN_BUFFER_BYTES:
+            raise ValueError(f"max_buffer_bytes={max_buffer_bytes} is below {MIN_BUFFER_BYTES}")
         if replay_window < 0:
             raise ValueError(f"replay_window={replay_window} must be >= 0 (0 turns it off)")
         if drain_timeout_ms < 0:
@@ -256,6 +277,7 @@ class CoordinatedConsumer:
         self.retry = retry
         self.ordering_header = ordering_header
         self.max_pending = max_pending or max(1000, 16 * max_concurrency)
+        self.max_buffer_bytes = max_buffer_bytes
         self.drain_timeout_ms = drain_timeout_ms
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.replay_window = replay_window
@@ -270,6 +292,7 @@ class CoordinatedConsumer:
             name=name,
             max_concurrency=max_concurrency,
             max_pending=self.max_pending,
+            max_buffer_bytes=max_buffer_bytes,
             replay_window=replay_window,
             ordering_header=ordering_header,
             retry=retry,
@@ -343,6 +366,7 @@ class CoordinatedConsumer:
             kafka=self.kafka,
             name=self.name,
             interval_ms=self.transaction_interval_ms,
+            max_batch_bytes=self.max_buffer_bytes // 4,
         )
         await self._serve(writer.wrap(handler), writer)
 
@@ -394,6 +418,7 @@ class CoordinatedConsumer:
         """What this consumer holds now (the endpoints take one a second, on the loop)."""
         running = self._running
         lanes = running.path.lanes if running is not None else None
+        budget = running.path.fetcher.budget if running is not None else None
         return ConsumerSnapshot(
             taken=time.monotonic(),
             # A member riding through a coordinator failover keeps its member id (and
@@ -407,6 +432,17 @@ class CoordinatedConsumer:
             lag=running.path.fetcher.fetch_lag() if running is not None else {},
             unreadable_for=running.aside.unreadable_for() if running is not None else None,
             reads=self.stats.as_dict(),
+            buffered=(
+                {
+                    "waiting": budget.waiting,
+                    "in_flight": budget.in_flight,
+                    "replay_window": budget.window,
+                }
+                if budget is not None
+                else {}
+            ),
+            max_buffer_bytes=self.max_buffer_bytes,
+            budget_pauses=budget.pauses if budget is not None else 0,
         )
 
     @property
@@ -553,7 +589,7 @@ class CoordinatedConsumer:
                     enable_auto_commit=False,
                     auto_offset_reset="earliest",
                     fetch_max_wait_ms=self.fetch_max_wait_ms,
-                    **self.kafka.consumer_options(),
+                    **{**fetch_sizes(self.max_buffer_bytes), **self.kafka.consumer_options()},
                 )
             )
             try:

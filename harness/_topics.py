@@ -74,13 +74,15 @@ async def produce(
     compression: str | None = None,
     sent_ns: list[int] | None = None,
     idempotent: bool = False,
+    until: asyncio.Event | None = None,
 ) -> list[Produced]:
     """Produce `count` keyed records (key = record index mod `keys`, or `key_of(index)`),
     optionally paced to `rate` records per second, with Kafka settings and a codec.
     `sent_ns`, if given, gets each record's send time (CLOCK_MONOTONIC ns, as the
     handlers log theirs), in the order of the list returned. `idempotent`: acks=all and
     no duplicate or reordering from retries, as a producer that rides through a broker's
-    failover is set up."""
+    failover is set up. `until`: stop early once it is set (traffic that must outlast
+    something whose duration the machine's load decides)."""
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         linger_ms=2,
@@ -93,6 +95,8 @@ async def produce(
         began = time.monotonic()
         sent = []
         for i in range(start, start + count):
+            if until is not None and until.is_set():
+                break
             key = key_of(i) if key_of is not None else f"key-{i % keys}"
             if sent_ns is not None:
                 sent_ns.append(time.monotonic_ns())

@@ -12,6 +12,8 @@
 #       filter-breakdown   bench.filter_breakdown
 #       failover       bench.failover              exactly-once   bench.exactly_once
 #       sigterm-handoff    bench.sigterm_handoff
+#       memory         peak RSS of two consumers on a 200 MB..2 GB backlog (bench.memory;
+#                      on Apache Kafka unless --broker tansu)
 #       kafka-failover     a rolling restart and a crash of a 3-node Apache Kafka cluster,
 #                          keyshard beside a KIP-848 group (bench.kafka_failover)
 #       skewed-backlog     keyshard vs share group, KIP-848 group on a skewed backlog
@@ -31,7 +33,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 part="$1"
@@ -58,6 +60,7 @@ case "$part" in
   failover) module=bench.failover; peers=0 ;;
   exactly-once) module=bench.exactly_once; peers=0; broker=kafka ;;  # needs transactions
   sigterm-handoff) module=bench.sigterm_handoff; peers=0 ;;
+  memory) module=bench.memory; peers=0; broker="${broker:-kafka}" ;;
   kafka-failover) module=bench.kafka_failover; peers=1; broker=kafka ;;  # a 3-node cluster
   skewed-backlog) module=bench.skewed_backlog; peers=1; broker="${broker:-kafka}" ;;
   *) echo "unknown part '$part' (see: bash scripts/bench.sh)" >&2; exit 2 ;;
@@ -65,7 +68,7 @@ esac
 case "$module:$broker" in
   *:|*:tansu|bench.throughput:kafka|bench.peers:kafka|bench.handoff_pause:kafka) ;;
   bench.failover:kafka|bench.exactly_once:kafka|bench.spark_source:kafka) ;;
-  bench.skewed_backlog:kafka|bench.kafka_failover:kafka) ;;
+  bench.skewed_backlog:kafka|bench.kafka_failover:kafka|bench.memory:kafka) ;;
   *) echo "$part has no --broker $broker (on Kafka: the throughput parts, peers, handoff, failover, spark, skewed-backlog)" >&2; exit 2 ;;
 esac
 

@@ -47,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from keyshard.core.kafka.fetch_sizes import DEFAULT_MAX_BUFFER_BYTES, MIN_BUFFER_BYTES
 from keyshard.core.kafka.settings import KafkaSettings, load_properties
 from keyshard.core.model.addresses import parse_host_port
 from keyshard.core.model.durations import renamed_seconds, take_renamed_flags
@@ -154,6 +155,9 @@ class ConsumerSettings:
     fetch_failure_timeout_ms: int | None = None
     # The coordinator's --auth-token; repr=False: kept out of anything that prints these.
     auth_token: str | None = field(default=None, repr=False)
+    # Each task's memory budget (`CoordinatedConsumer`'s `max_buffer_bytes`): a Python
+    # worker runs one task at a time, so an executor needs about this per task slot.
+    max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES
 
 
 _current: CoordinatedConsumer | None = None
@@ -225,6 +229,7 @@ async def consume_until(
         coordinator_tls=settings.coordinator_tls,
         connect_timeout_ms=settings.connect_timeout_ms,
         auth_token=settings.auth_token,
+        max_buffer_bytes=settings.max_buffer_bytes,
         # Spark owns its Python workers' signals: it stops a task by interrupting it.
         handle_signals=False,
     )
@@ -328,6 +333,7 @@ def run_executor_consumers(
     auth_token: str | None = None,
     topic_pattern: str | None = None,
     fetch_failure_timeout_ms: int | None = None,
+    max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
 ) -> list[TaskReport]:
     """Run `consumers` tasks (default: one per task slot), each a member of `group` calling
     `handler(record)` (an aiokafka ConsumerRecord; sync or async) per record, keys in order.
@@ -343,7 +349,9 @@ def run_executor_consumers(
     name matches it, as `CoordinatedConsumer`'s. `fetch_failure_timeout_ms`: a task that
     has read nothing from Kafka for this long (Kafka unreachable from its executor alone)
     hands its ranges back to the other tasks and registers again once Kafka answers
-    (None: its session timeout; docs/protocol.md §7.6).
+    (None: its session timeout; docs/protocol.md §7.6). `max_buffer_bytes`: each task's
+    memory budget in record bytes (`CoordinatedConsumer`'s): an executor holds about this
+    much per task slot, plus the Python worker's own memory.
     """
     if topic_pattern is not None:
         if topics:
@@ -356,6 +364,8 @@ def run_executor_consumers(
         raise TypeError(f"handler must be callable, got {handler!r}")
     if connect_timeout_ms is not None and connect_timeout_ms <= 0:
         raise ValueError(f"connect_timeout_ms must be > 0, got {connect_timeout_ms}")
+    if max_buffer_bytes < MIN_BUFFER_BYTES:
+        raise ValueError(f"max_buffer_bytes must be >= {MIN_BUFFER_BYTES}, got {max_buffer_bytes}")
     slots = task_slots(spark)
     count = slots if consumers is None else consumers
     if count < 1:
@@ -386,6 +396,7 @@ def run_executor_consumers(
         auth_token=auth_token,
         topic_pattern=topic_pattern,
         fetch_failure_timeout_ms=fetch_failure_timeout_ms,
+        max_buffer_bytes=max_buffer_bytes,
     )
     sc = spark.sparkContext
     sc.setJobGroup(f"keyshard-{group}", f"keyshard consumers of {group}", interruptOnCancel=True)
@@ -438,6 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--stop-file", default=None, help="a task leaves once this file exists")
     p.add_argument("--max-concurrency", type=int, default=16, help="keys in flight per task")
+    p.add_argument(
+        "--max-buffer-bytes",
+        type=int,
+        default=DEFAULT_MAX_BUFFER_BYTES,
+        help="each task's memory budget: record bytes held at most (default: 64 MiB)",
+    )
     p.add_argument("--session-timeout-ms", type=int, default=10_000)
     p.add_argument(
         "--fetch-failure-timeout-ms",
@@ -536,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
             consumers=args.consumers,
             until=until,
             max_concurrency=args.max_concurrency,
+            max_buffer_bytes=args.max_buffer_bytes,
             session_timeout_ms=args.session_timeout_ms,
             fetch_failure_timeout_ms=args.fetch_failure_timeout_ms,
             kafka_config=load_properties(args.kafka_config) if args.kafka_config else None,

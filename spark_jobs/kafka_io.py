@@ -30,6 +30,7 @@ from keyshard.core.kafka.connect import (
     unreachable,
 )
 from keyshard.core.kafka.ends import fetched_ends
+from keyshard.core.kafka.fetch_sizes import DEFAULT_MAX_BUFFER_BYTES, fetch_sizes
 from keyshard.core.kafka.metadata import TopicMetadataError, partitions_of
 from keyshard.core.kafka.no_topic_creation import never_create_topics
 from keyshard.core.kafka.settings import KafkaConfigError, KafkaSettings
@@ -77,6 +78,8 @@ class SparkKafka:
 
 
 KAFKA_PREFIX = "kafka."
+#: The most a slice reader asks per partition fetch (a budget of 64 MiB and up).
+_READ_FETCH_BYTES = 4 * 1024 * 1024
 
 
 @functools.lru_cache(maxsize=16)
@@ -86,12 +89,14 @@ def _parsed(properties: tuple[tuple[str, str], ...]) -> KafkaSettings:
 
 
 def make_consumer(kafka: SparkKafka, **extra: Any) -> AIOKafkaConsumer:
+    """An aiokafka consumer with `extra` options, unless the user's Kafka settings set
+    them (fetch sizes: `kafka.fetch.max.bytes` wins over what a budget derives)."""
     options = {
         "enable_auto_commit": False,
         "auto_offset_reset": "none",  # a read below the log start is an error, not a jump
         "fetch_max_wait_ms": 50,
-        **kafka.settings().consumer_options(),
         **extra,
+        **kafka.settings().consumer_options(),
     }
     return never_create_topics(
         AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, **options)
@@ -167,17 +172,20 @@ def read_slice(
     ordering_header: str = ORDERING_KEY_HEADER,
     batch_rows: int = 8192,
     stall_timeout: float = 30.0,
+    max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
 ) -> Iterator[list[tuple[Any, ...]]]:
     """Rows of `piece` in offset order, in lists of up to `batch_rows`.
 
     A plain generator driving an async one on a private event loop, so Spark pulls rows as
     it writes them and a slice never has to fit in memory. Rows: (key, value, topic,
-    partition, offset, timestamp_ms, slot).
+    partition, offset, timestamp_ms, slot). `max_buffer_bytes` bounds the record bytes
+    held: a list is handed over once its keys and values reach a quarter of it (Arrow
+    copies it once more, and aiokafka's fetch sizes take a quarter and a sixteenth).
     """
     if piece.is_empty:
         return
     loop = asyncio.new_event_loop()
-    rows = aread_slice(piece, kafka, ordering_header, batch_rows, stall_timeout)
+    rows = aread_slice(piece, kafka, ordering_header, batch_rows, stall_timeout, max_buffer_bytes)
     try:
         while True:
             try:
@@ -195,8 +203,15 @@ async def aread_slice(
     ordering_header: str,
     batch_rows: int,
     stall_timeout: float,
+    max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
 ) -> AsyncGenerator[list[tuple[Any, ...]], None]:
-    consumer = make_consumer(kafka, max_partition_fetch_bytes=4 * 1024 * 1024)
+    sizes = fetch_sizes(max_buffer_bytes)
+    consumer = make_consumer(
+        kafka,
+        fetch_max_bytes=sizes["fetch_max_bytes"],
+        max_partition_fetch_bytes=min(_READ_FETCH_BYTES, 4 * sizes["max_partition_fetch_bytes"]),
+    )
+    batch_bytes = max_buffer_bytes // 4
     await start_consumer(consumer, kafka, stall_timeout)
     try:
         ktp = KafkaTP(piece.topic, piece.partition)
@@ -207,6 +222,7 @@ async def aread_slice(
         position = piece.from_offset
         last_progress = time.monotonic()
         rows: list[tuple[Any, ...]] = []
+        held = 0  # bytes of the rows' keys and values
         while position < until:
             batch = await consumer.getmany(ktp, timeout_ms=200)
             for r in batch.get(ktp, []):
@@ -215,6 +231,7 @@ async def aread_slice(
                 slot, _ = slot_for_record(r.key, r.headers, r.offset, ordering_header)
                 if wants(slot, r.offset):
                     rows.append((r.key, r.value, topic, partition, r.offset, r.timestamp, slot))
+                    held += len(r.key or b"") + len(r.value or b"")
             # Transaction markers and compaction leave gaps: trust the fetch position.
             fetched_to = await consumer.position(ktp)
             if fetched_to > position:
@@ -225,9 +242,9 @@ async def aread_slice(
                     f"{topic}/{partition}: stuck at offset {position} below {until} "
                     f"for {stall_timeout} s (records deleted or broker unreachable?)"
                 )
-            if len(rows) >= batch_rows or (rows and position >= until):
+            if len(rows) >= batch_rows or held >= batch_bytes or (rows and position >= until):
                 yield rows
-                rows = []
+                rows, held = [], 0
         if rows:
             yield rows
     finally:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import InputPartition
 
+from keyshard.core.kafka.fetch_sizes import DEFAULT_MAX_BUFFER_BYTES, MIN_BUFFER_BYTES
 from keyshard.core.model.hashing import ORDERING_KEY_HEADER
 from keyshard.spark_jobs.kafka_io import SparkKafka, read_slice
 from keyshard.spark_jobs.planning import ReadSlice, parse_int, parse_ms
@@ -33,6 +34,10 @@ class ReadSettings:
         self.batch_rows = parse_int(options, "batch_rows", 8192, 1)
         # Seconds, as asyncio takes them.
         self.stall_timeout = parse_ms(options, "stall_timeout_ms", 30_000) / 1000
+        # Record bytes an executor's reader holds at most (see `read_slice`).
+        self.max_buffer_bytes = parse_int(
+            options, "max_buffer_bytes", DEFAULT_MAX_BUFFER_BYTES, MIN_BUFFER_BYTES
+        )
 
 
 def arrow_batches(piece: ReadSlice, settings: ReadSettings) -> Iterator[pa.RecordBatch]:
@@ -46,6 +51,7 @@ def arrow_batches(piece: ReadSlice, settings: ReadSettings) -> Iterator[pa.Recor
         ordering_header=settings.ordering_header,
         batch_rows=settings.batch_rows,
         stall_timeout=settings.stall_timeout,
+        max_buffer_bytes=settings.max_buffer_bytes,
     ):
         keys, values, topics, parts, offsets, stamps, slots = zip(*rows, strict=True)
         yield pa.RecordBatch.from_arrays(

@@ -57,7 +57,7 @@ typedef struct {
     int64_t start, end, floor, frozen;
 } GrantRow;
 
-static PyObject *s_offset, *s_headers, *s_key, *s_cursor, *s_grants, *s_demand_upto;
+static PyObject *s_offset, *s_headers, *s_key, *s_value, *s_cursor, *s_grants, *s_demand_upto;
 
 /* MurmurHash3_x86_32 (Austin Appleby, public domain), byte-for-byte what mmh3.hash
  * computes: the slot numbers must match the coordinator's and Pulsar's. */
@@ -491,6 +491,99 @@ out:
     return result;
 }
 
+/* len(data), 0 for None: a key, value or header value in the budget's count. */
+static Py_ssize_t
+data_length(PyObject *data)
+{
+    if (data == Py_None)
+        return 0;
+    if (PyBytes_CheckExact(data))
+        return PyBytes_GET_SIZE(data);
+    return PyObject_Size(data);
+}
+
+/* What a record weighs in the memory budget, exactly as budget.record_size counts it:
+ * key + value + header names and values. -1 with an exception set on error. By
+ * attribute: on Python 3.11+ a record's fields live inline, and asking for its __dict__
+ * would build one per record. */
+static Py_ssize_t
+record_bytes(PyObject *rec)
+{
+    Py_ssize_t size, part;
+    PyObject *attr = PyObject_GetAttr(rec, s_key);
+    if (attr == NULL)
+        return -1;
+    size = data_length(attr);
+    Py_DECREF(attr);
+    if (size < 0 || (attr = PyObject_GetAttr(rec, s_value)) == NULL)
+        return -1;
+    part = data_length(attr);
+    Py_DECREF(attr);
+    if (part < 0 || (attr = PyObject_GetAttr(rec, s_headers)) == NULL)
+        return -1;
+    size += part;
+    int truth = PyObject_IsTrue(attr);
+    if (truth <= 0) { /* None or empty: no headers (or an error, passed on) */
+        Py_DECREF(attr);
+        return truth < 0 ? -1 : size;
+    }
+    PyObject *headers = PySequence_Fast(attr, "record headers must be a sequence");
+    Py_DECREF(attr);
+    if (headers == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(headers);
+    for (Py_ssize_t i = 0; i < n && size >= 0; i++) {
+        PyObject *pair = PySequence_Fast(PySequence_Fast_GET_ITEM(headers, i),
+                                         "a record header must be a (name, value) pair");
+        if (pair == NULL || PySequence_Fast_GET_SIZE(pair) != 2) {
+            if (pair != NULL)
+                PyErr_SetString(PyExc_ValueError, "a record header must be a (name, value) pair");
+            Py_XDECREF(pair);
+            size = -1;
+            break;
+        }
+        Py_ssize_t name = PyObject_Size(PySequence_Fast_GET_ITEM(pair, 0));
+        Py_ssize_t value = name < 0 ? -1 : data_length(PySequence_Fast_GET_ITEM(pair, 1));
+        Py_DECREF(pair);
+        size = value < 0 ? -1 : size + name + value;
+    }
+    Py_DECREF(headers);
+    return size;
+}
+
+PyDoc_STRVAR(take_doc,
+"take(records, room) -> (count, bytes, largest): budget.take in C. Records are taken\n"
+"while the bytes taken before each are below `room`; their count, total bytes and the\n"
+"largest one's bytes.");
+
+static PyObject *
+take(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "take(records, room) takes 2 arguments");
+        return NULL;
+    }
+    Py_ssize_t room = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    if (room == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *records = PySequence_Fast(args[0], "take() needs a sequence of records");
+    if (records == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(records), count = 0, taken = 0, largest = 0;
+    for (; count < n && taken < room; count++) {
+        Py_ssize_t size = record_bytes(PySequence_Fast_GET_ITEM(records, count));
+        if (size < 0) {
+            Py_DECREF(records);
+            return NULL;
+        }
+        taken += size;
+        if (size > largest)
+            largest = size;
+    }
+    Py_DECREF(records);
+    return Py_BuildValue("nnn", count, taken, largest);
+}
+
 static PyObject *
 hash(PyObject *module, PyObject *arg)
 {
@@ -504,6 +597,7 @@ hash(PyObject *module, PyObject *arg)
 
 static PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL, run_doc},
+    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL, take_doc},
     {"hash", hash, METH_O, "murmur3_32(data, seed=0), unsigned: mmh3.hash(data, 0, signed=False)."},
     {NULL, NULL, 0, NULL},
 };
@@ -520,6 +614,7 @@ PyInit__fastpath(void)
     if (!(s_offset = PyUnicode_InternFromString("offset")) ||
         !(s_headers = PyUnicode_InternFromString("headers")) ||
         !(s_key = PyUnicode_InternFromString("key")) ||
+        !(s_value = PyUnicode_InternFromString("value")) ||
         !(s_cursor = PyUnicode_InternFromString("cursor")) ||
         !(s_grants = PyUnicode_InternFromString("grants")) ||
         !(s_demand_upto = PyUnicode_InternFromString("demand_upto")))

@@ -1,5 +1,5 @@
 # The C extension consumer_client/_datapath/_fastpath.c (optional: see _datapath/fastpath.py).
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from _typeshed import ReadableBuffer, WriteableBuffer
@@ -58,4 +58,5 @@ def run(
     demand_from: int,
     /,
 ) -> Outcome: ...
+def take(records: Sequence[Any], room: int, /) -> tuple[int, int, int]: ...
 def hash(data: bytes, /) -> int: ...

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer
 
+from keyshard.consumer_client._datapath.budget import BufferBudget
 from keyshard.consumer_client._datapath.dispatch import Dispatcher
 from keyshard.consumer_client._datapath.fetcher import Fetcher
 from keyshard.consumer_client._datapath.lanes import (
@@ -26,6 +27,7 @@ from keyshard.consumer_client._datapath.lanes import (
 )
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
 from keyshard.consumer_client._datapath.stats import ConsumerStats
+from keyshard.core.kafka.fetch_sizes import DEFAULT_MAX_BUFFER_BYTES
 from keyshard.core.model.hashing import ORDERING_KEY_HEADER
 
 
@@ -36,6 +38,7 @@ class DataPathSettings:
     name: str = "consumer"
     max_concurrency: int = 64
     max_pending: int = 1024
+    max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES
     replay_window: int = 10_000
     ordering_header: str = ORDERING_KEY_HEADER
     retry: RetryPolicy = DEFAULT_RETRY
@@ -66,6 +69,7 @@ class DataPath:
         """`handler` run in lanes on what `kafka` (started) fetches; `session` is the
         member's current registration (work of an older one is stale)."""
         room = asyncio.Event()
+        budget = BufferBudget(settings.max_buffer_bytes)
 
         def lanes(on_done: Callable[[WorkItem], None]) -> KeyLanes:
             return KeyLanes(
@@ -74,6 +78,8 @@ class DataPath:
                 on_done=on_done,
                 retry=settings.retry,
                 dead_letter=dead_letter,
+                budget=budget,
+                released=room.set,
             )
 
         dispatcher = Dispatcher(
@@ -91,6 +97,7 @@ class DataPath:
             kafka,
             name=settings.name,
             max_pending=settings.max_pending,
+            budget=budget,
             replay_window=settings.replay_window,
             read_committed=settings.read_committed,
             session=session,

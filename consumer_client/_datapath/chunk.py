@@ -15,7 +15,8 @@ class Chunk:
 
     `generation` and `session` are what the fetch was sent under: a rewind or a new
     registration since makes the chunk stale. A chunk of records replayed for a grant
-    (`replay`) was not fetched: it has no generation to check.
+    (`replay`) was not fetched: it has no generation to check. `size`: its records' bytes
+    in the memory budget (`_datapath.budget`), counted as waiting while it is queued.
     """
 
     tp: TopicPartition
@@ -24,3 +25,4 @@ class Chunk:
     records: list[Any]
     next: int = 0
     replay: Grant | None = None
+    size: int = 0

@@ -22,10 +22,11 @@ import importlib
 import logging
 import os
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from keyshard.consumer_client._datapath import budget
 from keyshard.consumer_client._datapath.chunk import Chunk
 from keyshard.consumer_client._datapath.lanes import KeyLanes, Resume, Suspended, replay_failure
 from keyshard.consumer_client._datapath.progress import Grant, PartitionProgress
@@ -48,6 +49,11 @@ def _load_native() -> ModuleType | None:
 
 
 NATIVE = _load_native()
+
+#: The memory budget's `take` (how many fetched records fit), in C when it is built.
+take: Callable[[Sequence[Any], int], tuple[int, int, int]] = (
+    NATIVE.take if NATIVE is not None else budget.take
+)
 
 
 def grant_table(grants: list[Grant]) -> array[int]:

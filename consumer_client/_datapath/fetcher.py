@@ -6,11 +6,22 @@ recent records per partition (`_datapath.window`), so a grant a little behind th
 position replays them from memory instead of seeking back; and it applies StartFetcher
 (`grant`) and StopFetcher (`pause_idle`) to the Kafka client's assignment.
 
+What it holds is bounded by the consumer's memory budget (`_datapath.budget`): fetching
+stops while the records waiting in the backlog and in flight in the lanes use it up, a
+fetched batch is taken up to the record that uses it up (the rest is put back: the
+partition is sought to it and fetched again later), and the replay windows give way
+first. Stopping means not asking aiokafka for records: it then keeps at most one fetched
+response per partition and sends no more fetches for those partitions (pausing them in
+aiokafka would throw that response away). `max_pending` bounds the count of records in
+flight as well: per-record bookkeeping, for records so small that bytes say little.
+
 Records of a topic in transition (its partition count changed lately) go through the
 merge gate (`_datapath.merge`) on their way to the backlog: they are admitted in
 timestamp order across the topic's partitions. Records it holds count against
-`max_pending`; when that is reached, only the partitions the gate waits for are fetched.
-Only then does any of this run: otherwise fetched chunks go to the backlog as they are.
+`max_pending` and the budget; when either is full, only the partitions the gate waits for
+are fetched, a record or more each, past the budget if need be (else the gate could never
+let go). Only then does any of this run: otherwise fetched chunks go to the backlog as
+they are.
 """
 
 from __future__ import annotations
@@ -26,6 +37,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 
+from keyshard.consumer_client._datapath import fastpath
+from keyshard.consumer_client._datapath.budget import BufferBudget, record_size
 from keyshard.consumer_client._datapath.chunk import Chunk
 from keyshard.consumer_client._datapath.dispatch import Dispatcher
 from keyshard.consumer_client._datapath.lanes import Suspended
@@ -33,7 +46,7 @@ from keyshard.consumer_client._datapath.merge import MergeGate, TopicTransition
 from keyshard.consumer_client._datapath.progress import ConsumerProgress
 from keyshard.consumer_client._datapath.reach import FetchReach
 from keyshard.consumer_client._datapath.stats import ConsumerStats
-from keyshard.consumer_client._datapath.window import ReplayWindow
+from keyshard.consumer_client._datapath.window import ReplayWindows
 from keyshard.core.model.positions import PositionUpdate, TopicPartition
 from keyshard.core.model.ranges import RangeSet
 from keyshard.core.protocol.messages import HighWatermark
@@ -42,6 +55,8 @@ log = logging.getLogger(__name__)
 _MAX_TURN_S = 0.02  # the fetch loop gives other tasks a turn at least this often
 _MAX_BATCH = 2000  # records per getmany
 _MIN_BATCH = 8
+_EVERYTHING = 2**62  # a room no list of records fills: `take` then measures them all
+_OVERSIZED_LOG_EVERY_S = 60.0  # a record larger than the budget: warned about this often
 
 
 def _wake(waker: asyncio.Future[None], _: object) -> None:
@@ -69,6 +84,7 @@ class Fetcher:
         *,
         name: str,
         max_pending: int,
+        budget: BufferBudget,
         replay_window: int,
         read_committed: bool,
         session: Callable[[], int],
@@ -80,6 +96,7 @@ class Fetcher:
         self.kafka = kafka  # started, with manual assignment
         self.name = name
         self.max_pending = max_pending
+        self.budget = budget
         # Fetched records held per partition so a grant a little behind the fetch position
         # replays them instead of rewinding the partition (`_datapath.window`).
         self.replay_window = replay_window
@@ -88,7 +105,7 @@ class Fetcher:
         self.read_committed = read_committed
         self._session = session  # the current registration: older work is stale
         self.closing = False
-        self.windows: dict[TopicPartition, ReplayWindow] = {}
+        self.windows = ReplayWindows(budget, replay_window)
         # The offset after the last record fetched per partition: the fetch lag metric.
         self.fetched_upto: dict[TopicPartition, int] = {}
         # Set whenever a fetcher held back by `max_pending` should look again: an ack (the
@@ -98,6 +115,9 @@ class Fetcher:
         # Fetched (or replayed) records not dispatched yet, shared by successive fetcher
         # tasks; a replay is put at its front (all of it lies below what is queued).
         self.backlog: list[Chunk] = []
+        self._backlog_bytes = 0  # its records' bytes: with the gate's, the budget's waiting
+        self._take = fastpath.take  # the budget's `take`, in C when it is built
+        self._oversized_logged = -_OVERSIZED_LOG_EVERY_S
         # Fails when the fetch loop fails, whichever task runs it (created by `start`).
         self.failed: asyncio.Future[None] | None = None
         # Resolved by the fetch in flight completing or by a replay being queued.
@@ -112,6 +132,9 @@ class Fetcher:
         self.reach = FetchReach()
         self._held_back = False  # waited for room since the last `observe_reach`
         self._waiting_room = False
+        # Only the partitions the merge gate waits for are fetched: a record each is
+        # taken past the budget.
+        self._gate_bound = False
 
     # ---- the fetcher task -----------------------------------------------------------
 
@@ -170,8 +193,11 @@ class Fetcher:
                 await asyncio.sleep(0.05)
                 turn = clock()
                 continue
-            if self.progress.pending_count() + self.merge.held >= self.max_pending:
-                if not self._fetch_only_waited():
+            fits = self.budget.may_fetch()
+            if not fits or self.progress.pending_count() + self.merge.held >= self.max_pending:
+                if self._fetch_only_waited():
+                    self._gate_bound = True
+                else:
                     self.room.clear()
                     self._held_back = self._waiting_room = True
                     try:
@@ -180,21 +206,24 @@ class Fetcher:
                         self._waiting_room = False
                     turn = clock()
                     continue
-            elif self._merge_paused:
-                self._resume_merge_paused()
+            else:
+                self._gate_bound = False
+                if self._merge_paused:
+                    self._resume_merge_paused()
             fetch = self._inflight
             if fetch is None:
                 # What aiokafka already holds, without waiting (and without a task: when
                 # records stream in, they nearly always are there).
                 generations = {tp: p.generation for tp, p in self.progress.partitions.items()}
-                buffered = await kafka.getmany(timeout_ms=0, max_records=self._batch)
+                batch = self.budget.batch(self._batch)
+                buffered = await kafka.getmany(timeout_ms=0, max_records=batch)
                 if buffered:
                     self.queue_fetched(buffered, generations, self._session())
                     if self.merge.topics:
                         self._merge_caught_up()
                     continue
                 fetch = self._inflight = _Fetch(
-                    asyncio.create_task(kafka.getmany(timeout_ms=200, max_records=self._batch)),
+                    asyncio.create_task(kafka.getmany(timeout_ms=200, max_records=batch)),
                     {tp: p.generation for tp, p in self.progress.partitions.items()},
                     self._session(),
                 )
@@ -250,50 +279,126 @@ class Fetcher:
         generations: dict[TopicPartition, int],
         session: int,
     ) -> None:
-        """Append fetched records to the backlog, and to the replay windows of the
-        partitions they still join up with (fetched at their current generation)."""
+        """Append fetched records to the backlog, as far as the budget takes them (the
+        rest is put back), and to the replay windows of the partitions they still join up
+        with (fetched at their current generation)."""
+        budget = self.budget
+        room, largest = budget.room(), 0
+        current = session == self._session()
         for ktp, records in batches.items():
-            self.stats.fetched += len(records)
             tp = (ktp.topic, ktp.partition)
-            if records:
-                self.fetched_upto[tp] = records[-1].offset + 1
             generation = generations.get(tp)
             progress = self.progress.partitions.get(tp)
+            joins_up = progress is not None and progress.generation == generation
+            if not (current and joins_up):
+                # Stale: queued whole, as fetched, for the dispatcher to drop (and to seek
+                # the partition back to its cursor, when it was rewound meanwhile).
+                size = self._take(records, _EVERYTHING)[1]
+                self.stats.fetched += len(records)
+                self.backlog.append(Chunk(tp, generation, session, records, size=size))
+                self._backlog_bytes += size
+                continue
+            if self._gate_bound:
+                room = max(room, 1)  # the gate waits for this partition: a record at least
+            count, size, biggest = self._take(records, room)
+            if count < len(records):
+                self.kafka.seek(ktp, records[count].offset)  # put back: fetched later
+                records = records[:count]
+            room -= size
+            largest = max(largest, biggest)
+            self.stats.fetched += len(records)
+            if not records:
+                continue
+            self.fetched_upto[tp] = records[-1].offset + 1
             window = self.windows.get(tp)
-            if window is not None and progress is not None and progress.generation == generation:
+            if window is not None:
+                assert progress is not None
                 if not progress.owns_everything:
-                    window.append(records)
-                elif records:  # held records keep the GC busy: ~10% of a no-op consumer
-                    window.reset(records[-1].offset + 1)
-            chunk = Chunk(tp, generation, session, records)
+                    self.windows.append(window, records, size)
+                else:  # held records keep the GC busy: ~10% of a no-op consumer
+                    self.windows.reset(window, records[-1].offset + 1)
+            chunk = Chunk(tp, generation, session, records, size=size)
             if self.merge.topics and self.merge.merging(tp[0]):
-                self.backlog += self.merge.feed(chunk)
+                self._enqueue(self.merge.feed(chunk))
             else:
                 self.backlog.append(chunk)
+                self._backlog_bytes += size
+        if largest:
+            budget.largest = largest
+            if largest > budget.limit:
+                self._warn_oversized(batches, largest)
+        self._count_waiting()
+
+    def _warn_oversized(self, batches: dict[KafkaTP, list[Any]], largest: int) -> None:
+        now = time.monotonic()
+        if now - self._oversized_logged < _OVERSIZED_LOG_EVERY_S:
+            return
+        self._oversized_logged = now
+        where = next(
+            f"{ktp.topic}[{ktp.partition}]@{record.offset}"
+            for ktp, records in batches.items()
+            for record in records
+            if record_size(record) == largest
+        )
+        log.warning(
+            "%s: record %s is %d bytes, more than the whole memory budget "
+            "(max_buffer_bytes=%d): taken anyway (a record is taken whenever the budget "
+            "is not used up), so memory goes past the budget; raise max_buffer_bytes "
+            "above the largest record",
+            self.name, where, largest, self.budget.limit,
+        )  # fmt: skip
+
+    def _enqueue(self, chunks: list[Chunk]) -> None:
+        self.backlog += chunks
+        self._backlog_bytes += sum(chunk.size for chunk in chunks)
+
+    def _count_waiting(self) -> None:
+        """The budget's waiting: the backlog and the merge gate. Less of it than before
+        leaves the windows more room; more of it makes them give way."""
+        self.budget.waiting = self._backlog_bytes + self.merge.held_bytes
+        self.windows.fit()
 
     def dispatch(self, backlog: list[Chunk]) -> Suspended | None:
         """Dispatch the chunks of `backlog` in order, consuming it; stops at the first
         handler that suspends inline. Chunks fetched for an older session are dropped,
-        and those fetched before a rewind are fetched again."""
+        and those fetched before a rewind are fetched again. A chunk's records count as
+        waiting until they go to a lane (in flight) or the chunk leaves the backlog (done,
+        or only in the replay window)."""
         session = self._session()
-        while backlog:
-            chunk = backlog[0]
-            progress = self.progress.partitions.get(chunk.tp)
-            if progress is None or chunk.session != session:
-                backlog.pop(0)
-                continue
-            replay = chunk.replay
-            if replay is None and progress.generation != chunk.generation:
-                self.seek(chunk.tp, progress.cursor)  # fetched before a rewind: refetch
-                backlog.pop(0)
-                continue
-            suspended = self.dispatcher.dispatch_chunk(chunk, progress)
-            if suspended is not None:
-                return suspended
-            if replay is not None:
-                replay.finish_replay()
-            backlog.pop(0)
-        return None
+        try:
+            while backlog:
+                chunk = backlog[0]
+                progress = self.progress.partitions.get(chunk.tp)
+                if progress is None or chunk.session != session:
+                    self._pop(backlog)
+                    continue
+                replay = chunk.replay
+                if replay is None and progress.generation != chunk.generation:
+                    self.seek(chunk.tp, progress.cursor)  # fetched before a rewind: refetch
+                    self._pop(backlog)
+                    continue
+                entered = self.budget.in_flight
+                suspended = self.dispatcher.dispatch_chunk(chunk, progress)
+                # Records that went to a lane count in flight from now on, not as waiting
+                # (nothing completes in a lane during this synchronous call).
+                moved = self.budget.in_flight - entered
+                if moved:
+                    chunk.size -= moved
+                    if backlog is self.backlog:
+                        self._backlog_bytes -= moved
+                if suspended is not None:
+                    return suspended
+                if replay is not None:
+                    replay.finish_replay()
+                self._pop(backlog)
+            return None
+        finally:
+            self._count_waiting()
+
+    def _pop(self, backlog: list[Chunk]) -> None:
+        chunk = backlog.pop(0)
+        if backlog is self.backlog:
+            self._backlog_bytes -= chunk.size
 
     # ---- ownership, applied to the Kafka client -------------------------------------
 
@@ -310,10 +415,18 @@ class Fetcher:
         self.stats.rewinds += len(running & seeks.keys())
         for tp in seeks:
             self.merge.rewound(tp)
-        for tp, grant in self.progress.take_replays():
-            records = self.windows[tp].between(grant.fetch_from, grant.replay_upto)
+        replays = [
+            (tp, grant, self.windows[tp].between(grant.fetch_from, grant.replay_upto))
+            for tp, grant in self.progress.take_replays()
+        ]  # all taken before the windows give way to them (`_count_waiting`)
+        for tp, grant, records in replays:
             self.stats.replayed += len(records)
-            self.backlog.insert(0, Chunk(tp, None, self._session(), records, replay=grant))
+            size = self._take(records, _EVERYTHING)[1]
+            replay = Chunk(tp, None, self._session(), records, replay=grant, size=size)
+            self.backlog.insert(0, replay)
+            self._backlog_bytes += size
+        if replays:
+            self._count_waiting()
             self.room.set()
             if self._waker is not None:
                 _wake(self._waker, None)
@@ -338,6 +451,7 @@ class Fetcher:
         self.windows.clear()
         self.merge.clear()
         self._merge_paused.clear()
+        self._count_waiting()
         self.kafka.pause(*self.kafka.assignment())
 
     # ---- topics that change ---------------------------------------------------------
@@ -359,7 +473,7 @@ class Fetcher:
             return
         self.progress.drop(gone)
         for tp in gone:
-            self.windows.pop(tp, None)
+            self.windows.pop(tp)
             self.fetched_upto.pop(tp, None)
             self.merge.rewound(tp)
         kept = set(self.kafka.assignment()) - {KafkaTP(*tp) for tp in gone}
@@ -374,9 +488,10 @@ class Fetcher:
 
     def _admitted(self, chunks: list[Chunk]) -> None:
         if chunks:
-            self.backlog += chunks
+            self._enqueue(chunks)
             if self._waker is not None:
                 _wake(self._waker, None)
+        self._count_waiting()  # a partition no longer fetched lets go of what it held
         for transition in self.merge.ended:
             log.info("%s: topic %s: transition over, records flow as fetched",
                      self.name, transition.topic)  # fmt: skip
@@ -414,12 +529,7 @@ class Fetcher:
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.fetched_upto[tp] = offset
         self.kafka.seek(KafkaTP(*tp), offset)
-        if self.replay_window:
-            window = self.windows.get(tp)
-            if window is None:
-                self.windows[tp] = ReplayWindow(offset, self.replay_window)
-            else:
-                window.reset(offset)
+        self.windows.seek(tp, offset)
 
     def observe_reach(self, now: float) -> None:
         """Feed `reach` the poll timestamps of the partitions asked of Kafka now: the

@@ -21,12 +21,13 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from time import monotonic
 from types import CoroutineType
 from typing import Any, Literal
 
+from keyshard.consumer_client._datapath.budget import BufferBudget, record_size
 from keyshard.core.model.durations import renamed_seconds
 from keyshard.core.model.positions import TopicPartition
 from keyshard.core.model.ranges import RangeSet
@@ -58,6 +59,7 @@ class WorkItem:
     lane_key: object
     record: Any
     session: int
+    size: int = 0  # its bytes in the memory budget, while it is in a lane
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -223,8 +225,15 @@ class KeyLanes:
         on_done: Callable[[WorkItem], None],
         retry: RetryPolicy = DEFAULT_RETRY,
         dead_letter: DeadLetter | None = None,
+        budget: BufferBudget | None = None,
+        released: Callable[[], None] | None = None,
     ) -> None:
+        """`budget`: the records in lanes (queued or running) count in its `in_flight`,
+        each by `record_size`; `released` is called when records leave without
+        completing (dropped, abandoned), `on_done` when they complete."""
         self._handler = handler
+        self._budget = budget
+        self._released = released
         self._limit = _Permits(max_concurrency)
         self._on_done = on_done
         self._retry = retry
@@ -257,7 +266,7 @@ class KeyLanes:
         `TaskGroup` and `current_task()` captured it), so it must be the one to finish it.
         """
         if key in self._lanes or not self.can_start_inline():
-            self.submit(WorkItem(tp, offset, slot, key, record, session))
+            self.submit(self._item(tp, offset, slot, key, record, session))
             return False
         # The permit is taken only if the handler outlives this call: nothing else runs
         # meanwhile, so it is still free then.
@@ -327,7 +336,7 @@ class KeyLanes:
         replays a failure as attempt 1 and goes on with the retry policy; rare, so a task
         is fine). Shared by `dispatch` and the C fast path (consumer_client/fastpath.py).
         """
-        item = WorkItem(tp, offset, slot, key, record, session)
+        item = self._item(tp, offset, slot, key, record, session)
         lane = self._lanes[key] = _Lane(running=item, scheduled=True)
         self._limit.take_now()
         self._busy_workers += 1
@@ -348,6 +357,20 @@ class KeyLanes:
             await self._continue(suspended.key, suspended.lane, suspended.item, suspended.rest)
         finally:
             self._workers.discard(task)
+
+    def _item(
+        self, tp: TopicPartition, offset: int, slot: int, key: object, record: Any, session: int
+    ) -> WorkItem:
+        """A record entering a lane, counted in flight from now until it leaves."""
+        item = WorkItem(tp, offset, slot, key, record, session)
+        if self._budget is not None:
+            item.size = record_size(record)
+            self._budget.in_flight += item.size
+        return item
+
+    def _leave(self, items: Iterable[WorkItem]) -> None:
+        if self._budget is not None:
+            self._budget.in_flight -= sum(item.size for item in items)
 
     def submit(self, item: WorkItem) -> None:
         lane = self._lanes.get(item.lane_key)
@@ -381,8 +404,11 @@ class KeyLanes:
             if head is None or (slots is not None and head.slot not in slots):
                 continue
             dropped += len(lane.queue)
+            self._leave(lane.queue)
             lane.queue.clear()
             lane.abandon()
+        if dropped and self._released is not None:
+            self._released()
         return dropped
 
     async def wait_idle(self, slots: RangeSet | None = None, timeout: float | None = None) -> bool:
@@ -408,6 +434,8 @@ class KeyLanes:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._budget is not None:  # a worker cancelled before its first step held some
+            self._budget.in_flight = 0
         async with self._changed:
             self._changed.notify_all()
 
@@ -457,10 +485,15 @@ class KeyLanes:
         self, key: object, lane: _Lane, item: WorkItem, first: Awaitable[None] | None = None
     ) -> None:
         """Finish `item` (already `lane.running`, permit held), then requeue or retire."""
+        completed = False
         try:
             completed = await self._process(item, lane, first)
         finally:
             lane.running = None
+            if self._budget is not None:
+                self._budget.in_flight -= item.size
+            if not completed and self._released is not None:
+                self._released()
         if completed:
             self._completed += 1
             self._on_done(item)

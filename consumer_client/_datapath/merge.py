@@ -58,14 +58,16 @@ class TopicTransition:
 
 @dataclass(slots=True)
 class _Partition:
-    # Records waiting, in fetch order: (timestamp, record, generation, session).
-    queue: deque[tuple[int, Any, int | None, int]] = field(default_factory=deque)
+    # Records waiting, in fetch order: (timestamp, record, generation, session, bytes).
+    queue: deque[tuple[int, Any, int | None, int, int]] = field(default_factory=deque)
+    bytes: int = 0  # of the records waiting
     times: SortedList = field(default_factory=SortedList)  # their timestamps
     watermark: int = _UNKNOWN  # fetched past this timestamp
     generation: int | None = None
 
     def reset(self) -> None:
         self.queue.clear()
+        self.bytes = 0
         self.times.clear()
         self.watermark = _UNKNOWN
 
@@ -81,12 +83,14 @@ class _TopicMerge:
 
 class MergeGate:
     """The fetcher feeds it what it fetched of topics in transition and dispatches what
-    comes out; `held` counts against the consumer's `max_pending`, and `waited_on` says
-    which partitions must go on being fetched while it is full."""
+    comes out; `held` counts against the consumer's `max_pending` and `held_bytes` in its
+    memory budget (as waiting), and `waited_on` says which partitions must go on being
+    fetched while either is full."""
 
     def __init__(self) -> None:
         self.topics: dict[str, _TopicMerge] = {}
         self.held = 0
+        self.held_bytes = 0
         self.ended: list[TopicTransition] = []  # ended on this member, for the log
 
     # ---- what the coordinator says, and what the member fetches -----------------------
@@ -112,7 +116,7 @@ class MergeGate:
         for topic, merge in self.topics.items():
             mine = wanted.get(topic, set())
             for partition in [p for p in merge.partitions if p not in mine]:
-                self.held -= len(merge.partitions.pop(partition).queue)
+                self._let_go(merge.partitions.pop(partition))
             for partition in mine - merge.partitions.keys():
                 merge.partitions[partition] = _Partition()
         return self._admit_all()
@@ -122,13 +126,17 @@ class MergeGate:
         merge = self.topics.get(tp[0])
         part = merge.partitions.get(tp[1]) if merge is not None else None
         if part is not None:
-            self.held -= len(part.queue)
-            part.reset()
+            self._let_go(part)
 
     def clear(self) -> None:
         """The session is lost: nothing held is ours any more."""
         self.topics.clear()
-        self.held = 0
+        self.held = self.held_bytes = 0
+
+    def _let_go(self, part: _Partition) -> None:
+        self.held -= len(part.queue)
+        self.held_bytes -= part.bytes
+        part.reset()
 
     # ---- records --------------------------------------------------------------------
 
@@ -150,15 +158,19 @@ class MergeGate:
         if chunk.generation is not None and chunk.generation != part.generation:
             if part.generation is not None and chunk.generation < part.generation:
                 return [chunk]  # fetched before a rewind: the dispatcher fetches it again
-            self.held -= len(part.queue)
-            part.reset()
+            self._let_go(part)
             part.generation = chunk.generation
+        # Each record carries an even share of the chunk's bytes: exact enough for the
+        # budget, and no record is measured twice.
+        share = chunk.size // len(chunk.records) if chunk.records else 0
         for record in chunk.records:
             timestamp = int(record.timestamp)
-            part.queue.append((timestamp, record, chunk.generation, chunk.session))
+            part.queue.append((timestamp, record, chunk.generation, chunk.session, share))
             part.times.add(timestamp)
             part.watermark = max(part.watermark, timestamp)
         self.held += len(chunk.records)
+        part.bytes += share * len(chunk.records)
+        self.held_bytes += share * len(chunk.records)
         return self._admit_all()
 
     def caught_up(self, tp: TopicPartition, now_ms: int) -> list[Chunk]:
@@ -237,9 +249,11 @@ class MergeGate:
 
     def _take(self, merge: _TopicMerge, partition: int, out: list[Chunk]) -> None:
         part = merge.partitions[partition]
-        timestamp, record, generation, session = part.queue.popleft()
+        timestamp, record, generation, session, size = part.queue.popleft()
         part.times.remove(timestamp)
         self.held -= 1
+        part.bytes -= size
+        self.held_bytes -= size
         tp = (merge.transition.topic, partition)
         last = out[-1] if out else None
         if last is not None and (last.tp, last.generation, last.session) == (
@@ -248,5 +262,6 @@ class MergeGate:
             session,
         ):
             last.records.append(record)
+            last.size += size
         else:
-            out.append(Chunk(tp, generation, session, [record]))
+            out.append(Chunk(tp, generation, session, [record], size=size))

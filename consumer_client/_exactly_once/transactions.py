@@ -9,7 +9,10 @@ acknowledge the record (no await in between), so at any moment "the record is do
 batch and the consumer's positions (`ConsumerProgress.positions()`: everything examined
 minus what is pending); then, in one transaction, it sends the batch and a writer record
 (`_exactly_once.txn_log`) holding those positions and the slots this member owns, and
-commits. Records done after the cut wait for the next commit.
+commits. Records done after the cut wait for the next commit. The batch waits at most an
+interval, and less once its outputs reach a quarter of the consumer's memory budget
+(`max_batch_bytes`): it is committed at once then, so outputs held never grow with the
+throughput.
 
 The coordinator only ever hears committed positions: Ping replies, StopFetcher replies
 (a commit is forced after the range drained), Leave and claims report the positions of
@@ -79,6 +82,11 @@ class Output:
     headers: tuple[tuple[str, bytes], ...]
     partition: int | None
 
+    def size(self) -> int:
+        """Its bytes, as the memory budget counts a record's (`_datapath.budget`)."""
+        size = len(self.key or b"") + len(self.value or b"")
+        return size + sum(len(name) + len(value or b"") for name, value in self.headers)
+
 
 class Outputs:
     """Where an exactly-once handler sends its records: they are written in the
@@ -131,6 +139,7 @@ class TransactionalWriter:
         kafka: KafkaSettings,
         name: str,
         interval_ms: int,
+        max_batch_bytes: int,
     ) -> None:
         self.progress = progress
         self.txn_log = txn_log
@@ -142,6 +151,9 @@ class TransactionalWriter:
         self.txid = self._new_txid()
         self.producer: AIOKafkaProducer | None = None
         self.batch: list[Output] = []
+        self.batch_bytes = 0  # of the batch's keys, values and headers
+        self.max_batch_bytes = max_batch_bytes  # a commit is due at once at this many
+        self._commit_due = asyncio.Event()
         # Bumped when the session is lost: outputs of handlers started before are dropped.
         self.generation = 0
         self.committed: PositionUpdate = {}  # positions of the last commit: what we report
@@ -212,13 +224,18 @@ class TransactionalWriter:
             await handler(record, outputs)
             if generation == self.generation:
                 self.batch.extend(outputs.records)
+                self.batch_bytes += sum(output.size() for output in outputs.records)
+                if self.batch_bytes >= self.max_batch_bytes:
+                    self._commit_due.set()
 
         return run
 
     async def _commit_loop(self) -> None:
         try:
             while True:
-                await asyncio.sleep(self.interval_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._commit_due.wait(), self.interval_s)
+                self._commit_due.clear()
                 await self.commit()
         except ConsumerError as err:
             if not self.failed.done():
@@ -255,6 +272,7 @@ class TransactionalWriter:
                 raise ConsumerError(f"{self.name}: exactly-once: the writer has failed")
             generation = self.generation
             batch, self.batch = self.batch, []
+            self.batch_bytes = 0
             snapshot = self.progress.positions()
             owned = self.owned() - releasing
             retire, self._retire = self._retire, []
@@ -348,6 +366,7 @@ class TransactionalWriter:
         with a new transactional id (new owners of our slots fence the old one)."""
         self.generation += 1
         self.batch.clear()
+        self.batch_bytes = 0
         self.committed = {}
         for entry in self.preparing:
             if entry.task is not None:

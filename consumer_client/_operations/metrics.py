@@ -51,6 +51,11 @@ class ConsumerSnapshot:
     # timeout (None: it reads).
     unreadable_for: float | None = None
     reads: dict[str, int] = field(default_factory=dict)  # ConsumerStats.as_dict()
+    # The memory budget: record bytes held by kind (BUFFER_KINDS), the budget, and how
+    # often fetching paused because it was used up.
+    buffered: dict[str, int] = field(default_factory=dict)
+    max_buffer_bytes: int = 0
+    budget_pauses: int = 0
 
 
 class ConsumerMetrics:
@@ -160,11 +165,32 @@ class _SnapshotCollector(Collector):
         for (topic, partition), behind in sorted(snap.lag.items()):
             lag.add_metric([topic, str(partition)], behind)
         yield lag
+        buffered = GaugeMetricFamily(
+            "keyshard_consumer_buffered_bytes",
+            "Record bytes held, by kind: waiting (fetched, not dispatched), in_flight "
+            "(in a lane), replay_window",
+            labels=["kind"],
+        )
+        for kind in BUFFER_KINDS:
+            buffered.add_metric([kind], snap.buffered.get(kind, 0))
+        yield buffered
+        yield _gauge("keyshard_consumer_max_buffer_bytes",
+                     "The memory budget: record bytes held at most (max_buffer_bytes)",
+                     snap.max_buffer_bytes)  # fmt: skip
+        pauses = CounterMetricFamily(
+            "keyshard_consumer_budget_pauses",
+            "Times fetching paused because the memory budget was used up",
+        )
+        pauses.add_metric([], snap.budget_pauses)
+        yield pauses
         for field_name, (name, help_text) in READ_COUNTERS.items():
             family = CounterMetricFamily(f"keyshard_consumer_{name}", help_text)
             family.add_metric([], snap.reads.get(field_name, 0))
             yield family
 
+
+#: The kinds of `keyshard_consumer_buffered_bytes`.
+BUFFER_KINDS = ("waiting", "in_flight", "replay_window")
 
 #: ConsumerStats fields as counters: fetched / admitted is the read amplification.
 READ_COUNTERS = {

@@ -18,6 +18,11 @@ Two causes look alike from inside a replica, and call for opposite answers:
   waits for durability, so nothing new is granted) and keeping its consumers' leases
   alive, for at most `hold_limit_s`.
 
+A third sign tells the two apart before the cluster's metadata shows a failover: other
+replicas are alive, the cluster answers, and nobody's beats have been read since ours
+stopped getting through. An isolated replica gets no answer; one left behind alone reads
+the others' beats while its own do not arrive. A silence every replica shares is Kafka's.
+
 A replica that reaches some brokers but not the beat partition's leader, while the other
 replicas reach it, looks like the second case and is the first: the others take its
 partitions over while it holds. `hold_limit_s` bounds that; `docs/operations/
@@ -110,6 +115,7 @@ def standing(
     last_beat_at: float,
     view: BeatPartitionView,
     others_alive: bool,
+    others_heard_at: float | None,
     replica_timeout_s: float,
     hold_limit_s: float,
 ) -> Verdict:
@@ -118,7 +124,8 @@ def standing(
     1. Beats got through lately (`cut_off` says not yet): serving.
     2. The cluster answered since our last beat got through, within the replica timeout,
        and the beat partition has no leader, a leader or an in-sync follower that does not
-       answer us, or a leader elected lately (clients catch up after an election):
+       answer us, or a leader elected lately (clients catch up after an election), or
+       no beat of another alive replica read since our last one (`others_heard_at`):
        holding, while the silence is shorter than `hold_limit_s`. An isolated replica gets
        no answer after its beats stop, so the answers it has say nothing of a failover;
        one isolated in the middle of a failover holds at most a replica timeout past its
@@ -133,7 +140,9 @@ def standing(
     reached = (
         answered is not None and answered > last_beat_at and now - answered < replica_timeout_s
     )
-    failover = _failover(view, last_beat_at, replica_timeout_s)
+    failover = _failover(view, last_beat_at, replica_timeout_s) or _shared_silence(
+        others_alive, others_heard_at, last_beat_at
+    )
     if reached and failover and silent < hold_limit_s:
         return Verdict(
             Standing.HOLDING,
@@ -165,3 +174,13 @@ def _failover(view: BeatPartitionView, last_beat_at: float, recent_s: float) -> 
     if view.unwritable_at is not None and view.unwritable_at > view.answered_at - recent_s:
         return "could not be written moments ago"
     return None
+
+
+def _shared_silence(
+    others_alive: bool, others_heard_at: float | None, last_beat_at: float
+) -> str | None:
+    """In words, that no other replica's beat has been read since our last one either
+    (None: one was, or there is no other replica to compare with)."""
+    if not others_alive or (others_heard_at is not None and others_heard_at > last_beat_at):
+        return None
+    return "has carried no replica's beat since ours stopped"

@@ -439,6 +439,7 @@ class ReplicaManager:
             last_beat_at=self._last_beat_at(),
             view=self._beat_partition,
             others_alive=bool(set(self._alive()) - {self.identity.replica_id}),
+            others_heard_at=self.log.other_beat_seen_at,
             replica_timeout_s=settings.replica_timeout_s,
             hold_limit_s=settings.leader_failover_s,
         )

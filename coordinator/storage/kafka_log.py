@@ -110,6 +110,7 @@ class KafkaStateLog:
         # When the last of them was read back (loop time): a replica whose beats stop
         # coming back is cut off from Kafka, and the others will soon take over.
         self.own_beat_seen_at = 0.0
+        self.other_beat_seen_at: float | None = None  # a live beat of another replica
         # When the last beat Kafka acknowledged was sent (loop time): it is in the log, so
         # the others read it before counting us gone, however far our own reading lags
         # (a join storm writes thousands of state records ahead of the next beat).
@@ -311,6 +312,8 @@ class KafkaStateLog:
                     if beat.replica_id == me:
                         self.own_beats += 1
                         self.own_beat_seen_at = asyncio.get_running_loop().time()
+                    else:
+                        self.other_beat_seen_at = asyncio.get_running_loop().time()
                     self.beats[beat.replica_id] = SeenBeat(beat, self.own_beats)
 
     def _why(self, err: BaseException, operation: str) -> str:

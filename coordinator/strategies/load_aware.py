@@ -168,6 +168,19 @@ def _merged(runs: list[SlotRange]) -> list[SlotRange]:
     return out
 
 
+def _insert_merged(runs: list[SlotRange], run: SlotRange) -> None:
+    """Add `run` to sorted, disjoint, maximal `runs` (which it does not overlap), merging
+    it with the runs it touches: `_merged(runs + [run])` without sorting them all."""
+    i = bisect_left(runs, run)
+    a, b = run
+    if i < len(runs) and runs[i][0] == b + 1:
+        b = runs.pop(i)[1]
+    if i > 0 and runs[i - 1][1] + 1 == a:
+        i -= 1
+        a = runs.pop(i)[0]
+    runs.insert(i, SlotRange(a, b))
+
+
 def _to_ranges(owned: Mapping[str, list[SlotRange]]) -> dict[str, RangeSet]:
     return {mid: RangeSet(_merged(owned[mid])) for mid in sorted(owned)}
 
@@ -214,14 +227,21 @@ class _Rebalance:
             (self.load.load(a, b), a, b) for a, b in self.free
         )
         self._freed: list[SlotRange] = []  # pieces given back, for `_donate`
-        self.starts: list[int] = []
-        self.owner_at: dict[int, tuple[int, str]] = {}
-        self._index_owners()
-
-    def _index_owners(self) -> None:
-        """Owner of each owned run, by start (for "who is next to this edge")."""
-        self.owner_at = {a: (b, mid) for mid, runs in self.owned.items() for a, b in runs}
+        # Owner of each owned run, by start (for "who is next to this edge"); built once,
+        # then kept by `_reindex`.
+        self.owner_at: dict[int, tuple[int, str]] = {
+            a: (b, mid) for mid, runs in self.owned.items() for a, b in runs
+        }
         self.starts = sorted(self.owner_at)
+
+    def _reindex(self, run: SlotRange, owner: str) -> None:
+        """The indexed runs inside `run` are `owner`'s now. The index stays keyed by the
+        runs as they were (whole runs move here, so their starts are all indexed):
+        rebuilding it for each range moved would be quadratic in the ranges of a
+        fragmented group, seconds for thousands."""
+        first, last = bisect_left(self.starts, run[0]), bisect_right(self.starts, run[1])
+        for start in self.starts[first:last]:
+            self.owner_at[start] = (self.owner_at[start][0], owner)
 
     def _owner_beside(self, run: SlotRange, mid: str) -> str | None:
         """The less loaded other owner of a slot next to `run` (None if both are free)."""
@@ -448,11 +468,11 @@ class _Rebalance:
                 runs.remove(r)
                 self.held[mid] -= self.load.load(*r)
                 if heir is None:
-                    self._add_free(*r)
+                    self._add_free(*r)  # `_neighbour` sees free slots as nobody's
                 else:
-                    self.owned[heir] = _merged([*self.owned[heir], r])
+                    _insert_merged(self.owned[heir], r)
                     self.held[heir] += self.load.load(*r)
-                self._index_owners()
+                    self._reindex(r, heir)
         lo, hi = 1 - self.band, 1 + self.band
         needy = {mid for mid in ids if self.held[mid] < lo * fair[mid] or not self.owned[mid]}
         need = sum(fair[mid] - self.held[mid] for mid in needy)

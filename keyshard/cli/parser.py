@@ -43,6 +43,7 @@ from keyshard.coordinator.server.admission import (
     DEFAULT_REGISTER_TIMEOUT_MS,
 )
 from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, DEFAULT_STATE_TOPIC
+from keyshard.core.kafka.fetch_sizes import DEFAULT_MAX_BUFFER_BYTES
 from keyshard.core.model.addresses import LOOPBACK
 
 DEFAULT_LISTEN = (LOOPBACK, 7171)  # the consumer channel
@@ -482,6 +483,15 @@ def add_worker_command(command: Any) -> None:
     )
     _add(w, "--name", default=None, help="consumer name (default: the host name)")
     _add(w, "--max-concurrency", type=positive_int, default=64, help="keys in flight at once")
+    _add(
+        w,
+        "--max-buffer-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_BUFFER_BYTES,
+        help="memory budget: record bytes held at most (fetched, in flight, replay windows); "
+        "fetching pauses while it is used up. Size the pod's memory request to about this "
+        "plus 100 MiB (at least 65536)",
+    )
     _add(
         w,
         "--session-timeout-ms",

@@ -212,6 +212,7 @@ def build_consumer(args: argparse.Namespace, environ: Mapping[str, str]) -> Coor
         kafka_config=kafka,
         name=args.name or socket.gethostname(),
         max_concurrency=int(args.max_concurrency),
+        max_buffer_bytes=int(args.max_buffer_bytes),
         session_timeout_ms=int(args.session_timeout_ms),
         fetch_failure_timeout_ms=args.fetch_failure_timeout_ms,
         capacity=int(args.capacity),

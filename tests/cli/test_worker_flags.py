@@ -143,3 +143,10 @@ def test_a_topic_pattern_that_is_no_regular_expression_is_refused(
     flags = ["worker", "m:f", "--group", "g", "--bootstrap-servers", "127.0.0.1:9092"]
     with pytest.raises(ValueError, match="not a regular expression"):
         build_consumer(build_parser().parse_args([*flags, "--topic-pattern", "(oops"]), {})
+
+
+def test_the_memory_budget_flag_and_its_variable(clean_env: pytest.MonkeyPatch) -> None:
+    assert build_consumer(_args(), {}).max_buffer_bytes == 64 * 1024 * 1024
+    assert build_consumer(_args("--max-buffer-bytes", "1048576"), {}).max_buffer_bytes == 1048576
+    clean_env.setenv("KEYSHARD_MAX_BUFFER_BYTES", "2097152")
+    assert build_consumer(_args(), {}).max_buffer_bytes == 2097152

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -77,3 +78,12 @@ def build(handler: Handler = _no_handler, kafka: Any = None, **settings: Any) ->
         handler, kafka, progress, stats, replace(DataPathSettings(), **settings), session=session
     )
     return Parts(progress, stats, path, ConsumerHooks(progress, path.fetcher, path.dispatcher))
+
+
+async def stop_fetching(consumer: Parts, release: asyncio.Event) -> None:
+    """End a test's fetch loop: let its held handlers go, then wait for every other task
+    (the fetcher's and the lanes') to finish."""
+    consumer.fetcher.closing = True
+    release.set()
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), 5)

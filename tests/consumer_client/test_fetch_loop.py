@@ -157,7 +157,4 @@ async def test_a_replay_is_dispatched_while_the_fetcher_waits_on_max_pending() -
         assert consumer.stats.replayed > 0
         assert consumer.fetcher.failed is not None and not consumer.fetcher.failed.done()
     finally:
-        consumer.fetcher.closing = True
-        hang.set()
-        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), 5)
+        await parts.stop_fetching(consumer, hang)

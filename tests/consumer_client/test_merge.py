@@ -78,6 +78,24 @@ def test_a_rewound_partition_lets_go_of_what_it_held() -> None:
     assert gate.held == 0 and not gate.holding(("t", 2))
 
 
+def test_the_bytes_held_follow_the_records_into_the_chunks_let_out() -> None:
+    """What the gate holds counts in the memory budget as waiting: each record carries an
+    even share of its chunk's bytes, out into the chunks it admits, or away with a
+    rewind."""
+    gate = MergeGate()
+    gate.begin([TopicTransition("t", (2, 4), UNTIL)])
+    gate.track([("t", p) for p in range(4)])
+    held = Chunk(("t", 2), 1, 1, [Rec(0, 100), Rec(1, 105)], size=300)
+    assert gate.feed(held) == [] and gate.held_bytes == 300
+    gate.feed(Chunk(("t", 3), 1, 1, [Rec(0, 250)], size=70))
+    assert gate.held_bytes == 370
+    gate.feed(Chunk(("t", 0), 1, 1, [Rec(0, 200)], size=10))  # out at once: 0 waits for none
+    (out,) = gate.caught_up(("t", 1), 300)
+    assert (out.tp, out.size, gate.held_bytes) == (("t", 2), 300, 70)
+    gate.rewound(("t", 3))
+    assert gate.held_bytes == 0
+
+
 # Fetches of three partitions, each a run of records with nondecreasing timestamps per
 # partition (Kafka's LogAppendTime, or one producer's CreateTime), interleaved at random.
 _partition_runs = st.lists(

@@ -250,6 +250,16 @@ def test_gauges_come_from_the_snapshot() -> None:
     assert _sample(metrics, "keyshard_consumer_coordinator_contact_age_seconds") >= 0.5
 
 
+def test_the_memory_budget_gauges_by_kind_and_its_pauses() -> None:
+    metrics = ConsumerMetrics()
+    held = {"waiting": 10, "in_flight": 20, "replay_window": 30}
+    metrics.snapshot = _snapshot(buffered=held, max_buffer_bytes=64, budget_pauses=2)
+    for kind, value in held.items():
+        assert _sample(metrics, "keyshard_consumer_buffered_bytes", kind=kind) == value
+    assert _sample(metrics, "keyshard_consumer_max_buffer_bytes") == 64
+    assert _sample(metrics, "keyshard_consumer_budget_pauses_total") == 2
+
+
 def test_a_bad_metrics_address_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="metrics_listen"):
         ConsumerEndpoints(ConsumerMetrics(), _snapshot, 10_000, "nope")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import pytest
 
 from keyshard.consumer_client import CoordinatedConsumer, Outputs
@@ -85,3 +88,46 @@ async def test_the_two_run_modes_are_not_mixed() -> None:
         await consumer(transactional_id_prefix="app").run(lambda r: None)  # type: ignore[arg-type,return-value]
     with pytest.raises(ValueError, match="transactional_id_prefix"):
         await consumer().run_exactly_once(lambda r, o: None)  # type: ignore[arg-type,return-value]
+
+
+async def test_outputs_past_a_quarter_of_the_budget_are_committed_at_once() -> None:
+    """The batch waits for the interval (10 s here) unless its outputs reach
+    `max_batch_bytes`: then it is committed at once, so held outputs stay bounded."""
+    from keyshard.consumer_client._datapath.progress import ConsumerProgress
+    from keyshard.consumer_client._exactly_once.transactions import TransactionalWriter
+    from keyshard.core.kafka.settings import KafkaSettings
+
+    writer = TransactionalWriter(
+        progress=ConsumerProgress(),
+        txn_log=SimpleNamespace(prefix="app", group="g"),  # type: ignore[arg-type]
+        bootstrap="127.0.0.1:9092",
+        kafka=KafkaSettings.parse({}),
+        name="w",
+        interval_ms=10_000,
+        max_batch_bytes=1000,
+    )
+    commits: list[int] = []
+    committed = asyncio.Event()
+
+    async def commit() -> None:
+        commits.append(writer.batch_bytes)
+        writer.batch, writer.batch_bytes = [], 0
+        committed.set()
+
+    writer.commit = commit  # type: ignore[assignment, method-assign]
+
+    async def handler(record: object, outputs: Outputs) -> None:
+        outputs.send("out", b"v" * 400, key=b"k")
+
+    run = writer.wrap(handler)
+    loop = asyncio.create_task(writer._commit_loop())
+    try:
+        await run(None)
+        await run(None)
+        assert writer.batch_bytes == 802 and not committed.is_set()
+        await run(None)  # 1203 bytes: past the budget's quarter
+        await asyncio.wait_for(committed.wait(), 5)
+        assert commits == [1203] and writer.batch_bytes == 0
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from keyshard.consumer_client._datapath.budget import BufferBudget
 from keyshard.consumer_client._datapath.progress import ConsumerProgress, Grant
-from keyshard.consumer_client._datapath.window import ReplayWindow
+from keyshard.consumer_client._datapath.window import ReplayWindow, ReplayWindows
 from keyshard.core.model.positions import Position
 from keyshard.core.model.ranges import RangeSet, SlotRange
 from tests.consumer_client import parts
@@ -37,6 +38,9 @@ from tests.consumer_client.test_progress import (
 @dataclass
 class Rec:
     offset: int
+    key: bytes | None = None
+    value: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 def chunk(*offsets: int) -> list[Rec]:
@@ -52,9 +56,9 @@ def offsets(records: list[Rec]) -> list[int]:
 
 def test_window_returns_held_records_between_two_offsets_across_chunks() -> None:
     window = ReplayWindow(start=10, limit=100)
-    window.append(chunk(10, 11, 12))
-    window.append(chunk(14, 15))  # 13 is a transaction marker: no record
-    window.append(chunk(16, 17, 18))
+    window.append(chunk(10, 11, 12), 0)
+    window.append(chunk(14, 15), 0)  # 13 is a transaction marker: no record
+    window.append(chunk(16, 17, 18), 0)
     assert offsets(window.between(11, 17)) == [11, 12, 14, 15, 16]
     assert offsets(window.between(0, 100)) == [10, 11, 12, 14, 15, 16, 17, 18]
     assert window.between(19, 30) == []
@@ -63,29 +67,54 @@ def test_window_returns_held_records_between_two_offsets_across_chunks() -> None
 
 def test_window_drops_whole_chunks_beyond_its_limit_and_moves_its_start() -> None:
     window = ReplayWindow(start=0, limit=4)
-    window.append(chunk(0, 1, 2))
-    window.append(chunk(3, 4, 5))
+    window.append(chunk(0, 1, 2), 0)
+    window.append(chunk(3, 4, 5), 0)
     assert window.start == 0 and window.count == 6  # dropping [0..2] would leave < 4
-    window.append(chunk(6, 7))
+    window.append(chunk(6, 7), 0)
     assert window.start == 3 and window.count == 5
     assert offsets(window.between(0, 8)) == [3, 4, 5, 6, 7]
-    window.append(chunk(9))  # offset 8 does not exist
+    window.append(chunk(9), 0)  # offset 8 does not exist
     assert window.start == 3
-    window.append(chunk(10, 11, 12, 13))  # the newest chunk alone holds the limit
+    window.append(chunk(10, 11, 12, 13), 0)  # the newest chunk alone holds the limit
     assert window.start == 10 and offsets(window.between(0, 100)) == [10, 11, 12, 13]
 
 
 def test_window_reset_forgets_what_no_longer_joins_up() -> None:
     window = ReplayWindow(start=0, limit=10)
-    window.append(chunk(0, 1, 2))
+    window.append(chunk(0, 1, 2), 0)
     window.reset(1)
     assert window.count == 0 and window.start == 1 and window.between(0, 10) == []
 
 
 def test_a_window_of_zero_holds_nothing() -> None:
     window = ReplayWindow(start=0, limit=0)
-    window.append(chunk(0, 1))
+    window.append(chunk(0, 1), 0)
     assert window.start == 2 and window.between(0, 10) == []
+
+
+def test_windows_give_way_to_the_budget_oldest_chunks_of_the_fullest_first() -> None:
+    """The windows hold what waiting and in-flight records leave of the memory budget:
+    when those grow, the fullest window drops its oldest chunks (its start moves up, so
+    what it still holds is contiguous), and nothing more than needed."""
+    budget = BufferBudget(1000)
+    windows = ReplayWindows(budget, limit=10_000)
+    a, b = ("t", 0), ("t", 1)
+    windows.seek(a, 0)
+    windows.seek(b, 0)
+    windows.append(windows[a], chunk(0, 1), 300)
+    windows.append(windows[a], chunk(2, 3), 300)
+    windows.append(windows[b], chunk(0), 200)
+    assert budget.window == 800 and windows[a].start == 0
+    budget.waiting = 400  # room for 600 in the windows
+    windows.fit()
+    assert budget.window == 500 and windows[a].start == 2 and windows[b].start == 0
+    assert offsets(windows[a].between(0, 10)) == [2, 3]
+    budget.in_flight = 600  # nothing left for them
+    windows.fit()
+    assert budget.window == 0 and windows[a].start == 4 and windows[b].start == 1
+    windows.seek(a, 0)
+    windows.pop(b)
+    assert budget.window == 0
 
 
 # ---- grants that replay --------------------------------------------------------------
@@ -253,8 +282,8 @@ def test_a_replay_is_dispatched_before_records_already_queued() -> None:
     consumer.hooks.start_fetcher(
         RangeSet.from_pairs([(0, 3)]), {TP: [(SlotRange(0, 3), Position(0))]}
     )
-    window = consumer.fetcher.windows[TP] = ReplayWindow(0, 100)
-    window.append(chunk(*range(0, 40)))
+    window = consumer.fetcher.windows[TP]  # opened by the grant's seek
+    window.append(chunk(*range(0, 40)), 0)
     for o in range(30):
         admit(consumer.progress, TP, o, o % 8)
     queued = Chunk(TP, 0, parts.SESSION, chunk(*range(30, 40)))
@@ -280,7 +309,7 @@ def test_a_partition_owned_whole_holds_no_records() -> None:
         consumer.fetcher.queue_fetched(batch, {TP: 0}, parts.SESSION)
 
     consumer.hooks.start_fetcher(RangeSet.full(), {TP: [(SlotRange(0, 65535), Position(0))]})
-    window = consumer.fetcher.windows[TP] = ReplayWindow(0, 100)
+    window = consumer.fetcher.windows[TP]  # opened by the grant's seek
     fetched(*range(10))
     assert window.count == 0 and window.start == 10
     asyncio.run(consumer.hooks.stop_fetcher(RangeSet.from_pairs([(0, 99)])))  # type: ignore[arg-type]

@@ -60,8 +60,12 @@ async def test_join_and_graceful_leave_mid_stream(
     for i in range(3):
         workers.spawn(f"c{i}", *slow)
     await wait_for(lambda: coordinator.settled(3), 30, "3 settled members")
-    # Records flow for ~8 s at 600/s, well past the join and the leave below.
-    producing = asyncio.ensure_future(produce(coordinator.bootstrap, 4800, 300, rate=600))
+    # Records flow at 600/s until the join and the leave below have settled (at most
+    # 100 s: however long the machine's load makes them take).
+    settled = asyncio.Event()
+    producing = asyncio.ensure_future(
+        produce(coordinator.bootstrap, 60_000, 300, rate=600, until=settled)
+    )
     produced_until: list[int] = []  # CLOCK_MONOTONIC ns, like the handoffs and the events
     producing.add_done_callback(lambda _: produced_until.append(time.monotonic_ns()))
     await wait_for(lambda: workers.unique() > 300, 30, "traffic to flow")
@@ -70,6 +74,9 @@ async def test_join_and_graceful_leave_mid_stream(
     workers.stop("c0")  # SIGTERM: graceful close, drain, Leave with final positions
     await wait_for(lambda: coordinator.settled(3), 30, "3 members after the leave")
     assert not producing.done(), "the handoffs must happen under load"
+    after_leave = workers.unique()
+    await wait_for(lambda: workers.unique() > after_leave + 300, 30, "traffic after the leave")
+    settled.set()
     produced = await producing
     await wait_for(lambda: workers.unique() >= len(produced), 90, "every record processed")
 

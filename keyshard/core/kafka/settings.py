@@ -57,6 +57,10 @@ ACCEPTED: Mapping[str, str] = {
     "enable.ssl.certificate.verification": "true | false (false: trust any broker certificate)",
     "client.id": "client id the brokers log and quota by",
     "isolation.level": " | ".join(ISOLATION_LEVELS) + " (consumers; default read_committed)",
+    "fetch.max.bytes": "most bytes a fetch response carries (consumers; default: a quarter "
+    "of the consumer's max_buffer_bytes)",
+    "max.partition.fetch.bytes": "most bytes per partition in a fetch response (consumers; "
+    "default: max_buffer_bytes / 16, at most 1 MiB)",
     "request.timeout.ms": "how long a request may wait for its answer",
     "metadata.max.age.ms": "metadata refresh interval",
     "retry.backoff.ms": "wait before a retry",
@@ -83,6 +87,10 @@ _INT_SETTINGS = {
     "metadata.max.age.ms": "metadata_max_age_ms",
     "retry.backoff.ms": "retry_backoff_ms",
     "connections.max.idle.ms": "connections_max_idle_ms",
+}
+_FETCH_SETTINGS = {
+    "fetch.max.bytes": "fetch_max_bytes",
+    "max.partition.fetch.bytes": "max_partition_fetch_bytes",
 }
 _TLS_NAMES = TlsNames(
     ca="ssl.ca.location",
@@ -227,7 +235,7 @@ class KafkaSettings:
             raise KafkaConfigError(
                 f"isolation.level={isolation!r}: expected one of {ISOLATION_LEVELS}"
             )
-        for name in _INT_SETTINGS:
+        for name in (*_INT_SETTINGS, *_FETCH_SETTINGS):
             if name in props and not props[name].isdigit():
                 raise KafkaConfigError(f"{name}={props[name]!r}: expected a whole number")
         if sasl:
@@ -312,8 +320,13 @@ class KafkaSettings:
 
     def consumer_options(self) -> dict[str, Any]:
         """For AIOKafkaConsumer: also the isolation level (read_committed by default:
-        records of aborted transactions are never handed to a handler)."""
-        return {**self.client_options(), "isolation_level": self.isolation_level}
+        records of aborted transactions are never handed to a handler) and the fetch
+        sizes when they are set."""
+        options = {**self.client_options(), "isolation_level": self.isolation_level}
+        for name, option in _FETCH_SETTINGS.items():
+            if name in self.properties:
+                options[option] = int(self.properties[name])
+        return options
 
     def admin_options(self) -> dict[str, Any]:
         """For AIOKafkaAdminClient, which takes no metadata age or idle settings."""

@@ -14,12 +14,21 @@ HOLD = 20.0
 T0 = 1000.0  # loop time of the last beat that got through
 
 
-def judge(now: float, view: BeatPartitionView, *, others_alive: bool = True) -> Verdict:
+def judge(
+    now: float,
+    view: BeatPartitionView,
+    *,
+    others_alive: bool = True,
+    others_heard_at: float | None = T0 + 0.5,
+) -> Verdict:
+    """By default the others' beats still arrive while ours do not: this replica is the
+    odd one out, and only the beat partition's metadata can tell of a failover."""
     return standing(
         now=now,
         last_beat_at=T0,
         view=view,
         others_alive=others_alive,
+        others_heard_at=others_heard_at,
         replica_timeout_s=TIMEOUT,
         hold_limit_s=HOLD,
     )
@@ -129,3 +138,31 @@ def test_the_first_answer_elects_nobody() -> None:
     first = BeatPartitionView().seen(T0 + 1.0, 3, True)
     assert first.leader_since < T0
     assert judge(T0 + 1.0, first).standing is Standing.CUT_OFF
+
+
+def test_a_silence_every_replica_shares_is_kafkas_before_the_metadata_shows_it() -> None:
+    """The beat partition's leader looks fine in the last answer (Kafka has not noticed
+    the crash yet, or the answer came before the election), but nobody's beats arrive:
+    holding. Once another replica's beat is read while ours still are not, this one is
+    the odd one out and lets go."""
+    answered = led_by(1).seen(T0 + 0.9, 1, True)
+    for heard in (None, T0 - 0.3, T0):
+        verdict = judge(T0 + 1.0, answered, others_heard_at=heard)
+        assert verdict.standing is Standing.HOLDING, heard
+        assert "has carried no replica's beat since ours stopped" in verdict.reason
+    assert judge(T0 + 1.0, answered, others_heard_at=T0 + 0.2).standing is Standing.CUT_OFF
+
+
+def test_a_shared_silence_needs_an_answer_and_ends_with_the_hold_limit() -> None:
+    """An isolated replica hears neither the others nor the cluster: cut off, as before."""
+    assert judge(T0 + 1.0, led_by(1), others_heard_at=T0 - 1.0).standing is Standing.CUT_OFF
+    late = led_by(1).seen(T0 + HOLD, 1, True)
+    verdict = judge(T0 + HOLD, late, others_heard_at=T0 - 1.0)
+    assert verdict.standing is Standing.CUT_OFF
+    assert "lasted longer than 20 s" in verdict.reason
+
+
+def test_a_lone_replica_has_no_silence_to_share() -> None:
+    answered = led_by(1).seen(T0 + 2.9, 1, True)
+    verdict = judge(T0 + 3.0, answered, others_alive=False, others_heard_at=None)
+    assert verdict.standing is Standing.CUT_OFF

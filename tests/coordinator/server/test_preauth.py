@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import struct
 from typing import Any
 
 import pytest
 
+from keyshard.coordinator.server.admission import ConnectionLimits
 from keyshard.coordinator.server.listener import CoordinatorServer
 from keyshard.core.protocol.channel import Channel, RemoteError
 from keyshard.core.protocol.codec import PRE_AUTH_MAX_FRAME_BYTES, PROTOCOL_VERSION, encode
@@ -125,6 +127,9 @@ async def test_a_register_refused_by_the_screen_is_the_clients_fatal_refusal() -
         await channel.aclose()
 
 
+_SOCKET_BUFFER = 1 << 16
+
+
 def _the_connection(server: CoordinatorServer) -> Channel:
     (channel,) = server._channels
     return channel
@@ -134,10 +139,25 @@ async def test_an_unregistered_peer_that_does_not_read_is_not_read_either() -> N
     """Metadata requests sent without ever reading the answers: the coordinator stops
     reading the connection instead of queueing answers without end, and answers all of
     them once the peer reads."""
-    async with running_coordinator() as server:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    # What the test reads takes a while on a busy machine: not the registration
+    # deadline's business here.
+    async with running_coordinator(ConnectionLimits(register_timeout_ms=120_000)) as server:
+        # Small socket buffers on both ends, fixed (no autotuning: Linux grows a
+        # receive buffer up to tcp_rmem's maximum, 32 MB on some hosts, which would
+        # take every answer and leave nothing for the coordinator to hold back).
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.port))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        await until(lambda: bool(server._channels), "the coordinator has the connection")
+        served = _the_connection(server)._transport
+        assert served is not None
+        served.get_extra_info("socket").setsockopt(
+            socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER
+        )
         request = encode(MetadataRequest(correlation_id=1))
-        count = 50_000  # ~3 MB of answers, more than the socket buffers hold
+        count = 20_000  # ~1.2 MB of answers, several times what the socket buffers hold
         writer.write(request * count)
         channel: Channel | None = None
 
