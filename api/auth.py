@@ -66,9 +66,18 @@ class AdminAuth:
             return found
         if self.jwt is not None and self.jwt.accepts(given):
             try:
-                return await self.jwt.principal(given)
+                principal = await self.jwt.principal(given)
             except AuthenticationFailed as err:
                 raise AdminAuthError(403, "forbidden", str(err)) from None
+            if principal == ADMIN_TOKEN_PRINCIPAL:
+                # Operator of every group is the --admin-token's alone: an issuer's user
+                # that happens to be called so is not made it.
+                raise AdminAuthError(
+                    403,
+                    "forbidden",
+                    f"a JWT may not name {ADMIN_TOKEN_PRINCIPAL}, the --admin-token's holder",
+                )
+            return principal
         raise AdminAuthError(403, "forbidden", "wrong admin token")
 
     async def check(

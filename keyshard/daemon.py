@@ -58,7 +58,8 @@ class DaemonConfig:
     authorizer: str = "none"
     acl_file: str | None = None
     acl_cache_ms: int = DEFAULT_ACL_CACHE_MS
-    admin_token: str | None = None  # bearer token for admin mutations (and reads if below)
+    # Bearer token for admin mutations (and reads if below); a secret, kept out of repr().
+    admin_token: str | None = field(default=None, repr=False)
     admin_auth_reads: bool = False
     # Admin principals and roles (keyshard.api.auth); None: from the two settings above.
     admin_auth: AdminAuth | None = None

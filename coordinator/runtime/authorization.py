@@ -141,6 +141,11 @@ class ClusterAclAuthorizer:
             return await asyncio.shield(read)
         except StoreError as err:
             raise AuthorizationUnavailable(str(err)) from None
+        except Exception as err:
+            # Whatever else the read fails with decides nothing either: refused, said.
+            raise AuthorizationUnavailable(
+                f"cannot read the cluster's ACLs: {type(err).__name__}: {err}"
+            ) from None
 
     async def _read(self, resource: ResourceType) -> tuple[AclBinding, ...]:
         started = self._clock()

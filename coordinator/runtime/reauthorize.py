@@ -9,7 +9,9 @@ with AUTHORIZATION_FAILED. So positions, and the offsets committed from them, co
 from members whose principal may read the group.
 
 Only a definite refusal fences: ACLs that cannot be read leave every member as it is.
-Members of one group that share a principal and an address are asked about once.
+A member without a channel is left to its next Register: it reports nothing meanwhile,
+and an ACL naming a host cannot be judged without the member's address. Members of one
+group that share a principal and an address are asked about once.
 """
 
 from __future__ import annotations
@@ -52,13 +54,14 @@ async def reauthorize(runtime: Members) -> int:
         verdicts: dict[tuple[str, str], str | None] = {}
         for member_id, member in list(state.members.items()):
             channel = runtime.channels.get((group, member_id))
-            host = channel.peer_host if channel is not None else "?"
-            key = (member.principal, host)
+            if channel is None:
+                continue
+            key = (member.principal, channel.peer_host)
             if key not in verdicts:
                 try:
                     principal = parse_principal(member.principal)
                     verdicts[key] = await runtime.authorizer.refusal(
-                        principal, host, group, state.topics
+                        principal, channel.peer_host, group, state.topics
                     )
                 except (AuthorizationUnavailable, IdentityConfigError) as err:
                     log.warning("cannot authorize the members of group %s again: %s", group, err)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import jwt
 
 from keyshard.coordinator.server.authentication import AuthenticationFailed
-from keyshard.core.security.identity import Principal, user
+from keyshard.core.security.identity import IdentityConfigError, Principal, user
 
 #: Asymmetric algorithms only: a JWKS publishes public keys; HS256 with a public key
 #: as its secret is the classic forgery.
@@ -43,12 +43,27 @@ class JwtSettings:
 class JwtVerifier:
     def __init__(self, settings: JwtSettings) -> None:
         self.settings = settings
-        self._keys = jwt.PyJWKClient(
-            settings.jwks_url,
-            lifespan=settings.jwks_refresh_s,
-            timeout=settings.fetch_timeout_s,
-            cooldown_duration=settings.unknown_key_cooldown_s,
-        )
+        try:
+            self._keys = jwt.PyJWKClient(
+                settings.jwks_url,
+                lifespan=settings.jwks_refresh_s,
+                timeout=settings.fetch_timeout_s,
+                cooldown_duration=settings.unknown_key_cooldown_s,
+            )
+        except jwt.PyJWTError as err:  # an address that is no http(s) URL
+            raise IdentityConfigError(f"--jwt-jwks-url {settings.jwks_url!r}: {err}") from None
+
+    def check_key_set(self) -> None:
+        """Read the key set once, at start: an address that serves none (a typo, an issuer
+        this host cannot reach, a page that is no JWKS) stops the coordinator with one
+        line instead of refusing every consumer's JWT later. It blocks: call it before the
+        event loop runs."""
+        try:
+            self._keys.get_signing_keys()
+        except (jwt.PyJWTError, ValueError) as err:  # ValueError: a body that is no JSON
+            raise IdentityConfigError(
+                f"--jwt-jwks-url {self.settings.jwks_url}: no key set read from it: {err}"
+            ) from None
 
     def accepts(self, token: str) -> bool:
         return _JWT_SHAPE.fullmatch(token) is not None

@@ -145,6 +145,9 @@ def authentication_from(args: argparse.Namespace) -> Authentication:
                 principal_claim=args.jwt_principal_claim,
             )
         )
+        jwt.check_key_set()
+    elif args.jwt_issuer or args.jwt_audience:
+        raise ValueError("--jwt-issuer and --jwt-audience check JWTs: give --jwt-jwks-url too")
     return Authentication(
         shared_token=args.auth_token,
         shared_principal=parse_principal(

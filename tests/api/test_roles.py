@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from keyshard.api.app import create_app
@@ -86,6 +87,21 @@ MUTATIONS = [
         "reset the positions of",
     ),
 ]
+
+
+def test_every_state_changing_route_is_one_checked_here() -> None:
+    """A route added later that changes state fails this until MUTATIONS checks it."""
+    app = create_app(fake_runtime(), auth=AdminAuth(token="Zq9-admin", roles=ROLES))
+    changing = {
+        (method, route.path)
+        for route in app.routes
+        if isinstance(route, APIRoute)
+        for method in route.methods or ()
+        if method in {"POST", "PUT", "PATCH", "DELETE"}
+    }
+    checked = {(m.upper(), f"/v1/groups/{{group}}/{p}") for m, p, _, _ in MUTATIONS}
+    checked = {(m, p.replace("members/a-1", "members/{member}")) for m, p in checked}
+    assert changing == checked
 
 
 @pytest.mark.parametrize(("method", "path", "body", "action"), MUTATIONS)

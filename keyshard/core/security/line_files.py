@@ -14,6 +14,15 @@ def fields_by_line(
     text: str, source: str, error: type[ValueError]
 ) -> Iterator[tuple[str, list[str]]]:
     """(`<source> line <n>`, its fields) for each line that has any."""
+    for where, fields, _ in lines_with_fields(text, source, error):
+        yield where, fields
+
+
+def lines_with_fields(
+    text: str, source: str, error: type[ValueError]
+) -> Iterator[tuple[str, list[str], str]]:
+    """(`<source> line <n>`, its fields, the line as written) for each line that has any
+    fields: for a reader that must tell a field as written from one the quoting changed."""
     for number, line in enumerate(text.splitlines(), start=1):
         where = f"{source} line {number}"
         try:
@@ -21,7 +30,7 @@ def fields_by_line(
         except ValueError:
             raise error(f"{where}: unbalanced quotes") from None
         if fields:
-            yield where, fields
+            yield where, fields, line
 
 
 def read_line_file(path: str, flag: str, error: type[ValueError]) -> str:

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from keyshard.core.security.identity import IdentityConfigError, Principal, parse_principal
-from keyshard.core.security.line_files import fields_by_line, read_line_file
+from keyshard.core.security.line_files import lines_with_fields, read_line_file
 
 _DIGEST = re.compile(r"sha256:([0-9a-fA-F]{64})")
 
@@ -49,13 +49,27 @@ def parse_token_lines(text: str, source: str) -> TokenTable:
     """The table a token file's text gives; `source` names it in errors."""
     entries: list[tuple[bytes, Principal]] = []
     seen: dict[bytes, str] = {}
-    for where, fields in fields_by_line(text, source, IdentityConfigError):
+    for where, fields, line in lines_with_fields(text, source, IdentityConfigError):
         if len(fields) != 2:
             raise IdentityConfigError(
                 f"{where}: expected '<principal> <token>' or '<principal> sha256:<hex>' "
                 f"({len(fields)} fields)"
             )
-        principal = parse_principal(fields[0], setting=where)
+        try:
+            principal = parse_principal(fields[0], setting=where)
+        except IdentityConfigError:
+            # The field is not repeated: a line written token first would show the token.
+            raise IdentityConfigError(
+                f"{where}: its first field is not a principal: write '<principal> <token>', "
+                "the principal as Kafka does, <type>:<name> (e.g. User:alice)"
+            ) from None
+        if fields[1] not in line.split():
+            # The quoting changed it (`a#b` reads as `a`, `a\\b` as `ab`): the token taken
+            # would not be the one written, and `a` alone would pass for it.
+            raise IdentityConfigError(
+                f"{where}: the token is not read as written (a '#', a backslash or a quote "
+                "in it): give its sha256: digest instead"
+            )
         digest_hex = _DIGEST.fullmatch(fields[1])
         if digest_hex is not None:
             digest = bytes.fromhex(digest_hex.group(1))

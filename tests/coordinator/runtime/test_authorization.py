@@ -71,7 +71,7 @@ class Cluster:
         self.reads: list[ResourceType] = []
         self.gate = asyncio.Event()
         self.gate.set()
-        self.failure: StoreError | None = None
+        self.failure: Exception | None = None
 
     async def describe(self, resource: ResourceType) -> tuple[AclBinding, ...]:
         self.reads.append(resource)
@@ -122,3 +122,17 @@ async def test_a_refusal_is_authorization_failed_naming_principal_group_and_perm
         ErrorCode.AUTHORIZATION_FAILED,
         "User:alice may not join group 'b': it lacks Read on Group 'b' (no ACL allows it)",
     )
+
+
+async def test_any_failure_to_read_the_clusters_acls_refuses_and_says_so() -> None:
+    cluster = Cluster()
+    cluster.failure = RuntimeError("the admin client is closed")
+    authorizer = ClusterAclAuthorizer(cluster.describe, cache_s=10)
+    verdict = await register_verdict(authorizer, ALICE, "h", "a", [])
+    assert verdict == (
+        ErrorCode.INTERNAL,
+        "cannot authorize the Register now: cannot read the cluster's ACLs: RuntimeError: "
+        "the admin client is closed",
+    )
+    cluster.failure = None  # read again at the next Register, not a cached failure
+    assert await register_verdict(authorizer, ALICE, "h", "a", []) is None

@@ -5,6 +5,7 @@ addressed tokens are refused naming the check."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -14,11 +15,13 @@ from typing import Any
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
+from fastapi.security import HTTPAuthorizationCredentials
 from jwt.algorithms import RSAAlgorithm
 
+from keyshard.api.auth import AdminAuth, AdminAuthError
 from keyshard.coordinator.server.authentication import Authentication, AuthenticationFailed
 from keyshard.coordinator.server.jwt_identity import JwtSettings, JwtVerifier
-from keyshard.core.security.identity import user
+from keyshard.core.security.identity import IdentityConfigError, user
 
 ISSUER = "https://issuer.example"
 
@@ -126,3 +129,33 @@ async def test_an_unreachable_issuer_is_said(issuer: tuple[Issuer, str]) -> None
     check = JwtVerifier(JwtSettings("http://127.0.0.1:9/jwks.json", fetch_timeout_s=1))
     with pytest.raises(AuthenticationFailed, match=r"key set at .* is unreachable"):
         await check.principal(state.token())
+
+
+def test_the_key_set_is_read_at_start_and_one_that_is_not_there_is_said(
+    issuer: tuple[Issuer, str],
+) -> None:
+    state, url = issuer
+    verifier(url).check_key_set()
+    assert state.fetches == 1
+    state.jwks = {"keys": []}
+    with pytest.raises(IdentityConfigError, match=r"--jwt-jwks-url .*: no key set read from it"):
+        verifier(url).check_key_set()
+    with pytest.raises(IdentityConfigError, match="no key set read from it"):
+        verifier("http://127.0.0.1:9/jwks.json").check_key_set()
+    with pytest.raises(
+        IdentityConfigError, match=re.escape("--jwt-jwks-url 'file:///etc/jwks.json'")
+    ):
+        verifier("file:///etc/jwks.json")
+
+
+async def test_a_jwt_cannot_name_the_admin_token_holder(issuer: tuple[Issuer, str]) -> None:
+    state, url = issuer
+    auth = AdminAuth(jwt=verifier(url))
+    bearer = HTTPAuthorizationCredentials(scheme="Bearer", credentials=state.token())
+    assert await auth.principal(bearer) == user("team-a")
+    forged = HTTPAuthorizationCredentials(
+        scheme="Bearer", credentials=state.token(sub="keyshard-admin")
+    )
+    with pytest.raises(AdminAuthError, match="may not name User:keyshard-admin") as caught:
+        await auth.principal(forged)
+    assert caught.value.status_code == 403

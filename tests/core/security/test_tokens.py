@@ -32,10 +32,16 @@ def test_each_token_names_its_principal_plain_or_as_a_digest() -> None:
     [
         ("User:a", r"tokens line 1: expected '<principal> <token>'"),
         ("User:a Zq9-tok extra", r"line 1: expected .*\(3 fields\)"),
-        ("alice tok", r"line 1: 'alice' is not a principal"),
+        ("alice tok", r"line 1: its first field is not a principal"),
+        # Written token first: refused without repeating the token.
+        ("Zq9-tok User:a", r"line 1: its first field is not a principal"),
         ("User:a sha256:abc", r"line 1: a sha256: digest is 64 hexadecimal digits"),
         ("User:a Zq9-same\nUser:b Zq9-same", r"line 2: the same token as tokens line 1"),
         ("User:a 'Zq9-open", r"line 1: unbalanced quotes"),
+        # The quoting would change the token: `Zq9-a` alone would pass for `Zq9-a#b`.
+        ("User:a Zq9-a#b", r"line 1: the token is not read as written"),
+        ("User:a Zq9-a\\b", r"line 1: the token is not read as written"),
+        ("User:a 'Zq9-a b'", r"line 1: the token is not read as written"),
         ("# nothing\n", r"tokens: no tokens in it"),
     ],
 )
