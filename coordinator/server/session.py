@@ -14,8 +14,9 @@ import logging
 from enum import StrEnum
 from typing import Any
 
+from keyshard.coordinator.runtime.errors import CoordinatorError
 from keyshard.coordinator.runtime.location import Replicas
-from keyshard.coordinator.runtime.runtime import CoordinatorError, CoordinatorRuntime
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.coordinator.server.authentication import Authentication, AuthenticationFailed
 from keyshard.core.protocol.channel import Channel
 from keyshard.core.protocol.messages import (
