@@ -256,6 +256,15 @@ def test_service_monitor_scrapes_metrics_with_the_admin_token() -> None:
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
+def test_service_monitor_scrapes_with_a_viewers_token_when_given_one() -> None:
+    viewer = {"serviceMonitor": {"tokenSecret": {"name": "monitoring", "key": "viewer-token"}}}
+    (endpoint,) = find(manifests(merged(FULL, viewer)), "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["authorization"]["credentials"] == {
+        "name": "monitoring",
+        "key": "viewer-token",
+    }
+
+
 def test_tls_files_are_mounted_where_the_daemon_reads_them() -> None:
     """Each TLS variable names a file inside the volume of its Secret; the probes and
     the ServiceMonitor speak HTTPS to an HTTPS admin API."""
@@ -468,6 +477,10 @@ def test_a_bad_values_file_is_refused(tmp_path: Path) -> None:
         (
             merged(MINIMAL, {"tls": {"requireClientCert": True}}),
             "tls.requireClientCert needs tls.existingSecret",
+        ),
+        (
+            merged(MINIMAL, {"serviceMonitor": {"tokenSecret": {"name": "monitoring"}}}),
+            "serviceMonitor.tokenSecret.name needs serviceMonitor.tokenSecret.key",
         ),
     ],
 )

@@ -120,6 +120,9 @@ the same rules as values.schema.json, with the reason.
 {{- if and .Values.config.adminAuthReads (ne (include "keyshard.hasAdminToken" .) "true") }}
 {{- fail "config.adminAuthReads needs an admin token: set auth.adminToken, or auth.existingSecret with auth.adminTokenKey" }}
 {{- end }}
+{{- if and .Values.serviceMonitor.tokenSecret.name (not .Values.serviceMonitor.tokenSecret.key) }}
+{{- fail "serviceMonitor.tokenSecret.name needs serviceMonitor.tokenSecret.key: the key of the scrape token in that Secret" }}
+{{- end }}
 {{- if and (eq .Values.access.authorizer "acl-file") (not .Values.access.acls) }}
 {{- fail "access.authorizer acl-file needs access.acls: the ACLs, a line each" }}
 {{- end }}
