@@ -252,6 +252,8 @@ def replay(state: GroupState, record: Record) -> None:
             state.config = record.config
         case AdminActed(entry):
             state.audit.append(entry)
+            state.next_audit_seq = entry.seq + 1
+            state.log_version += 1  # the trail is stored with the group
         case PartitionsChanged():
             kept = set(record.partitions)
             for tp in [tp for tp in state.partitions if tp not in kept]:

@@ -235,6 +235,9 @@ class AuditEntry:
     principal: str
     action: str  # "config", "rebalance", "fence", "reset"
     detail: str
+    # Its place in the group's trail, counted from 0 and carried over by a replica
+    # taking the group over: the order of the stored entries, and their log keys.
+    seq: int = 0
 
 
 @dataclass(slots=True)
@@ -287,6 +290,7 @@ class GroupState:
     handoffs: deque[Handoff] = field(default_factory=lambda: deque(maxlen=MAX_HANDOFF_HISTORY))
     # The latest admin changes, oldest first (coordinator.runtime.operations.audit).
     audit: deque[AuditEntry] = field(default_factory=lambda: deque(maxlen=MAX_AUDIT_HISTORY))
+    next_audit_seq: int = 0  # the `seq` of the next entry
     next_handoff_id: int = 1
     inputs_version: int = 0  # bumped by whatever should make the target be recomputed
     target_version: int = -1

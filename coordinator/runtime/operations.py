@@ -104,9 +104,11 @@ def update_config(runtime: CoordinatorRuntime, group: str, **knobs: Any) -> Grou
 def audit(
     runtime: CoordinatorRuntime, group: str, principal: str, action: str, detail: str
 ) -> None:
-    """Record a state-changing admin call with the group's state and in the log."""
+    """Record a state-changing admin call in the group's audit trail (stored with its
+    state, coordinator.runtime.durability) and in a log line."""
     at_ms = int(runtime.wall_clock() * 1000)
-    entry = AuditEntry(at_ms, principal, action, detail)
+    seq = group_state(runtime, group).next_audit_seq
+    entry = AuditEntry(at_ms, principal, action, detail, seq)
     runtime.apply_records(group, [AdminActed(entry)], reconcile=False)
     log.info("admin: %s %s group %s: %s", principal, action, group, detail)
 

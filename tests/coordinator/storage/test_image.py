@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+from keyshard.coordinator.group.state import MAX_AUDIT_HISTORY, AuditEntry
 from keyshard.coordinator.storage.image import PartitionImage
 from keyshard.coordinator.storage.log_format import (
+    AuditRecord,
     EpochMarker,
     MemberRecord,
     PositionsChunk,
@@ -157,3 +159,22 @@ def test_a_reset_marker_of_a_fenced_writer_is_ignored() -> None:
     image.apply(2, ResetMarker("g", TP, RangeSet.full(), Position(0), epoch=1))
     assert image.fenced_records == 1
     assert image.groups()["g"].positions[TP].minimum_offset() == 900
+
+
+def test_the_audit_trail_keeps_the_last_entries_in_order_and_fenced_writers_add_none() -> None:
+    def entry(seq: int) -> AuditRecord:
+        return AuditRecord(
+            "g", AuditEntry(1000 + seq, "User:ops", "fence", f"member m{seq}", seq), 1
+        )
+
+    assert decode(entry(7).key, encode(entry(7))) == entry(7)
+    image = PartitionImage(0)
+    image.apply(0, EpochMarker(0, 1, "a", "a:1", "http://a:2"))
+    # More entries than the trail keeps: each takes the key of the one it supersedes.
+    for seq in range(MAX_AUDIT_HISTORY + 3):
+        image.apply(seq + 1, entry(seq))
+    assert len({entry(seq).key for seq in range(MAX_AUDIT_HISTORY + 3)}) == MAX_AUDIT_HISTORY
+    image.apply(500, EpochMarker(0, 2, "b", "b:1", "http://b:2"))
+    image.apply(501, entry(MAX_AUDIT_HISTORY + 3))  # epoch 1, after the marker of 2
+    trail = image.groups()["g"].audit
+    assert [e.seq for e in trail] == list(range(3, MAX_AUDIT_HISTORY + 3))
