@@ -42,9 +42,14 @@ class Members(Protocol):
 
 
 async def reauthorize_loop(runtime: Members, interval_s: float) -> None:
+    """`reauthorize` every `interval_s`, for as long as the runtime serves: a round that
+    fails is said and the next one runs, as revocations must go on reaching members."""
     while True:
         await asyncio.sleep(interval_s)
-        await reauthorize(runtime)
+        try:
+            await reauthorize(runtime)
+        except Exception:
+            log.exception("authorizing the members again failed; trying again in %g s", interval_s)
 
 
 async def reauthorize(runtime: Members) -> int:
