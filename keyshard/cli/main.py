@@ -13,11 +13,6 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from keyshard.cli.access_flags import (
-    admin_auth_from,
-    authentication_from,
-    check_authorization,
-)
 from keyshard.cli.bound_flags import bounds_from
 from keyshard.cli.endpoint_tls import endpoint_tls
 from keyshard.cli.extras import require_server_extra
@@ -102,6 +97,7 @@ def kafka_settings(config_file: str | None, environ: Mapping[str, str]) -> Kafka
 def _run_coordinator(args: argparse.Namespace) -> int:
     """Run the daemon until SIGINT/SIGTERM; with no Kafka named (--bootstrap-servers or
     bootstrap.servers) on an embedded broker, started first and stopped last."""
+    from keyshard.cli.access import admin_auth_from, authentication_from, check_authorization
     from keyshard.coordinator.storage.signing import ReplicaSecret, SecretError
     from keyshard.local.broker import BrokerError, embedded_broker
 
