@@ -18,10 +18,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from keyshard.api.auth import AdminAuth, AdminAuthError
+from keyshard.api.auth import AdminAuth, AdminAuthError, caller_of
 from keyshard.api.forward import FORWARDED_BY, Forwarder
 from keyshard.api.metrics import metrics_registry, render
 from keyshard.api.models import (
+    AuditView,
     ErrorView,
     FenceView,
     GroupConfigUpdate,
@@ -37,6 +38,7 @@ from keyshard.api.models import (
     ReadyView,
     RebalanceView,
     ServedByView,
+    audit_view,
     config_view,
     group_view,
     handoffs_view,
@@ -44,6 +46,7 @@ from keyshard.api.models import (
     summary_view,
 )
 from keyshard.api.rates import ProcessedRates
+from keyshard.api.roles import Role
 from keyshard.coordinator.runtime import operations
 from keyshard.coordinator.runtime.location import Replicas, Standalone
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
@@ -101,10 +104,12 @@ def create_app(
     admin_token: str | None = None,
     auth_reads: bool = False,
     peer_verify: ssl.SSLContext | bool = True,
+    auth: AdminAuth | None = None,
 ) -> FastAPI:
     """The admin app of one replica. `replicas` says where groups served elsewhere are
     (their requests are forwarded there); `peer_verify` is how the other replicas' HTTPS
-    certificates are checked."""
+    certificates are checked. `auth` (principals and roles) replaces `admin_token` and
+    `auth_reads` when given."""
     forwarder = Forwarder(runtime, replicas or Standalone(runtime), peer_verify)
     # /docs (Swagger UI) and /redoc with their scripts served from this Python
     # environment (fastapi-offline ships them): they work where no CDN can be reached.
@@ -116,8 +121,8 @@ def create_app(
     )
     app.state.forwarder = forwarder  # its client is closed by whoever serves the app
     app.middleware("http")(forwarder.dispatch)
-    auth = AdminAuth(admin_token, auth_reads)
-    read, mutate = auth.for_reads(), auth.for_mutations()
+    auth = auth or AdminAuth(admin_token, auth_reads)
+    view = auth.for_group(Role.VIEWER, "view group {group!r}")
     registry = metrics_registry(runtime)
     rates = ProcessedRates()
     dashboard = (
@@ -173,7 +178,7 @@ def create_app(
     @app.get(
         "/metrics",
         response_model=None,
-        dependencies=[read],
+        dependencies=[auth.for_every_group(Role.VIEWER, "read the metrics of every group")],
         responses={
             200: {
                 "description": "Prometheus text exposition format",
@@ -189,7 +194,7 @@ def create_app(
     @app.get(
         "/v1/groups",
         response_model=GroupsView,
-        dependencies=[read, only_query("scope")],
+        dependencies=[auth.for_listing(), only_query("scope")],
         responses={**AUTH_ERRORS, **QUERY_ERRORS},
     )
     async def list_groups(
@@ -199,9 +204,14 @@ def create_app(
         ),
     ) -> GroupsView:
         """Every group, with a one-line summary each and the replica that serves it
-        (asked of the other replicas unless scope=local)."""
-        groups = runtime.group_states()
-        summaries = [summary_view(groups[g], forwarder.me) for g in sorted(groups)]
+        (asked of the other replicas unless scope=local). With protected reads, only the
+        groups the caller has a role on."""
+        groups, caller = runtime.group_states(), caller_of(request)
+        summaries = [
+            summary_view(groups[g], forwarder.me)
+            for g in sorted(groups)
+            if auth.may_view(caller, g)
+        ]
         unreachable: list[str] = []
         unverified: list[str] = []
         if scope == "all" and not request.headers.get(FORWARDED_BY):
@@ -220,7 +230,7 @@ def create_app(
     @app.get(
         "/v1/groups/{group}",
         response_model=GroupView,
-        dependencies=[read],
+        dependencies=[view],
         responses=GROUP_ERRORS,
     )
     async def get_group(group: str) -> GroupView:
@@ -237,30 +247,41 @@ def create_app(
     @app.put(
         "/v1/groups/{group}/config",
         response_model=GroupConfigView,
-        dependencies=[mutate],
+        dependencies=[auth.for_group(Role.OPERATOR, "change the config of group {group!r}")],
         responses={
             **GROUP_ERRORS,
             400: {"model": ErrorView, "description": "body is not JSON"},
         },
     )
-    async def put_config(group: str, update: GroupConfigUpdate) -> GroupConfigView:
+    async def put_config(
+        group: str,
+        update: GroupConfigUpdate,
+        http: Request,
+    ) -> GroupConfigView:
         """Change a group's knobs at run time: assignor, drain timeout, lost-member margin,
         ping interval, stall timeout, rebalance threshold / hold / check interval, and
         where the group starts while it has no positions (auto_offset_reset). A new
         assignor takes effect at once (the target is recomputed)."""
         state_of(group)
-        config = operations.update_config(runtime, group, **update.model_dump())
+        changes = update.model_dump(exclude_none=True)
+        config = operations.update_config(runtime, group, **changes)
+        operations.audit(runtime, group, str(caller_of(http)), "config", _described(changes))
         return config_view(config)
 
     @app.post(
         "/v1/groups/{group}/rebalance",
         response_model=RebalanceView,
-        dependencies=[mutate],
+        dependencies=[auth.for_group(Role.OPERATOR, "rebalance group {group!r}")],
         responses=GROUP_ERRORS,
     )
-    async def post_rebalance(group: str) -> RebalanceView:
+    async def post_rebalance(
+        group: str,
+        http: Request,
+    ) -> RebalanceView:
         """Recompute the target assignment now; moved slots are handed off as usual."""
         outcome = operations.rebalance(runtime, group)
+        detail = f"{outcome.moved_slots()} slot(s) moved"
+        operations.audit(runtime, group, str(caller_of(http)), "rebalance", detail)
         return RebalanceView(
             group=group,
             moved_slots=outcome.moved_slots(),
@@ -270,19 +291,24 @@ def create_app(
     @app.delete(
         "/v1/groups/{group}/members/{member}",
         response_model=FenceView,
-        dependencies=[mutate],
+        dependencies=[auth.for_group(Role.OPERATOR, "fence a member of group {group!r}")],
         responses=GROUP_ERRORS,
     )
-    async def delete_member(group: str, member: str) -> FenceView:
+    async def delete_member(
+        group: str,
+        member: str,
+        http: Request,
+    ) -> FenceView:
         """Fence a member: its channel is closed, and its ranges move once it must have
         stopped on its own (session timeout + margin), never earlier."""
         operations.fence(runtime, group, member)
+        operations.audit(runtime, group, str(caller_of(http)), "fence", f"member {member}")
         return FenceView(group=group, member_id=member, fenced=True)
 
     @app.post(
         "/v1/groups/{group}/positions/reset",
         response_model=PositionsResetView,
-        dependencies=[mutate],
+        dependencies=[auth.for_group(Role.OPERATOR, "reset the positions of group {group!r}")],
         responses={
             **GROUP_ERRORS,
             400: {"model": ErrorView, "description": "body is not JSON"},
@@ -293,7 +319,9 @@ def create_app(
         },
     )  # fmt: skip
     async def post_positions_reset(
-        group: str, request: PositionsResetRequest
+        group: str,
+        request: PositionsResetRequest,
+        http: Request,
     ) -> PositionsResetView:
         """Reset the group's positions, as `kafka-consumer-groups --reset-offsets`: to the
         earliest or latest offset, an offset, a time's first offset, or the group's
@@ -310,12 +338,16 @@ def create_app(
             )  # fmt: skip
         except operations.ResetRefusedError as err:
             raise StarletteHTTPException(409, str(err)) from None
+        if request.execute:
+            scope = request.model_dump(include={"topic", "partition"}, exclude_none=True)
+            detail = f"to {target}" + (f" ({_described(scope)})" if scope else "")
+            operations.audit(runtime, group, str(caller_of(http)), "reset", detail)
         return positions_reset_view(group, target, moves, request.execute)
 
     @app.get(
         "/v1/groups/{group}/keys/{key:path}",
         response_model=KeyView,
-        dependencies=[read, only_query("topic")],
+        dependencies=[view, only_query("topic")],
         responses={**GROUP_ERRORS, **QUERY_ERRORS},
     )
     async def get_key(
@@ -344,7 +376,7 @@ def create_app(
     @app.get(
         "/v1/groups/{group}/handoffs",
         response_model=HandoffsView,
-        dependencies=[read],
+        dependencies=[view],
         responses=GROUP_ERRORS,
     )
     async def get_handoffs(group: str) -> HandoffsView:
@@ -352,4 +384,19 @@ def create_app(
         draining with the offset that blocks it."""
         return handoffs_view(state_of(group), runtime.clock())
 
+    @app.get(
+        "/v1/groups/{group}/audit",
+        response_model=AuditView,
+        dependencies=[view],
+        responses=GROUP_ERRORS,
+    )
+    async def get_audit(group: str) -> AuditView:
+        """The latest state-changing admin calls on the group (newest first): who made
+        each (its principal), what it changed, and when."""
+        return audit_view(state_of(group))
+
     return app
+
+
+def _described(fields: dict[str, Any]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in sorted(fields.items())) or "nothing"

@@ -1,21 +1,36 @@
-"""Bearer-token checks for the admin API.
+"""Who is calling the admin API, and may they do this to that group.
 
-The admin token is separate from the consumers' Register token: handing a consumer its
-credentials must not let it fence other members. Mutations always need the token; reads
-only when the daemon runs with `--admin-auth-reads`. Without a configured admin token,
-mutations are refused outright rather than left open: an admin port reachable from the
+A bearer token names a principal: the shared `--admin-token` (`User:keyshard-admin`,
+operator of every group), a per-principal token of `--admin-tokens-file`, or a JWT
+verified as consumers' are (`--jwt-jwks-url`). Roles scoped to groups
+(`keyshard.api.roles`) decide what it may do. The admin credentials are separate from the
+consumers' Register token: handing a consumer its credentials must not let it fence other
+members.
+
+Changes always need a principal with the operator role on the group; reads need the
+viewer role only with `--admin-auth-reads`. With no admin credentials configured at all,
+changes are refused outright rather than left open: an admin port reachable from the
 network must not let anyone rebalance or fence.
 """
 
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from fastapi import Depends, params
+from fastapi import Depends, Request, params
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-bearer = HTTPBearer(auto_error=False, description="the daemon's --admin-token")
+from keyshard.api.roles import ADMIN_TOKEN_PRINCIPAL, AdminRoles, Role
+from keyshard.coordinator.server.authentication import AuthenticationFailed, TokenVerifier
+from keyshard.core.security.identity import Principal
+from keyshard.core.security.tokens import TokenTable
+
+bearer = HTTPBearer(
+    auto_error=False,
+    description="--admin-token, a token of --admin-tokens-file, or a JWT (--jwt-jwks-url)",
+)
+Credentials = HTTPAuthorizationCredentials | None
 
 
 class AdminAuthError(Exception):
@@ -28,44 +43,109 @@ class AdminAuthError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class AdminAuth:
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     auth_reads: bool = False
+    tokens: TokenTable | None = None
+    jwt: TokenVerifier | None = None
+    roles: AdminRoles = field(default_factory=AdminRoles)
 
-    def check(self, credentials: HTTPAuthorizationCredentials | None, *, mutation: bool) -> None:
-        if not mutation and not self.auth_reads:
-            return
-        if self.token is None:
-            if not mutation:
-                return
-            raise AdminAuthError(
-                403,
-                "forbidden",
-                "mutations are disabled: the daemon has no admin token "
-                "(start it with --admin-token or KEYSHARD_ADMIN_TOKEN)",
-            )
+    @property
+    def configured(self) -> bool:
+        return self.token is not None or self.tokens is not None or self.jwt is not None
+
+    async def principal(self, credentials: Credentials) -> Principal:
+        """Whose bearer token this is; AdminAuthError when nobody's."""
         if credentials is None:
             raise AdminAuthError(
                 401, "unauthorized", "missing bearer token: send 'Authorization: Bearer <token>'"
             )
-        if not hmac.compare_digest(credentials.credentials.encode(), self.token.encode()):
-            raise AdminAuthError(403, "forbidden", "wrong admin token")
+        given = credentials.credentials
+        if self.token is not None and hmac.compare_digest(given.encode(), self.token.encode()):
+            return ADMIN_TOKEN_PRINCIPAL
+        if self.tokens is not None and (found := self.tokens.principal(given)) is not None:
+            return found
+        if self.jwt is not None and self.jwt.accepts(given):
+            try:
+                principal = await self.jwt.principal(given)
+            except AuthenticationFailed as err:
+                raise AdminAuthError(403, "forbidden", str(err)) from None
+            if principal == ADMIN_TOKEN_PRINCIPAL:
+                # Operator of every group is the --admin-token's alone: an issuer's user
+                # that happens to be called so is not made it.
+                raise AdminAuthError(
+                    403,
+                    "forbidden",
+                    f"a JWT may not name {ADMIN_TOKEN_PRINCIPAL}, the --admin-token's holder",
+                )
+            return principal
+        raise AdminAuthError(403, "forbidden", "wrong admin token")
 
-    def for_mutations(self) -> params.Depends:
-        """A FastAPI dependency that admits only the admin token."""
+    async def check(
+        self, credentials: Credentials, needed: Role, group: str | None, action: str
+    ) -> Principal | None:
+        """The caller's principal if it may `action` on `group` (None: every group), or
+        None when the action is a read and reads are open. AdminAuthError otherwise."""
+        if needed is Role.VIEWER and not self.auth_reads:
+            return None
+        if not self.configured:
+            if needed is Role.VIEWER:
+                return None
+            raise AdminAuthError(
+                403,
+                "forbidden",
+                "mutations are disabled: the daemon has no admin token "
+                "(start it with --admin-token or KEYSHARD_ADMIN_TOKEN, or --admin-tokens-file)",
+            )
+        principal = await self.principal(credentials)
+        refusal = self.roles.refusal(principal, needed, group, action)
+        if refusal is not None:
+            raise AdminAuthError(403, "forbidden", refusal)
+        return principal
+
+    def for_group(self, needed: Role, action: str) -> params.Depends:
+        """A FastAPI dependency for a route with a `{group}`; the caller's principal is
+        left for the route in the request's state (`caller_of`)."""
 
         async def dependency(
-            credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
+            group: str,
+            request: Request,
+            credentials: Credentials = Depends(bearer),  # noqa: B008
         ) -> None:
-            self.check(credentials, mutation=True)
+            principal = await self.check(credentials, needed, group, action.format(group=group))
+            request.state.admin_principal = principal
 
         return params.Depends(dependency)
 
-    def for_reads(self) -> params.Depends:
-        """A FastAPI dependency that admits everyone unless reads are protected too."""
+    def for_every_group(self, needed: Role, action: str) -> params.Depends:
+        """A FastAPI dependency for what shows every group (`/metrics`)."""
 
         async def dependency(
-            credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
-        ) -> None:
-            self.check(credentials, mutation=False)
+            credentials: Credentials = Depends(bearer),  # noqa: B008
+        ) -> Principal | None:
+            return await self.check(credentials, needed, None, action)
 
         return params.Depends(dependency)
+
+    def for_listing(self) -> params.Depends:
+        """`/v1/groups`: any principal when reads are protected (the list shows only the
+        groups it has a role on); `caller_of` is None when they are open."""
+
+        async def dependency(
+            request: Request,
+            credentials: Credentials = Depends(bearer),  # noqa: B008
+        ) -> None:
+            principal = None
+            if self.auth_reads and self.configured:
+                principal = await self.principal(credentials)
+            request.state.admin_principal = principal
+
+        return params.Depends(dependency)
+
+    def may_view(self, principal: Principal | None, group: str) -> bool:
+        return principal is None or self.roles.role(principal, group) is not None
+
+
+def caller_of(request: Request) -> Principal | None:
+    """The principal the route's auth dependency found (None: reads are open)."""
+    principal: Principal | None = getattr(request.state, "admin_principal", None)
+    return principal

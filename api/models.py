@@ -85,6 +85,8 @@ class RangeLag(BaseModel):
 class MemberView(BaseModel):
     member_id: str
     name: str
+    # Who its connection authenticated as (User:ANONYMOUS when nothing authenticates).
+    principal: str
     phase: MemberPhase  # draining > starting > running > idle (see MemberPhase)
     epoch: int
     capacity: int
@@ -285,6 +287,7 @@ def group_view(
             MemberView(
                 member_id=m.member_id,
                 name=m.name,
+                principal=m.principal,
                 phase=m.phase,
                 epoch=m.epoch,
                 capacity=m.capacity,
@@ -495,6 +498,37 @@ def positions_reset_view(
             for m in moves
         ],
     )
+
+
+class AuditEntryView(BaseModel):
+    at: str  # ISO 8601, UTC
+    principal: str  # who made the call (User:keyshard-admin: the --admin-token)
+    action: Literal["config", "rebalance", "fence", "reset"]
+    detail: str
+
+
+class AuditView(BaseModel):
+    group: str
+    entries: list[AuditEntryView]  # newest first; the latest 200 changes
+
+
+def audit_view(state: GroupState) -> AuditView:
+    return AuditView(
+        group=state.group,
+        entries=[
+            AuditEntryView(
+                at=_iso(e.at_ms),
+                principal=e.principal,
+                action=e.action,  # type: ignore[arg-type]
+                detail=e.detail,
+            )
+            for e in reversed(state.audit)
+        ],
+    )
+
+
+def _iso(at_ms: int) -> str:
+    return dt.datetime.fromtimestamp(at_ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
 
 
 class FenceView(BaseModel):

@@ -129,8 +129,9 @@ class CoordinatedConsumer:
             timeout.
         capacity (int): this member's weight in the assignment (a member of capacity 2
             gets about twice the slots of one of capacity 1). 1..100000. Default: 1.
-        auth_token (str): the token the coordinator requires (``--auth-token``), sent at
-            registration. Default: None.
+        auth_token (str): this consumer's credentials, sent at registration: the shared
+            ``--auth-token``, a per-principal token of ``--auth-tokens-file``, or a JWT
+            (``--jwt-jwks-url``). Default: None (a client certificate, or nothing).
         coordinator_tls (ClientTls): TLS for the coordinator's channel, when it runs TLS
             (``--tls-cert-file``). Default: None (plain TCP).
         dead_letter_topic (str): where a record goes once its handler failed

@@ -65,6 +65,8 @@ class CoordinatorProcess:
     state_topic: str = field(default_factory=lambda: f"__keyshard_state.{uuid.uuid4().hex[:8]}")
     replica_id: str | None = None
     preexec_fn: Callable[[], None] | None = None  # runs in the child, e.g. setrlimit
+    # Sent with every admin API request of the harness (for --admin-auth-reads).
+    admin_token: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -112,7 +114,8 @@ class CoordinatorProcess:
 
     def client(self, timeout: float = 5) -> httpx.AsyncClient:
         """For the admin API (HTTPS coordinators trust their CA here)."""
-        return httpx.AsyncClient(timeout=timeout)
+        headers = {"Authorization": f"Bearer {self.admin_token}"} if self.admin_token else None
+        return httpx.AsyncClient(timeout=timeout, headers=headers)
 
     async def healthy(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:

@@ -20,15 +20,18 @@ import uvicorn
 from fastapi import FastAPI
 
 from keyshard.api.app import create_app
+from keyshard.api.auth import AdminAuth
 from keyshard.coordinator.group.bounds import Bounds
 from keyshard.coordinator.group.growth import DEFAULT_GROWTH_WINDOW_MS
 from keyshard.coordinator.group.state import GroupConfig, OffsetReset
 from keyshard.coordinator.replication.liveness import DEFAULT_LEADER_FAILOVER_MS
 from keyshard.coordinator.replication.manager import ReplicaManager, ReplicationSettings
 from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
+from keyshard.coordinator.runtime.authorization import DEFAULT_ACL_CACHE_MS, authorizer_for
 from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.coordinator.server.admission import connection_limits, count_accept_errors
+from keyshard.coordinator.server.authentication import Authentication
 from keyshard.coordinator.server.listener import CoordinatorServer
 from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, DEFAULT_STATE_TOPIC
 from keyshard.coordinator.storage.kafka_cluster import KafkaCluster
@@ -49,9 +52,17 @@ class DaemonConfig:
     admin_host: str
     admin_port: int
     state_topic: str = DEFAULT_STATE_TOPIC
-    auth_token: str | None = None
-    admin_token: str | None = None  # bearer token for admin mutations (and reads if below)
+    # Who each consumer connection is (coordinator.server.authentication).
+    authentication: Authentication = field(default_factory=Authentication)
+    # Who may join which group (coordinator.runtime.authorization): none, kafka, acl-file.
+    authorizer: str = "none"
+    acl_file: str | None = None
+    acl_cache_ms: int = DEFAULT_ACL_CACHE_MS
+    # Bearer token for admin mutations (and reads if below); a secret, kept out of repr().
+    admin_token: str | None = field(default=None, repr=False)
     admin_auth_reads: bool = False
+    # Admin principals and roles (keyshard.api.auth); None: from the two settings above.
+    admin_auth: AdminAuth | None = None
     group_defaults: GroupConfig = field(default_factory=GroupConfig)
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     group_assignors: Mapping[str, str] = field(default_factory=dict)
@@ -204,7 +215,6 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             bootstrap_servers=bootstrap,
             advertised_address=advertised,
             state_topic=config.state_topic,
-            auth_token=config.auth_token,
             group_defaults=config.group_defaults,
             group_assignors=dict(config.group_assignors),
             group_offset_resets=dict(config.group_offset_resets),
@@ -213,9 +223,14 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             metadata_refresh_ms=config.metadata_refresh_ms,
             partition_growth_window_ms=config.partition_growth_window_ms,
         )
+        authorizer = authorizer_for(
+            config.authorizer, acl_file=config.acl_file, cache_ms=config.acl_cache_ms,
+            describe=cluster.describe_acls,
+        )  # fmt: skip
         runtime = CoordinatorRuntime(
-            runtime_config, state_log, metadata=cluster, partitions=state_log.partitions
-        )
+            runtime_config, state_log, metadata=cluster, partitions=state_log.partitions,
+            authorizer=authorizer,
+        )  # fmt: skip
         await runtime.start()
         replicas = ReplicaManager(
             state_log, runtime, bootstrap=bootstrap, kafka=config.kafka,
@@ -230,14 +245,17 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             runtime, replicas=replicas, admin_token=config.admin_token,
             auth_reads=config.admin_auth_reads,
             peer_verify=config.admin_tls.peer_context() if config.admin_tls is not None else True,
+            auth=config.admin_auth,
         )  # fmt: skip
         server = CoordinatorServer(
             runtime, config.listen_host, config.listen_port, config.max_frame_bytes,
             tls=channel_tls, limits=limits, replicas=replicas,
+            authentication=config.authentication,
         )  # fmt: skip
         await server.start()
         await replicas.start()
         log.info("%s", limits.describe())
+        log.info("%s; %s", config.authentication.describe(), authorizer.describe())
     except BaseException:
         admin_socket.close()
         if server is not None:

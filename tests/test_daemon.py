@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from keyshard.daemon import admin_url
+from keyshard.coordinator.server.authentication import Authentication
+from keyshard.daemon import DaemonConfig, admin_url
 
 
 @pytest.mark.parametrize(
@@ -19,3 +20,13 @@ from keyshard.daemon import admin_url
 def test_the_admin_url_of_a_replica_is_a_valid_url(advertised: str, expected: str) -> None:
     assert admin_url(advertised, 7172, https=False) == expected
     assert admin_url(advertised, 7172, https=True) == expected.replace("http:", "https:")
+
+
+def test_the_daemon_config_keeps_its_secrets_out_of_its_repr() -> None:
+    config = DaemonConfig(
+        "kafka:9092", "127.0.0.1", 0, "127.0.0.1", 0,
+        authentication=Authentication(shared_token="Zq9-consumers"),
+        admin_token="Zq9-admin",
+    )  # fmt: skip
+    assert config.admin_token == "Zq9-admin"
+    assert "Zq9" not in repr(config) and "kafka:9092" in repr(config)

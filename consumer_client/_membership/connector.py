@@ -95,7 +95,7 @@ class Membership:
             the member stops everything, and a coordinator may give its ranges to others
             (docs/protocol.md §7.1).
         capacity: this member's weight in the assignment.
-        auth_token: the coordinator's static token, when it requires one.
+        auth_token: the credentials the coordinator requires (a token or a JWT), if any.
         tls: the coordinator channel's TLS settings (None: plain TCP).
         connect_timeout_ms: how long the coordinator may stay unreachable before `run`
             raises `ConsumerError` (None: retry forever, warning at once and every 30 s).

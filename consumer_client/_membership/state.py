@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from keyshard.consumer_client._membership.claim_fit import fit_before_authentication
@@ -56,6 +56,8 @@ FATAL_CODES = frozenset(
     {
         ErrorCode.UNKNOWN_TOPIC,
         ErrorCode.AUTHENTICATION_FAILED,
+        # As Kafka's consumer raises GroupAuthorizationException: an operator must grant.
+        ErrorCode.AUTHORIZATION_FAILED,
         ErrorCode.INCONSISTENT_TOPICS,
         ErrorCode.INVALID_MESSAGE,
         ErrorCode.INVALID_RANGES,
@@ -193,7 +195,7 @@ class Registration:
     name: str
     session_timeout_ms: int
     capacity: int
-    auth_token: str | None = None
+    auth_token: str | None = field(default=None, repr=False)  # a secret: kept out of logs
     topic_pattern: str | None = None  # instead of `topics`
 
 

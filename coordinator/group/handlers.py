@@ -49,7 +49,7 @@ from keyshard.coordinator.group.reports import (
     counted_completions,
 )
 from keyshard.coordinator.group.stalls import judge_progress
-from keyshard.coordinator.group.state import GroupState, HandoffKind
+from keyshard.coordinator.group.state import ANONYMOUS_PRINCIPAL, GroupState, HandoffKind
 from keyshard.coordinator.group.targets import assignment_spec, target_computed
 from keyshard.coordinator.strategies.base import (
     Assignor,
@@ -113,6 +113,7 @@ def register(
     fixed_ranges: RangeSet | None = None,
     validate_ranges: RangeValidator | None = None,
     topic_pattern: str | None = None,
+    principal: str = ANONYMOUS_PRINCIPAL,
 ) -> Result:
     """A consumer joins.
 
@@ -150,6 +151,7 @@ def register(
                 now,
                 fixed_ranges,
                 topic_pattern,
+                principal,
             )
         ],
         effects=[SetTimer(SessionTimer(member_id), now + session_timeout_ms / 1000)],
@@ -430,6 +432,7 @@ def reclaim(
             at=now,
             fixed_ranges=fixed_ranges,
             topic_pattern=topic_pattern,
+            principal=pending.principal,
         )
     )
     others = (t for mid, t in state.target.items() if mid != member_id)

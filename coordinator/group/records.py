@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keyshard.coordinator.group.state import GroupConfig, HandoffKind, PendingClaim, Transition
+from keyshard.coordinator.group.state import (
+    ANONYMOUS_PRINCIPAL,
+    AuditEntry,
+    GroupConfig,
+    HandoffKind,
+    PendingClaim,
+    Transition,
+)
 from keyshard.core.model.positions import Position, RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
@@ -29,6 +36,7 @@ class MemberJoined:
     at: float
     fixed_ranges: RangeSet | None = None
     topic_pattern: str | None = None
+    principal: str = ANONYMOUS_PRINCIPAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +182,7 @@ class MemberAdopted:
     at: float
     fixed_ranges: RangeSet | None = None
     topic_pattern: str | None = None
+    principal: str = ANONYMOUS_PRINCIPAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +211,13 @@ class GroupConfigChanged:
 
     config: GroupConfig
     at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AdminActed:
+    """An admin call changed the group: its audit trail keeps who, what and when."""
+
+    entry: AuditEntry
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +271,7 @@ Record = (
     | GrantsHeld
     | PositionsLoaded
     | GroupConfigChanged
+    | AdminActed
     | PartitionsChanged
     | TransitionsChanged
     | EndsObserved

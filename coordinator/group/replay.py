@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from keyshard.coordinator.group.demand import buckets_of
 from keyshard.coordinator.group.records import (
+    AdminActed,
     ClaimAwaited,
     DrainStarted,
     EndsObserved,
@@ -70,6 +71,7 @@ def replay(state: GroupState, record: Record) -> None:
                 session_timeout_ms=record.session_timeout_ms,
                 last_heard=record.at,
                 fixed_ranges=record.fixed_ranges,
+                principal=record.principal,
             )
             _subscribe(state, record.topics, record.partitions, record.topic_pattern)
             state.inputs_version += 1
@@ -224,7 +226,7 @@ def replay(state: GroupState, record: Record) -> None:
                 elif record.reclaimable:
                     state.claims[member.member_id] = PendingClaim(
                         member.member_id, member.name, member.epoch, member.owned,
-                        record.quarantine_until,
+                        record.quarantine_until, member.principal,
                     )  # fmt: skip
             _member_changed(state, record.member_id)
             state.inputs_version += 1
@@ -248,6 +250,10 @@ def replay(state: GroupState, record: Record) -> None:
             state.positions[record.tp] = record.positions.copy()
         case GroupConfigChanged():
             state.config = record.config
+        case AdminActed(entry):
+            state.audit.append(entry)
+            state.next_audit_seq = entry.seq + 1
+            state.log_version += 1  # the trail is stored with the group
         case PartitionsChanged():
             kept = set(record.partitions)
             for tp in [tp for tp in state.partitions if tp not in kept]:
@@ -297,6 +303,7 @@ def _adopt(state: GroupState, record: MemberAdopted) -> None:
         epoch=record.member_epoch,
         owned=record.owned,
         fixed_ranges=record.fixed_ranges,
+        principal=record.principal,
     )
     _subscribe(state, record.topics, record.partitions, record.topic_pattern)
     state.inputs_version += 1

@@ -22,6 +22,9 @@ from keyshard.core.model.positions import Position, RangePositionMap, TopicParti
 from keyshard.core.model.ranges import EMPTY, RangeSet, SlotRange
 
 MAX_HANDOFF_HISTORY = 200
+MAX_AUDIT_HISTORY = 200
+#: Who a member is when nothing authenticated its connection (Kafka's PLAINTEXT principal).
+ANONYMOUS_PRINCIPAL = "User:ANONYMOUS"
 
 
 class OffsetReset(StrEnum):
@@ -98,6 +101,9 @@ class Member:
     session_timeout_ms: int
     last_heard: float
     epoch: int = 1
+    # The principal its connection authenticated as (keyshard.core.security.identity):
+    # only that principal may adopt its claim after a failover.
+    principal: str = ANONYMOUS_PRINCIPAL
     owned: RangeSet = EMPTY  # granted (start sent) and not yet released, includes draining
     draining: RangeSet = EMPTY  # StopFetcher sent, final positions not yet back
     # One deadline per StopFetcher: a later stop gets its own full drain timeout.
@@ -169,6 +175,8 @@ class PendingClaim:
     member_epoch: int
     owned: RangeSet
     until: float
+    # Only a connection of this principal may adopt the claim (docs/protocol.md §7.4).
+    principal: str = ANONYMOUS_PRINCIPAL
 
 
 @dataclass(slots=True)
@@ -219,6 +227,19 @@ class Reset:
     at: float
 
 
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """A state-changing admin call on the group: who made it, what, when."""
+
+    at_ms: int  # wall clock, ms since the epoch
+    principal: str
+    action: str  # "config", "rebalance", "fence", "reset"
+    detail: str
+    # Its place in the group's trail, counted from 0 and carried over by a replica
+    # taking the group over: the order of the stored entries, and their log keys.
+    seq: int = 0
+
+
 @dataclass(slots=True)
 class GroupState:
     group: str
@@ -267,6 +288,9 @@ class GroupState:
     # The latest reset of each partition this coordinator made (see Reset).
     resets: dict[TopicPartition, Reset] = field(default_factory=dict)
     handoffs: deque[Handoff] = field(default_factory=lambda: deque(maxlen=MAX_HANDOFF_HISTORY))
+    # The latest admin changes, oldest first (coordinator.runtime.operations.audit).
+    audit: deque[AuditEntry] = field(default_factory=lambda: deque(maxlen=MAX_AUDIT_HISTORY))
+    next_audit_seq: int = 0  # the `seq` of the next entry
     next_handoff_id: int = 1
     inputs_version: int = 0  # bumped by whatever should make the target be recomputed
     target_version: int = -1

@@ -17,7 +17,6 @@ class RuntimeConfig:
     bootstrap_servers: str
     advertised_address: str = "127.0.0.1:0"
     state_topic: str = DEFAULT_STATE_TOPIC
-    auth_token: str | None = None
     group_defaults: GroupConfig = field(default_factory=GroupConfig)
     # What a member may declare, report, and how many of them (coordinator.group.bounds).
     bounds: Bounds = field(default_factory=Bounds)

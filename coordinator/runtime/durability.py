@@ -8,7 +8,8 @@ for the one write in flight, or the next one if that started before the version 
 
 A reset of positions (coordinator.group.resets) is written as its marker ahead of the
 rewritten chunks, in the same write: whatever part of that write lands, a load sees the
-reset (coordinator.storage.image).
+reset (coordinator.storage.image). The group's audit entries not yet stored go with the
+next write.
 
 One write is one call of `StateLog.write`: a transaction on brokers that have them, under
 the group's state partition's coordinator epoch, so a replica that lost the partition
@@ -24,11 +25,12 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 from keyshard.coordinator.group.growth import counts_of
-from keyshard.coordinator.group.state import GroupState, Member, Reset
+from keyshard.coordinator.group.state import AuditEntry, GroupState, Member, Reset
 from keyshard.coordinator.runtime.activity import Activity
 from keyshard.coordinator.storage.base import Positions
 from keyshard.coordinator.storage.log_format import (
     MAX_RECORD_BYTES,
+    AuditRecord,
     MemberRecord,
     ResetMarker,
     TopicsRecord,
@@ -85,6 +87,7 @@ class StateWriter:
         self._chunks: dict[tuple[str, TopicPartition], int] = {}  # chunks live in the log
         self._topics_written: dict[str, int] = {}  # topology_version last written
         self._resets: dict[tuple[str, TopicPartition], Reset] = {}  # markers written
+        self._audit_written: dict[str, int] = {}  # per group: next_audit_seq stored
 
     def adopted(
         self,
@@ -98,6 +101,7 @@ class StateWriter:
         self.flushed[group] = state.log_version
         self._positions_written[group] = state.positions_version
         self._topics_written[group] = state.topology_version
+        self._audit_written[group] = state.next_audit_seq
         self._records[group] = set(members)
         for tp, count in chunks.items():
             self._chunks[(group, tp)] = count
@@ -108,6 +112,7 @@ class StateWriter:
         self._positions_written.pop(group, None)
         self._records.pop(group, None)
         self._topics_written.pop(group, None)
+        self._audit_written.pop(group, None)
         for key in [k for k in self._chunks if k[0] == group]:
             del self._chunks[key]
         for key in [k for k in self._resets if k[0] == group]:
@@ -149,13 +154,17 @@ class StateWriter:
             raise NotOwned(f"group {group!r} is not coordinated here")
         partition, epoch = owner
         version, positions_version = state.log_version, state.positions_version
-        topology_version = state.topology_version
+        topology_version, audit_seq = state.topology_version, state.next_audit_seq
         began = time.perf_counter()
         records: LogRecords = []
         chunk_counts: dict[TopicPartition, int] = {}
         snapshot: Positions = {}
         if topology_version != self._topics_written.get(group):
             records.append(_topics_record(state, epoch))
+        stored = self._audit_written.get(group, 0)
+        records += [
+            _audit_record(group, e, epoch) for e in state.audit if stored <= e.seq < audit_seq
+        ]
         positions_changed = positions_version != self._positions_written.get(group)
         resets: dict[TopicPartition, Reset] = {}
         if positions_changed:
@@ -203,6 +212,7 @@ class StateWriter:
                 self._chunks.pop((group, tp), None)
         self._positions_written[group] = positions_version
         self._topics_written[group] = topology_version
+        self._audit_written[group] = max(stored, audit_seq)
         self.flushed[group] = max(self.flushed.get(group, -1), version)
         self.activity.timed("flush", time.perf_counter() - began)
         if positions_changed:
@@ -257,6 +267,11 @@ def _topics_record(state: GroupState, epoch: int) -> tuple[bytes, bytes | None]:
     return record.key, encode(record)
 
 
+def _audit_record(group: str, entry: AuditEntry, epoch: int) -> tuple[bytes, bytes | None]:
+    record = AuditRecord(group, entry, epoch)
+    return record.key, encode(record)
+
+
 def _reset_marker(
     group: str, tp: TopicPartition, reset: Reset, epoch: int
 ) -> tuple[bytes, bytes | None]:
@@ -276,6 +291,7 @@ def _member_record(state: GroupState, member: Member, epoch: int) -> tuple[bytes
         topics=state.topics,
         fixed_ranges=member.fixed_ranges,
         epoch=epoch,
+        principal=member.principal,
     )
     return record.key, encode(record)
 

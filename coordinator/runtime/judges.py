@@ -8,6 +8,7 @@ be gone by then (handed over to another replica): nothing to judge.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 from keyshard.coordinator.group import handlers
@@ -24,6 +25,9 @@ from keyshard.core.protocol.messages import (
     StopFetcherResponse,
 )
 from keyshard.core.protocol.wire import positions_from_wire, ranges_from_wire
+from keyshard.core.security.identity import Principal
+
+log = logging.getLogger(__name__)
 
 Groups = Mapping[str, GroupState]
 
@@ -116,3 +120,19 @@ def claim_judge(
         )
 
     return judge
+
+
+def claim_owned_by(state: GroupState, member_id: str, principal: Principal) -> bool:
+    """Whether the group holds a pending claim for `member_id` that `principal` may
+    adopt: member ids are public (admin API, metric labels), so only the principal that
+    owned the member can take its ranges over; anyone else registers as a new member."""
+    pending = state.claims.get(member_id)
+    if pending is None:
+        return False
+    if pending.principal != str(principal):
+        log.warning(
+            "group %s: %s sent a claim for member %s of %s: not adopted",
+            state.group, principal, member_id, pending.principal,
+        )  # fmt: skip
+        return False
+    return True

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from keyshard.coordinator.group import resets
-from keyshard.coordinator.group.records import GroupConfigChanged, RebalanceRequested
+from keyshard.coordinator.group.records import AdminActed, GroupConfigChanged, RebalanceRequested
 from keyshard.coordinator.group.resets import Move, ResetTarget, ResetTargetMissing, ResetTo
-from keyshard.coordinator.group.state import GroupConfig, GroupState
+from keyshard.coordinator.group.state import AuditEntry, GroupConfig, GroupState
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.coordinator.storage.base import ClusterMetadata
 from keyshard.coordinator.strategies.registry import known_assignors
@@ -99,6 +99,18 @@ def update_config(runtime: CoordinatorRuntime, group: str, **knobs: Any) -> Grou
     # Config alone moves nothing, so apply without a reconcile unless asked to rebalance.
     runtime.apply_records(group, records, reconcile=len(records) > 1)
     return state.config
+
+
+def audit(
+    runtime: CoordinatorRuntime, group: str, principal: str, action: str, detail: str
+) -> None:
+    """Record a state-changing admin call in the group's audit trail (stored with its
+    state, coordinator.runtime.durability) and in a log line."""
+    at_ms = int(runtime.wall_clock() * 1000)
+    seq = group_state(runtime, group).next_audit_seq
+    entry = AuditEntry(at_ms, principal, action, detail, seq)
+    runtime.apply_records(group, [AdminActed(entry)], reconcile=False)
+    log.info("admin: %s %s group %s: %s", principal, action, group, detail)
 
 
 def fence(runtime: CoordinatorRuntime, group: str, member_id: str) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 import uuid
@@ -50,7 +49,6 @@ from keyshard.coordinator.group.records import (
     EndsObserved,
     MemberContacted,
     MemberHeard,
-    MemberRemoved,
     PositionsAdvanced,
     RebalanceRequested,
     Record,
@@ -59,11 +57,12 @@ from keyshard.coordinator.group.records import (
 from keyshard.coordinator.group.replay import replay
 from keyshard.coordinator.group.state import GroupState, MemberPhase
 from keyshard.coordinator.runtime.activity import Activity, report_loop, watch_loop
+from keyshard.coordinator.runtime.authorization import DEFAULT_ACL_CACHE_MS, AllowAll, Authorizer
 from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.runtime.confirmed_ends import ConfirmedEnds
 from keyshard.coordinator.runtime.durability import NotOwned, StateWriter
-from keyshard.coordinator.runtime.judges import claim_judge, leave_judge
-from keyshard.coordinator.runtime.partition_counts import CoalescedPartitionCounts
+from keyshard.coordinator.runtime.errors import CoordinatorError
+from keyshard.coordinator.runtime.judges import claim_judge, claim_owned_by, leave_judge
 from keyshard.coordinator.runtime.partition_ends import (
     PartitionEndsUnknown,
     SharedPartitionEnds,
@@ -71,13 +70,14 @@ from keyshard.coordinator.runtime.partition_ends import (
 )
 from keyshard.coordinator.runtime.partition_watch import PartitionWatcher
 from keyshard.coordinator.runtime.pings import Pinger, ping_interval_ms
+from keyshard.coordinator.runtime.reauthorize import reauthorize_loop
 from keyshard.coordinator.runtime.recompute import TargetRecomputer
+from keyshard.coordinator.runtime.register_gate import RegisterGate
 from keyshard.coordinator.runtime.report_order import ReportJudge
 from keyshard.coordinator.runtime.sender import OrderedSender
-from keyshard.coordinator.runtime.subscription import Subscriptions
 from keyshard.coordinator.runtime.takeover import takeover_result
 from keyshard.coordinator.runtime.timers import AsyncioTimers, Clock, Timers
-from keyshard.coordinator.runtime.verdicts import MemberKey, PendingReplies, settled
+from keyshard.coordinator.runtime.verdicts import MemberKey, PendingReplies, TimerVerdicts
 from keyshard.coordinator.storage.base import ClusterMetadata, Fenced, StateLog, partition_of
 from keyshard.coordinator.storage.image import PartitionImage
 from keyshard.coordinator.strategies.registry import strategy_named
@@ -89,19 +89,13 @@ from keyshard.core.protocol.messages import (
     RegisterResponse,
 )
 from keyshard.core.protocol.wire import ranges_from_wire, ranges_to_wire
+from keyshard.core.security.identity import ANONYMOUS, Principal
 
 log = logging.getLogger(__name__)
 PROGRESS_RECORDS = (MemberHeard, MemberContacted, PositionsAdvanced, DrainStarted, EndsObserved)
 # How long stopping waits for the last offset commits (tooling only) before closing.
 COMMIT_ON_STOP_S = 5.0
 TimerId = tuple[str, TimerKey]  # (group, key)
-
-
-class CoordinatorError(Exception):
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 class CoordinatorRuntime:
@@ -115,8 +109,11 @@ class CoordinatorRuntime:
         clock: Clock = time.monotonic,
         timers: Timers[TimerId] | None = None,
         wall_clock: Callable[[], float] = time.time,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.config = config
+        # Who may join which group (coordinator.runtime.authorization).
+        self.authorizer: Authorizer = authorizer or AllowAll()
         self.log = log
         self.metadata = metadata
         self.partitions = partitions  # of the state log: a group lives in partition_of()
@@ -135,10 +132,7 @@ class CoordinatorRuntime:
         # Why this replica should not get traffic yet, beyond the runtime's own view (the
         # replication layer: not caught up on the state log), or None.
         self.not_ready: Callable[[], str | None] = lambda: None
-        self._subscriptions = Subscriptions(
-            CoalescedPartitionCounts(metadata),
-            CoalescedPartitionCounts(metadata, every_topic=True),
-        )
+        self._gate = RegisterGate(config, metadata, self._groups, self.authorizer)
         self._partition_ends = SharedPartitionEnds(metadata)
         self.activity = Activity()
         self.writer = StateWriter(
@@ -186,6 +180,10 @@ class CoordinatorRuntime:
         self.watcher = PartitionWatcher(
             self._groups, metadata, self._run, self.owner_of, clock, wall_clock, config
         )
+        self._verdicts = TimerVerdicts(
+            groups=self._groups, channels=self.channels, replies=self._replies,
+            activity=self.activity, clock=clock, run=self._run, spawn=self._spawn,
+        )  # fmt: skip
 
     # ---- lifecycle ----------------------------------------------------------------
 
@@ -197,6 +195,9 @@ class CoordinatorRuntime:
         self._spawn(report_loop(self.activity, self._gauges), "activity-report")
         if self.config.metadata_refresh_ms > 0:
             self._spawn(self.watcher.run(), "partition-watch")
+        if not isinstance(self.authorizer, AllowAll):
+            interval = getattr(self.authorizer, "cache_s", DEFAULT_ACL_CACHE_MS / 1000)
+            self._spawn(reauthorize_loop(self, interval), "reauthorize")
 
     async def stop(self) -> None:
         """Stop deciding, close the members' channels, store the last positions and let
@@ -308,29 +309,16 @@ class CoordinatorRuntime:
 
     # ---- events from channels -----------------------------------------------------
 
-    async def register(self, channel: Channel, request: RegisterRequest) -> RegisterResponse:
-        """Validate a Register, admit the member and start pinging it."""
+    async def register(
+        self, channel: Channel, request: RegisterRequest, principal: Principal = ANONYMOUS
+    ) -> RegisterResponse:
+        """Validate a Register of a connection authenticated as `principal`, admit the
+        member and start pinging it."""
         if not self.ready:
             raise CoordinatorError(ErrorCode.NOT_COORDINATOR, "coordinator is still starting")
         self._require_owned(request.group)
-        expected = self.config.auth_token
-        if expected is not None and not hmac.compare_digest(
-            (request.auth_token or "").encode(), expected.encode()
-        ):
-            raise CoordinatorError(ErrorCode.AUTHENTICATION_FAILED, "invalid or missing auth token")
-        # Bounds before anything is created: a refused Register leaves no group behind.
-        refused = self.config.bounds.session_refusal(request.session_timeout_ms)
-        if refused is None and request.group not in self._groups:
-            refused = self.config.bounds.groups_refusal(request.group, len(self._groups))
-        if refused is not None:
-            raise CoordinatorError(*refused)
+        counts = await self._gate.admit(request, principal, channel.peer_host)
         pattern = request.topic_pattern
-        counts, missing = await self._subscriptions.counts(tuple(request.topics), pattern)
-        if missing:
-            raise CoordinatorError(
-                ErrorCode.UNKNOWN_TOPIC,
-                f"topic(s) {missing} do not exist on {self.config.bootstrap_servers}",
-            )
         partitions = growth.partitions_of(counts)
         existing = self._groups.get(request.group)
         config = existing.config if existing else self.config.config_for(request.group)
@@ -353,7 +341,9 @@ class CoordinatorRuntime:
         fixed = None if request.fixed_ranges is None else ranges_from_wire(request.fixed_ranges)
         claim = request.claim
         result: Result | None = None
-        if claim is not None and claim.member_id in state.claims:
+        if claim is not None and not claim_owned_by(state, claim.member_id, principal):
+            claim = None  # another principal's: an ordinary Register, the claim waits
+        if claim is not None:
             member_id = claim.member_id
             judge = claim_judge(state, request, topics, partitions, fixed, self.clock())
             result = await self.reports.verdict(judge)  # None: its lease ran out meanwhile
@@ -373,6 +363,7 @@ class CoordinatorRuntime:
                 fixed_ranges=fixed,
                 validate_ranges=strategy_named(state.config.assignor).validate_ranges,
                 topic_pattern=pattern,
+                principal=str(principal),
             )
         if result.error is not None:
             raise CoordinatorError(*result.error)
@@ -393,9 +384,9 @@ class CoordinatorRuntime:
         adopted = member.owned if claim is not None and claim.member_id == member_id else None
         self.activity.count("joined" if adopted is None else "adopted")
         log.info(
-            "member %s %s group %s (%s)", member_id,
+            "member %s %s group %s (%s, %s)", member_id,
             "joined" if adopted is None else f"came back to, keeping {adopted},", request.group,
-            channel.peer,
+            principal, channel.peer,
         )  # fmt: skip
         return RegisterResponse(
             correlation_id=0,
@@ -566,52 +557,10 @@ class CoordinatorRuntime:
                 self._run(
                     group, balance.balance_check(state, now=self.clock(), imbalance=imbalance)
                 )
-            case SessionTimer(member_id) | DrainTimer(member_id):
-                result = handlers.timer_fired(state, key=key, now=self.clock())
-                channel = self.channels.get((group, member_id))
-                if not _removes_a_member(result):
-                    self._run(group, result)
-                elif channel is None or channel.is_closed:
-                    self._expired(group, key, result)
-                else:
-                    self._spawn(
-                        self._judge_after_input(group, key, channel),
-                        f"judge-{group}-{member_id}",
-                    )
+            case SessionTimer() | DrainTimer():
+                self._verdicts.fired(group, state, key)
             case _:
                 self._run(group, handlers.timer_fired(state, key=key, now=self.clock()))
-
-    async def _judge_after_input(
-        self, group: str, key: SessionTimer | DrainTimer, channel: Channel
-    ) -> None:
-        """Decide an expired session or drain deadline only after reading what the member
-        already sent.
-
-        A timer fires on the coordinator's clock; when the loop is behind, the reply that
-        answers it may be sitting unread in the socket, or read and not yet handled.
-        Fencing then would punish the member for our lag (and an overloaded coordinator
-        would fence hundreds at once, each one more work). So: read and handle everything
-        received so far, then judge again with what is known. Bounded by the session
-        timeout, so a member that keeps talking without answering is still judged.
-        """
-        state = self._groups.get(group)
-        member = state.members.get(key.member_id) if state else None
-        if state is None or member is None:
-            return
-        limit = member.session_timeout_ms / 1000
-        await settled(channel, self._replies, group, key.member_id, limit)
-        if self._groups.get(group) is not state:
-            return
-        result = handlers.timer_fired(state, key=key, now=self.clock())
-        if _removes_a_member(result):
-            self._expired(group, key, result)
-        else:
-            self.activity.count("verdict spared")
-            self._run(group, result)
-
-    def _expired(self, group: str, key: SessionTimer | DrainTimer, result: Result) -> None:
-        self.activity.count("session expired" if isinstance(key, SessionTimer) else "drain expired")
-        self._run(group, result)
 
     # ---- housekeeping -------------------------------------------------------------
 
@@ -633,7 +582,3 @@ class CoordinatorRuntime:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s failed", task.get_name(), exc_info=task.exception())
-
-
-def _removes_a_member(result: Result) -> bool:
-    return any(isinstance(r, MemberRemoved) for r in result.records)

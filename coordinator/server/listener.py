@@ -34,6 +34,7 @@ from typing import Any
 from keyshard.coordinator.runtime.location import Replicas, Standalone
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.coordinator.server.admission import ConnectionCounts, ConnectionLimits
+from keyshard.coordinator.server.authentication import Authentication
 from keyshard.coordinator.server.preauth import bad_input_reporter, register_screen
 from keyshard.coordinator.server.session import ConnectionState, MemberSession
 from keyshard.core.protocol.channel import TLS_SHUTDOWN_TIMEOUT_S, Channel
@@ -71,6 +72,7 @@ class CoordinatorServer:
         tls: ssl.SSLContext | None = None,
         limits: ConnectionLimits | None = None,
         replicas: Replicas | None = None,
+        authentication: Authentication | None = None,
     ) -> None:
         self.runtime = runtime
         self.replicas = replicas or Standalone(runtime)
@@ -97,7 +99,7 @@ class CoordinatorServer:
         self._handshakes = ThrottledLog(log, "TLS handshakes refused")
         self._refusals = ThrottledLog(log, "Register refusals", burst=5, per_peer=1)
         self._bad_input, self._bad_frames = bad_input_reporter(log)
-        self._screen = register_screen(runtime.config.auth_token)
+        self.authentication = authentication or Authentication()
 
     async def start(self) -> None:
         self._sockets = await _bind(self.host, self.port)
@@ -196,9 +198,13 @@ class CoordinatorServer:
             channel = await self._open(conn, where, deadline)
             if channel is None:
                 return
-            session = MemberSession(self.runtime, channel, self.replicas, self._refusals)
+            session = MemberSession(
+                self.runtime, channel, self.replicas, self._refusals, self.authentication
+            )
             channel.set_request_handler(session.on_request)
-            channel.before_authentication(self.limits.pre_auth_max_frame_bytes, self._screen)
+            certificate = channel.peer_certificate()
+            screen = register_screen(lambda token: self.authentication.screen(token, certificate))
+            channel.before_authentication(self.limits.pre_auth_max_frame_bytes, screen)
             channel.start()
             timer = loop.call_at(deadline, self._deadline_passed, channel, session)
             try:

@@ -6,9 +6,10 @@ event loop for ~280 ms), and until the peer has shown the token nothing it sends
 that. So each frame of an unregistered connection is parsed and screened here before it
 is validated (`keyshard.core.protocol.codec.Screen`):
 
-* a `register_request` must carry the token (`--auth-token`), compared in constant time,
-  before anything else in it is looked at: a wrong or missing one is
-  `AUTHENTICATION_FAILED` at the cost of a JSON parse;
+* a `register_request` must carry credentials its connection's `Authentication` accepts
+  (the shared `--auth-token` or a static per-principal token, compared in constant time;
+  a JWT is verified later), before anything else in it is looked at: a wrong or missing
+  one is `AUTHENTICATION_FAILED` at the cost of a JSON parse;
 * a message only the coordinator sends, or a consumer sends only as a member (a reply to
   a Ping, a StopFetcher, a StartFetcher), is `UNEXPECTED_MESSAGE` at the same cost;
 * a `metadata_request`, a `leave_request` and anything unknown go on to validation,
@@ -22,8 +23,8 @@ The lines bad input produces are counted per peer (`bad_input_reporter`).
 
 from __future__ import annotations
 
-import hmac
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from keyshard.core.protocol.channel import BadInputReporter, Channel
@@ -47,10 +48,13 @@ _MEMBERS_ONLY = {
 } - {"error_response"}  # fmt: skip
 
 
-def register_screen(auth_token: str | None) -> Screen:
-    """The screen of an unregistered connection to a coordinator that requires
-    `auth_token` (None: no token, only the message types are screened)."""
-    expected = None if auth_token is None else _utf8(auth_token)
+#: Why a Register's `auth_token` (any JSON value, or None when absent) is refused, or None.
+TokenCheck = Callable[[object], str | None]
+
+
+def register_screen(token_check: TokenCheck | None) -> Screen:
+    """The screen of an unregistered connection whose Register's token `token_check`
+    judges (None: no credentials are checked here, only the message types)."""
 
     def screen(document: Any) -> None:
         if not isinstance(document, dict):
@@ -64,22 +68,17 @@ def register_screen(auth_token: str | None) -> Screen:
                 f"a consumer may not send {kind} (this connection has not registered)",
                 correlation_id=correlation_id_of(document),
             )
-        if kind != "register_request" or expected is None:
+        if kind != "register_request" or token_check is None:
             return
-        given = document.get("auth_token")
-        if not isinstance(given, str) or not hmac.compare_digest(_utf8(given), expected):
+        refusal = token_check(document.get("auth_token"))
+        if refusal is not None:
             raise ProtocolError(
                 ErrorCode.AUTHENTICATION_FAILED,
-                "invalid or missing auth token",
+                refusal,
                 correlation_id=correlation_id_of(document),
             )
 
     return screen
-
-
-def _utf8(text: str) -> bytes:
-    # Total: a string that is no UTF-8 (a lone surrogate) compares, unequal, not raises.
-    return text.encode("utf-8", "surrogatepass")
 
 
 def bad_input_reporter(logger: logging.Logger) -> tuple[BadInputReporter, ThrottledLog]:

@@ -14,8 +14,10 @@ import logging
 from enum import StrEnum
 from typing import Any
 
+from keyshard.coordinator.runtime.errors import CoordinatorError
 from keyshard.coordinator.runtime.location import Replicas
-from keyshard.coordinator.runtime.runtime import CoordinatorError, CoordinatorRuntime
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.server.authentication import Authentication, AuthenticationFailed
 from keyshard.core.protocol.channel import Channel
 from keyshard.core.protocol.messages import (
     ErrorCode,
@@ -48,8 +50,10 @@ class MemberSession:
         channel: Channel,
         replicas: Replicas,
         refusals: ThrottledLog | None = None,
+        authentication: Authentication | None = None,
     ) -> None:
         self.runtime = runtime
+        self.authentication = authentication or Authentication()
         self.replicas = replicas
         self.channel = channel
         # Refused Registers, a line per peer per interval (a flood of wrong tokens, or a
@@ -129,7 +133,16 @@ class MemberSession:
 
     async def _register(self, request: RegisterRequest) -> None:
         try:
-            response = await self.runtime.register(self.channel, request)
+            principal = await self.authentication.principal(
+                request.auth_token, self.channel.peer_certificate()
+            )
+            response = await self.runtime.register(self.channel, request, principal)
+        except AuthenticationFailed as err:
+            self._refusals.from_peer(
+                self.channel.peer_host, "register from %s refused: %s", self.channel.peer, err
+            )
+            self.channel.fail(ErrorCode.AUTHENTICATION_FAILED, str(err), request.correlation_id)
+            return
         except CoordinatorError as err:
             self._refusals.from_peer(
                 self.channel.peer_host, "register from %s refused: %s", self.channel.peer, err

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from keyshard.coordinator.group.state import AuditEntry
 from keyshard.coordinator.storage.log_format import (
+    AuditRecord,
     EpochMarker,
     MemberRecord,
     PositionsChunk,
@@ -40,12 +42,13 @@ from keyshard.core.model.positions import RangePositionMap, TopicPartition
 
 @dataclass(slots=True)
 class GroupImage:
-    """A group as its durable records say: positions, the members that owned ranges, and
-    what it reads."""
+    """A group as its durable records say: positions, the members that owned ranges,
+    what it reads, and its audit trail (oldest first)."""
 
     positions: dict[TopicPartition, RangePositionMap] = field(default_factory=dict)
     members: dict[str, MemberRecord] = field(default_factory=dict)
     topics: TopicsRecord | None = None
+    audit: list[AuditEntry] = field(default_factory=list)
 
 
 #: Two billion takeovers: more than a real deployment makes, less than int64 holds.
@@ -65,6 +68,7 @@ class PartitionImage:
     _resets: dict[bytes, tuple[int, ResetMarker]] = field(default_factory=dict)  # by offset
     _members: dict[bytes, MemberRecord] = field(default_factory=dict)
     _topics: dict[bytes, TopicsRecord] = field(default_factory=dict)
+    _audit: dict[bytes, AuditRecord] = field(default_factory=dict)
 
     def apply(self, offset: int, record: StateRecord) -> None:
         self.next_offset = max(self.next_offset, offset + 1)
@@ -84,7 +88,8 @@ class PartitionImage:
                 self._resets.pop(key, None)
                 self._members.pop(key, None)
                 self._topics.pop(key, None)
-            case PositionsChunk() | ResetMarker() | MemberRecord() | TopicsRecord():
+                self._audit.pop(key, None)
+            case PositionsChunk() | ResetMarker() | MemberRecord() | TopicsRecord() | AuditRecord():
                 if record.epoch < self.epoch:
                     self.fenced_records += 1
                     return
@@ -95,6 +100,8 @@ class PartitionImage:
                     self._resets[record.key] = (offset, record)
                 elif isinstance(record, TopicsRecord):
                     self._topics[record.key] = record
+                elif isinstance(record, AuditRecord):
+                    self._audit[record.key] = record
                 else:
                     self._members[record.key] = record
 
@@ -116,8 +123,8 @@ class PartitionImage:
 
     def groups(self) -> dict[str, GroupImage]:
         """Every group with a record here: positions as the union of their chunks, each
-        chunk older than its partition's reset outside the slots reset (see above), and
-        the members that owned ranges."""
+        chunk older than its partition's reset outside the slots reset (see above), the
+        members that owned ranges, and the audit trail in its order."""
         groups: dict[str, GroupImage] = {}
         resets = {(r.group, r.tp): (offset, r) for offset, r in self._resets.values()}
         for key, chunk in self._chunks.items():
@@ -135,6 +142,8 @@ class PartitionImage:
             groups.setdefault(member.group, GroupImage()).members[member.member_id] = member
         for topics in self._topics.values():
             groups.setdefault(topics.group, GroupImage()).topics = topics
+        for audit in sorted(self._audit.values(), key=lambda r: r.entry.seq):
+            groups.setdefault(audit.group, GroupImage()).audit.append(audit.entry)
         return groups
 
     def chunk_count(self, group: str, tp: TopicPartition) -> int:

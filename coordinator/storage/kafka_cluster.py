@@ -30,12 +30,14 @@ from aiokafka.errors import (
 )
 
 from keyshard.coordinator.storage.base import Positions, StoreError
+from keyshard.coordinator.storage.kafka_acls import describe_acls
 from keyshard.core.kafka.connect import quiet_bootstrap, start_client, unreachable
 from keyshard.core.kafka.ends import fetched_ends, partition_ends
 from keyshard.core.kafka.metadata import fetch_partitions
 from keyshard.core.kafka.no_topic_creation import never_create_topics
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.model.positions import TopicPartition
+from keyshard.core.security.acl import AclBinding, ResourceType
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -320,6 +322,14 @@ class KafkaCluster:
         if self._metadata is None:
             raise StoreError("cluster metadata is not started")
         await self._metadata.fetch_all_metadata()
+
+    async def describe_acls(self, resource: ResourceType) -> tuple[AclBinding, ...]:
+        """Every ACL of `resource`'s type on the cluster (coordinator.storage.kafka_acls)."""
+        if self._metadata is None:
+            raise StoreError("cluster metadata is not started")
+        user, _ = self.settings.credentials()
+        principal = f"User:{user}" if user else "the coordinator's principal"
+        return await describe_acls(self._metadata, resource, self.timeout, principal)
 
     async def commit_low_watermarks(self, group: str, positions: Positions) -> None:
         """Best effort: tooling visibility only, never the source of truth.

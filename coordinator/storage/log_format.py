@@ -18,6 +18,9 @@ the group goes there, so one partition's log is everything its coordinator needs
 - `TopicsRecord`    the group's topics (or pattern), partition counts and transitions
                     (coordinator.group.growth): a transition cannot be seen on the
                     cluster any more by the replica that takes the group over;
+- `AuditRecord`     one entry of the group's audit trail (who changed what through the
+                    admin API, when), keyed by its place in a ring of the group's last
+                    `MAX_AUDIT_HISTORY`, so compaction keeps those and no more;
 - `EpochMarker`     a replica took the partition over, with the next coordinator epoch:
                     records of older epochs after it are a fenced writer's and are ignored;
 - `ReplicaBeat`     a replica is alive (partition 0 only, outside transactions).
@@ -32,7 +35,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from keyshard.coordinator.group.state import Transition
+from keyshard.coordinator.group.state import (
+    ANONYMOUS_PRINCIPAL,
+    MAX_AUDIT_HISTORY,
+    AuditEntry,
+    Transition,
+)
 from keyshard.core.model.positions import Position, RangePositionMap, TopicPartition
 from keyshard.core.model.ranges import RangeSet
 
@@ -97,6 +105,9 @@ class MemberRecord:
     topics: tuple[str, ...]
     fixed_ranges: RangeSet | None = None
     epoch: int = 0  # the coordinator epoch that wrote it
+    # Who it authenticated as: only that principal may adopt its claim. A record without
+    # one (written before principals existed) is anonymous.
+    principal: str = ANONYMOUS_PRINCIPAL
 
     @property
     def key(self) -> bytes:
@@ -118,6 +129,17 @@ class TopicsRecord:
     @property
     def key(self) -> bytes:
         return topics_key(self.group)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    group: str
+    entry: AuditEntry
+    epoch: int = 0
+
+    @property
+    def key(self) -> bytes:
+        return audit_key(self.group, self.entry.seq)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +191,7 @@ StateRecord = (
     | ResetMarker
     | MemberRecord
     | TopicsRecord
+    | AuditRecord
     | EpochMarker
     | ReplicaBeat
     | Tombstone
@@ -185,6 +208,12 @@ def member_key(group: str, member_id: str) -> bytes:
 
 def topics_key(group: str) -> bytes:
     return _key("T", group)
+
+
+def audit_key(group: str, seq: int) -> bytes:
+    """Where the trail's entry `seq` is stored: the slot of the one `MAX_AUDIT_HISTORY`
+    entries before it, which it supersedes."""
+    return _key("A", group, str(seq % MAX_AUDIT_HISTORY))
 
 
 def chunk_key(group: str, tp: TopicPartition, chunk: int) -> bytes:
@@ -223,6 +252,7 @@ def encode(record: StateRecord) -> bytes | None:
                 "session_timeout_ms": record.session_timeout_ms,
                 "member_epoch": record.member_epoch, "owned": _ranges(record.owned),
                 "topics": list(record.topics), "fixed_ranges": _ranges(record.fixed_ranges),
+                "principal": record.principal,
             }  # fmt: skip
         case TopicsRecord():
             body = {
@@ -230,6 +260,11 @@ def encode(record: StateRecord) -> bytes | None:
                 "counts": [list(c) for c in record.counts],
                 "topic_pattern": record.topic_pattern,
                 "transitions": [_transition(t) for t in record.transitions],
+            }  # fmt: skip
+        case AuditRecord(group, entry):
+            body = {
+                "kind": "audit", "group": group, "seq": entry.seq, "at_ms": entry.at_ms,
+                "principal": entry.principal, "action": entry.action, "detail": entry.detail,
             }  # fmt: skip
         case EpochMarker():
             body = {
@@ -314,6 +349,7 @@ def decode(key: bytes, value: bytes | None) -> StateRecord:
             topics=tuple(str(t) for t in data["topics"]),
             fixed_ranges=None if fixed is None else RangeSet.from_pairs(tuple(p) for p in fixed),
             epoch=epoch,
+            principal=str(data.get("principal", ANONYMOUS_PRINCIPAL)),
         )
     if kind == "topics":
         return TopicsRecord(
@@ -324,6 +360,12 @@ def decode(key: bytes, value: bytes | None) -> StateRecord:
             transitions=tuple(_read_transition(t) for t in data.get("transitions", [])),
             epoch=epoch,
         )
+    if kind == "audit":
+        entry = AuditEntry(
+            int(data["at_ms"]), str(data["principal"]), str(data["action"]),
+            str(data["detail"]), int(data["seq"]),
+        )  # fmt: skip
+        return AuditRecord(str(data["group"]), entry, epoch)
     if kind == "epoch":
         return EpochMarker(
             int(data["partition"]), epoch, str(data["replica_id"]), str(data["address"]),

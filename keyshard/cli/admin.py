@@ -231,7 +231,16 @@ def _show_status(view: dict[str, Any], handoffs: dict[str, Any], console: Consol
     # Whole member ids on a narrow terminal too (`fence` takes one): the others shrink.
     longest = max((len(m["member_id"]) for m in view["members"]), default=6)
     table.add_column("member", no_wrap=True, min_width=longest)
-    for name in ("epoch", "slots", "ranges", "processed", "rate/s", "speed/s", "draining"):
+    for name in (
+        "principal",
+        "epoch",
+        "slots",
+        "ranges",
+        "processed",
+        "rate/s",
+        "speed/s",
+        "draining",
+    ):
         table.add_column(name)
     for m in view["members"]:
         rate = m.get("processed_per_s")
@@ -239,6 +248,7 @@ def _show_status(view: dict[str, Any], handoffs: dict[str, Any], console: Consol
         factor = m.get("speed_factor", 1.0)
         table.add_row(
             m["member_id"],
+            m.get("principal", "-"),  # a coordinator before principals has none
             str(m["epoch"]),
             str(m["slots"]),
             _ranges(m["ranges"]),

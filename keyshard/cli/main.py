@@ -97,6 +97,7 @@ def kafka_settings(config_file: str | None, environ: Mapping[str, str]) -> Kafka
 def _run_coordinator(args: argparse.Namespace) -> int:
     """Run the daemon until SIGINT/SIGTERM; with no Kafka named (--bootstrap-servers or
     bootstrap.servers) on an embedded broker, started first and stopped last."""
+    from keyshard.cli.access import admin_auth_from, authentication_from, check_authorization
     from keyshard.coordinator.storage.signing import ReplicaSecret, SecretError
     from keyshard.local.broker import BrokerError, embedded_broker
 
@@ -107,6 +108,9 @@ def _run_coordinator(args: argparse.Namespace) -> int:
             ReplicaSecret.from_file(args.replica_secret_file) if args.replica_secret_file else None
         )
         args.bounds = bounds_from(args)
+        args.authentication = authentication_from(args)
+        check_authorization(args)
+        args.admin_auth = admin_auth_from(args, args.authentication)
     except (TlsConfigError, SecretFileError, SecretError, ValueError) as err:
         print(f"keyshard coordinator: {err}", file=sys.stderr)
         return 2
@@ -160,8 +164,12 @@ def _serve(
         admin_host=admin_host,
         admin_port=admin_port,
         state_topic=args.state_topic,
-        auth_token=args.auth_token,
+        authentication=args.authentication,
+        authorizer=args.authorizer,
+        acl_file=args.acl_file,
+        acl_cache_ms=int(args.acl_cache_ms),
         admin_token=args.admin_token,
+        admin_auth=args.admin_auth,
         replica_secret=args.replica_secret,
         admin_auth_reads=bool(args.admin_auth_reads),
         group_defaults=GroupConfig(

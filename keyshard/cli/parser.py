@@ -12,6 +12,11 @@ import argparse
 import os
 from typing import Any
 
+from keyshard.cli.access_flags import (
+    add_admin_access_flags,
+    add_authorization_flags,
+    add_identity_flags,
+)
 from keyshard.cli.bound_flags import add_bound_flags
 from keyshard.cli.flag_values import (
     LOG_LEVELS,
@@ -28,7 +33,8 @@ from keyshard.cli.flag_values import (
     ratio,
     servers,
 )
-from keyshard.cli.secret_flags import add_coordinator_secret_flags, add_token_file_flag
+from keyshard.cli.secret_flags import add_coordinator_secret_flags
+from keyshard.cli.worker_flags import add_worker_command
 from keyshard.coordinator.group.growth import DEFAULT_GROWTH_WINDOW_MS
 from keyshard.coordinator.group.state import GroupConfig
 from keyshard.coordinator.replication.liveness import DEFAULT_LEADER_FAILOVER_MS
@@ -38,7 +44,6 @@ from keyshard.coordinator.server.admission import (
     DEFAULT_REGISTER_TIMEOUT_MS,
 )
 from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, DEFAULT_STATE_TOPIC
-from keyshard.core.kafka.fetch_sizes import DEFAULT_MAX_BUFFER_BYTES
 from keyshard.core.model.addresses import LOOPBACK
 
 DEFAULT_LISTEN = (LOOPBACK, 7171)  # the consumer channel
@@ -328,9 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_endpoint_flags(coord)
     add_coordinator_secret_flags(coord, _add)
     add_bound_flags(coord, _add)
+    add_identity_flags(coord, _add)
+    add_authorization_flags(coord, _add)
+    add_admin_access_flags(coord, _add)
 
     add_admin_commands(command)
-    add_worker_command(command)
+    add_worker_command(command, _add, "{}:{}".format(*DEFAULT_LISTEN))
     add_demo_command(command)
     return parser
 
@@ -432,143 +440,6 @@ def add_endpoint_flags(coord: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_CONNECTIONS_PER_PEER,
         help="consumer connections at once from one IP address",
     )
-
-
-def add_worker_command(command: Any) -> None:
-    """`keyshard worker module:function`: a handler run as a coordinated consumer
-    (keyshard.cli.worker). Flags read KEYSHARD_* variables like the daemon's."""
-    w = command(
-        "worker",
-        help="run module:function (async or sync) as a coordinated consumer",
-        description="Run a handler function as a coordinated consumer until SIGTERM/SIGINT "
-        "(the first closes gracefully, a second aborts). Log lines go to stdout; a fatal "
-        "refusal is one line on stderr and a non-zero exit.",
-    )
-    w.add_argument(
-        "target",
-        metavar="MODULE:FUNCTION",
-        help="the handler, called once per record (an aiokafka ConsumerRecord)",
-    )
-    _add(w, "--group", default=None, help="consumer group (required)")
-    _add(w, "--topics", default=None, help="comma-separated topics (or --topic-pattern)")
-    _add(w, "--topic-pattern", default=None,
-         help="instead of --topics: every topic whose whole name matches this regex")  # fmt: skip
-    _add(
-        w,
-        "--coordinator",
-        type=servers,
-        default="{}:{}".format(*DEFAULT_LISTEN),
-        help="coordinator HOST:PORT[,HOST:PORT...] (every replica, or a headless Service)",
-    )
-    _add(
-        w,
-        "--bootstrap-servers",
-        type=servers,
-        default=None,
-        help="Kafka HOST:PORT[,...] (or bootstrap.servers in --kafka-config)",
-    )
-    _add(
-        w,
-        "--kafka-config",
-        default=None,
-        help="Kafka client settings, .properties; KEYSHARD_KAFKA_<NAME> variables win",
-    )
-    _add(w, "--name", default=None, help="consumer name (default: the host name)")
-    _add(w, "--max-concurrency", type=positive_int, default=64, help="keys in flight at once")
-    _add(
-        w,
-        "--max-buffer-bytes",
-        type=positive_int,
-        default=DEFAULT_MAX_BUFFER_BYTES,
-        help="memory budget: record bytes held at most (fetched, in flight, replay windows); "
-        "fetching pauses while it is used up. Size the pod's memory request to about this "
-        "plus 100 MiB (at least 65536)",
-    )
-    _add(
-        w,
-        "--session-timeout-ms",
-        type=positive_ms,
-        default=10_000,
-        help="silent this long, the coordinator moves this worker's ranges",
-    )
-    _add(
-        w,
-        "--fetch-failure-timeout-ms",
-        type=positive_ms,
-        default=None,
-        help="reading nothing from Kafka this long, the worker hands its ranges back until "
-        "Kafka answers again (default: the session timeout)",
-    )
-    _add(
-        w,
-        "--drain-timeout-ms",
-        type=positive_ms,
-        default=30_000,
-        help="on SIGTERM, how long in-flight records may take to finish",
-    )
-    _add(w, "--capacity", type=positive_int, default=1, help="share of the group's load")
-    _add(w, "--auth-token", default=None, help="the coordinator's --auth-token")
-    add_token_file_flag(w, _add)
-    _add(
-        w,
-        "--dead-letter-topic",
-        default=None,
-        help="after --retry-max-attempts failures a record goes here (none: retry forever)",
-    )
-    _add(
-        w,
-        "--retry-max-attempts",
-        type=positive_int,
-        default=5,
-        help="attempts before dead-lettering",
-    )
-    _add(
-        w,
-        "--retry-initial-backoff-ms",
-        type=positive_ms,
-        default=100,
-        help="first retry backoff, doubling",
-    )
-    _add(
-        w, "--retry-max-backoff-ms", type=positive_ms, default=10_000, help="longest retry backoff"
-    )
-    _add(
-        w,
-        "--connect-timeout-ms",
-        type=positive_ms,
-        default=None,
-        help="exit when the coordinator or Kafka stays unreachable this long (default: "
-        "retry forever, warning at once and then every 30 s)",
-    )
-    _add(
-        w,
-        "--connect-timeout-s",
-        type=positive_number,
-        default=None,
-        help="deprecated: --connect-timeout-ms in seconds, taken for one release (a warning)",
-    )
-    _add(
-        w,
-        "--metrics-listen",
-        type=host_port,
-        default=None,
-        help="HOST:PORT serving /healthz, /readyz and /metrics (default: none)",
-    )
-    _add(
-        w,
-        "--log-format",
-        choices=("plain", "json"),
-        default="plain",
-        help="plain lines or one JSON object per line",
-    )
-    _add(
-        w,
-        "--coordinator-tls-ca-file",
-        default=None,
-        help="the coordinator's channel runs TLS: the CA that signed its certificate",
-    )
-    _add(w, "--coordinator-tls-cert-file", default=None, help="mutual TLS: this worker's cert")
-    _add(w, "--coordinator-tls-key-file", default=None, help="...and its private key")
 
 
 def add_admin_commands(command: Any) -> None:

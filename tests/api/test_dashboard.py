@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import CoordinatorProcess, Workers, create_topic, wait_for
+from keyshard.local.broker import EmbeddedBroker
 from tests.api.conftest import ADMIN_ARGS
 
 pytestmark = [pytest.mark.integration, pytest.mark.coordinator_args(*ADMIN_ARGS)]
@@ -45,6 +46,41 @@ COLUMN_COLOURS = """() => {
 async def test_dashboard_follows_a_consumer_joining(
     coordinator: CoordinatorProcess, workers: Workers
 ) -> None:
+    await follows_a_join(coordinator, workers)
+
+
+@pytest.mark.brokers("tansu")
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
+async def test_dashboard_with_roles_and_protected_reads(
+    broker: EmbeddedBroker, tmp_path: Path
+) -> None:
+    """The same, with admin roles on and reads protected: a viewer's token in the page's
+    token box shows the group."""
+    tokens, roles = tmp_path / "admin-tokens", tmp_path / "admin-roles"
+    tokens.write_text("User:monitoring Zq9-viewer\nUser:ops Zq9-operator\n")
+    roles.write_text("User:monitoring viewer *\nUser:ops operator demo*\n")
+    coordinator = CoordinatorProcess(
+        broker.bootstrap_servers, tmp_path,
+        extra=[
+            "--drain-timeout-ms", "2000", *ADMIN_ARGS, "--admin-auth-reads",
+            "--admin-tokens-file", str(tokens), "--admin-roles-file", str(roles),
+        ],
+        admin_token="Zq9-operator",
+    )  # fmt: skip
+    workers = Workers(coordinator, tmp_path)
+    try:
+        await coordinator.start()
+        await follows_a_join(coordinator, workers, token="Zq9-viewer")
+    finally:
+        workers.stop_all()
+        coordinator.stop()
+
+
+async def follows_a_join(
+    coordinator: CoordinatorProcess, workers: Workers, token: str | None = None
+) -> None:
+    """The dashboard shows a group's member, then the second one that joins (with
+    `token` typed in its token box)."""
     from playwright.async_api import async_playwright
 
     await create_topic(coordinator.bootstrap)
@@ -55,6 +91,8 @@ async def test_dashboard_follows_a_consumer_joining(
         try:
             page = await browser.new_page(viewport={"width": 1000, "height": 900})
             await page.goto(coordinator.admin_url + "/")
+            if token is not None:
+                await page.fill("#token", token)
             rows = page.locator("#members tbody tr")
             await rows.first.wait_for(timeout=15_000)
             assert await rows.count() == 1

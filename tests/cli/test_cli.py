@@ -185,3 +185,37 @@ def test_help_lists_every_flag_with_its_env_var() -> None:
         env = "KEYSHARD_" + flag.removeprefix("--").replace("-", "_").upper()
         assert flag in entries, f"{flag} has no help entry:\n{result.stdout}"
         assert f"[env {env}]" in entries[flag], f"{flag}: {entries[flag]!r}"
+
+
+@pytest.mark.parametrize(
+    ("args", "files", "complaint"),
+    [
+        (["--ssl-principal-mapping-rules", "RULE:^CN=(.*)$/$1"], {}, "a '/' is missing"),
+        (["--auth-token-principal", "alice"], {}, "'alice' is not a principal"),
+        (["--auth-tokens-file", "{tokens}"], {"tokens": "alice Zq9-secret\n"}, "line 1"),
+        (["--auth-tokens-file", "{tokens}"], {"tokens": "Zq9-secret User:alice\n"},
+         "line 1: its first field is not a principal"),
+        (["--jwt-jwks-url", "jwks.json"], {}, "--jwt-jwks-url 'jwks.json'"),
+        (["--jwt-jwks-url", "http://127.0.0.1:9/jwks.json"], {}, "no key set read from it"),
+        (["--jwt-issuer", "https://issuer.example"], {}, "give --jwt-jwks-url too"),
+        (["--auth-tokens-file", "{missing}"], {}, "--auth-tokens-file"),
+        (["--auth-tokens-file", "{tokens}", "--auth-token-file", "{token}"],
+         {"tokens": "User:a b\n", "token": "Zq9-x"}, "not both"),
+        (["--authorizer", "acl-file"], {}, "--authorizer acl-file needs --acl-file"),
+        (["--authorizer", "acl-file", "--acl-file", "{acls}"], {"acls": "User:a allow Read\n"},
+         "--acl-file"),
+        (["--acl-file", "{acls}"], {"acls": ""}, "--acl-file is read only with --authorizer"),
+        (["--admin-roles-file", "{roles}"], {"roles": "User:a admin *\n"}, "'admin' is not a role"),
+    ],
+)  # fmt: skip
+def test_bad_access_settings_exit_2_with_one_line_and_no_secret(
+    args: list[str], files: dict[str, str], complaint: str, tmp_path: Path
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    paths = {name: str(tmp_path / name) for name in ("tokens", "token", "acls", "roles", "missing")}
+    result = _coordinator(*(a.format(**paths) for a in args))
+    assert result.returncode == 2, result
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("keyshard coordinator: ") and complaint in line, line
+    assert "Zq9" not in result.stderr and "Traceback" not in result.stderr, result.stderr

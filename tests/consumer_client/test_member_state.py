@@ -131,6 +131,15 @@ def test_a_new_member_registers_without_a_claim_and_its_lease_starts_at_the_send
     assert m.channel is channel and m.heard_ago(55.0) == 0.0
 
 
+def test_the_registration_keeps_its_credentials_out_of_its_repr() -> None:
+    m = MemberStateMachine[Chan](
+        group="g", topics=["t"], name="c", session_timeout_ms=SESSION_MS, capacity=2,
+        auth_token="Zq9-secret",
+    )  # fmt: skip
+    assert m.registration.auth_token == "Zq9-secret"
+    assert "Zq9" not in repr(m.registration) and "name='c'" in repr(m.registration)
+
+
 def test_requests_that_arrive_while_a_registration_settles_are_held_in_order() -> None:
     m = machine()
     m.begin_discovery(0.0)

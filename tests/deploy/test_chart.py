@@ -89,6 +89,7 @@ def test_full_values_render_the_optional_objects() -> None:
         "ConfigMap",
         "ConfigMap",  # the Kafka client settings file
         "ConfigMap",  # the Grafana dashboard
+        "ConfigMap",  # the ACL file and the admin roles
         "Deployment",
         "PodDisruptionBudget",
         "Secret",  # the tokens
@@ -253,6 +254,15 @@ def test_service_monitor_scrapes_metrics_with_the_admin_token() -> None:
         "key": "admin-token",
     }
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+def test_service_monitor_scrapes_with_a_viewers_token_when_given_one() -> None:
+    viewer = {"serviceMonitor": {"tokenSecret": {"name": "monitoring", "key": "viewer-token"}}}
+    (endpoint,) = find(manifests(merged(FULL, viewer)), "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["authorization"]["credentials"] == {
+        "name": "monitoring",
+        "key": "viewer-token",
+    }
 
 
 def test_tls_files_are_mounted_where_the_daemon_reads_them() -> None:
@@ -467,6 +477,10 @@ def test_a_bad_values_file_is_refused(tmp_path: Path) -> None:
         (
             merged(MINIMAL, {"tls": {"requireClientCert": True}}),
             "tls.requireClientCert needs tls.existingSecret",
+        ),
+        (
+            merged(MINIMAL, {"serviceMonitor": {"tokenSecret": {"name": "monitoring"}}}),
+            "serviceMonitor.tokenSecret.name needs serviceMonitor.tokenSecret.key",
         ),
     ],
 )

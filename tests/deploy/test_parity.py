@@ -80,6 +80,18 @@ VALUE_FOR_DEST = {
     "tls_client_ca_file": ("tls", "requireClientCert"),
     "admin_tls_cert_file": ("adminTls", "existingSecret"),
     "admin_tls_key_file": ("adminTls", "existingSecret"),
+    "auth_token_principal": ("access", "consumerTokenPrincipal"),
+    "auth_tokens_file": ("access", "consumerTokensKey"),
+    "admin_tokens_file": ("access", "adminTokensKey"),
+    "ssl_principal_mapping_rules": ("access", "sslPrincipalMappingRules"),
+    "jwt_jwks_url": ("access", "jwtJwksUrl"),
+    "jwt_issuer": ("access", "jwtIssuer"),
+    "jwt_audience": ("access", "jwtAudience"),
+    "jwt_principal_claim": ("access", "jwtPrincipalClaim"),
+    "authorizer": ("access", "authorizer"),
+    "acl_file": ("access", "acls"),
+    "acl_cache_ms": ("access", "aclCacheMs"),
+    "admin_roles_file": ("access", "adminRoles"),
 }
 # argparse dest -> the pod field it comes from (the downward API): what differs per pod
 # has no value. The daemon sees a stand-in, "<field>" (see pod_environment).
@@ -208,7 +220,7 @@ def test_full_values_set_every_variable_and_the_daemon_reads_them(
 
     clean = build_parser().parse_args(["coordinator"])  # before the pod's environment
     args = parse_with_env(clean_env, env)
-    config, auth = FULL["config"], FULL["auth"]
+    config, auth, access = FULL["config"], FULL["auth"], FULL["access"]
     expected = {
         "bootstrap_servers": config["bootstrapServers"],
         "listen": (config["listenHost"], FULL["ports"]["consumer"]),
@@ -254,6 +266,18 @@ def test_full_values_set_every_variable_and_the_daemon_reads_them(
         "tls_client_ca_file": "/etc/keyshard/tls/ca.crt",
         "admin_tls_cert_file": "/etc/keyshard/admin-tls/tls.crt",
         "admin_tls_key_file": "/etc/keyshard/admin-tls/tls.key",
+        "auth_token_principal": access["consumerTokenPrincipal"],
+        "auth_tokens_file": f"/etc/keyshard/access-tokens/{access['consumerTokensKey']}",
+        "admin_tokens_file": f"/etc/keyshard/access-tokens/{access['adminTokensKey']}",
+        "ssl_principal_mapping_rules": access["sslPrincipalMappingRules"],
+        "jwt_jwks_url": access["jwtJwksUrl"],
+        "jwt_issuer": access["jwtIssuer"],
+        "jwt_audience": access["jwtAudience"],
+        "jwt_principal_claim": access["jwtPrincipalClaim"],
+        "authorizer": access["authorizer"],
+        "acl_file": "/etc/keyshard/access/acls",
+        "acl_cache_ms": access["aclCacheMs"],
+        "admin_roles_file": "/etc/keyshard/access/admin-roles",
     }
     actual = {dest: getattr(args, dest) for dest in expected}
     actual["group_assignor"] = sorted(actual["group_assignor"])

@@ -120,9 +120,20 @@ the same rules as values.schema.json, with the reason.
 {{- if and .Values.config.adminAuthReads (ne (include "keyshard.hasAdminToken" .) "true") }}
 {{- fail "config.adminAuthReads needs an admin token: set auth.adminToken, or auth.existingSecret with auth.adminTokenKey" }}
 {{- end }}
+{{- if and .Values.serviceMonitor.tokenSecret.name (not .Values.serviceMonitor.tokenSecret.key) }}
+{{- fail "serviceMonitor.tokenSecret.name needs serviceMonitor.tokenSecret.key: the key of the scrape token in that Secret" }}
+{{- end }}
+{{- if and (eq .Values.access.authorizer "acl-file") (not .Values.access.acls) }}
+{{- fail "access.authorizer acl-file needs access.acls: the ACLs, a line each" }}
+{{- end }}
 {{- if and .Values.tls.requireClientCert (not .Values.tls.existingSecret) }}
 {{- fail "tls.requireClientCert needs tls.existingSecret: the Secret's ca.crt is the CA client certificates must be signed by" }}
 {{- end }}
+{{- end }}
+
+{{/* The ConfigMap holding the ACL file and the admin roles file (values: access). */}}
+{{- define "keyshard.accessConfigName" -}}
+{{- printf "%s-access" (include "keyshard.fullname" . | trunc 56 | trimSuffix "-") }}
 {{- end }}
 
 {{/* The ConfigMap holding the Kafka client settings file, and where the pod sees it. */}}

@@ -28,6 +28,7 @@ import ssl as _ssl
 import sys
 import termios
 from collections.abc import Callable
+from typing import Any
 
 from keyshard.core.protocol.codec import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -140,6 +141,15 @@ class Channel:
         """The peer's address without its port: one client over its reconnects."""
         peer = self._transport.get_extra_info("peername") if self._transport else None
         return str(peer[0]) if peer else "?"
+
+    def peer_certificate(self) -> dict[str, Any] | None:
+        """The certificate the peer presented and TLS verified (`getpeercert()`), or None:
+        no TLS, or no certificate asked for."""
+        ssl_object = self._transport.get_extra_info("ssl_object") if self._transport else None
+        if ssl_object is None:
+            return None
+        certificate: dict[str, Any] | None = ssl_object.getpeercert()
+        return certificate or None
 
     def set_request_handler(self, handler: RequestHandler) -> None:
         self._on_request = handler

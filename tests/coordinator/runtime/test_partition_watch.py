@@ -12,7 +12,8 @@ import pytest
 from keyshard.coordinator.group.replay import replay
 from keyshard.coordinator.group.state import GroupState
 from keyshard.coordinator.runtime.config import RuntimeConfig
-from keyshard.coordinator.runtime.runtime import CoordinatorError, CoordinatorRuntime
+from keyshard.coordinator.runtime.errors import CoordinatorError
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.coordinator.runtime.takeover import takeover_result
 from keyshard.core.protocol.messages import ErrorCode, RegisterRequest, StartFetcherRequest
 from tests.coordinator.runtime.memory import MemoryLog, serving_runtime

@@ -7,7 +7,7 @@ import pytest
 
 from keyshard.coordinator.group.bounds import Bounds
 from keyshard.coordinator.runtime.config import RuntimeConfig
-from keyshard.coordinator.runtime.runtime import CoordinatorError
+from keyshard.coordinator.runtime.errors import CoordinatorError
 from keyshard.core.protocol.messages import ErrorCode, RegisterRequest
 from tests.coordinator.runtime.test_runtime import HeldLog, RecordingChannel, runtime_on
 

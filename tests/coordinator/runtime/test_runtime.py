@@ -57,6 +57,7 @@ class RecordingChannel:
         self.sent: list[tuple[Message, asyncio.Future[Message]]] = []
         self.is_closed = False
         self.peer = "test"
+        self.peer_host = "test"
 
     def submit(self, message: Message) -> asyncio.Future[Message]:
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()

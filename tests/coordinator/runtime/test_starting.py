@@ -11,7 +11,7 @@ import pytest
 
 from keyshard.coordinator.group.state import GroupConfig, OffsetReset
 from keyshard.coordinator.runtime.config import RuntimeConfig
-from keyshard.coordinator.runtime.runtime import CoordinatorError
+from keyshard.coordinator.runtime.errors import CoordinatorError
 from keyshard.core.model.positions import TopicPartition
 from keyshard.core.protocol.messages import ErrorCode, StartFetcherRequest
 from tests.coordinator.runtime.memory import MemoryLog, serving_runtime

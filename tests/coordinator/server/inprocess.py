@@ -7,8 +7,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from keyshard.coordinator.group.state import GroupConfig
+from keyshard.coordinator.runtime.authorization import Authorizer
 from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.server.admission import ConnectionLimits
+from keyshard.coordinator.server.authentication import Authentication
 from keyshard.coordinator.server.listener import CoordinatorServer
 from keyshard.local.processes import free_port
 from tests.coordinator.runtime.memory import serving_runtime
@@ -19,6 +21,8 @@ async def running_coordinator(
     limits: ConnectionLimits | None = None,
     tls: ssl.SSLContext | None = None,
     auth_token: str | None = None,
+    authentication: Authentication | None = None,
+    authorizer: Authorizer | None = None,
 ) -> AsyncIterator[CoordinatorServer]:
     """A listening coordinator on a free loopback port; groups may use any topic (the
     in-memory cluster says every topic exists, with one partition)."""
@@ -26,12 +30,15 @@ async def running_coordinator(
     config = RuntimeConfig(
         "unused:1",
         advertised_address=f"127.0.0.1:{port}",
-        auth_token=auth_token,
         group_defaults=GroupConfig(ping_interval_ms=100),
     )
-    runtime = serving_runtime(config)
+    runtime = serving_runtime(config, authorizer=authorizer)
     await runtime.start()
-    server = CoordinatorServer(runtime, "127.0.0.1", port, tls=tls, limits=limits)
+    if authentication is None:
+        authentication = Authentication(shared_token=auth_token)
+    server = CoordinatorServer(
+        runtime, "127.0.0.1", port, tls=tls, limits=limits, authentication=authentication
+    )
     try:
         await server.start()
         yield server

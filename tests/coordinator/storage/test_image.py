@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
+from keyshard.coordinator.group.state import MAX_AUDIT_HISTORY, AuditEntry
 from keyshard.coordinator.storage.image import PartitionImage
 from keyshard.coordinator.storage.log_format import (
+    AuditRecord,
     EpochMarker,
     MemberRecord,
     PositionsChunk,
@@ -39,6 +44,15 @@ def test_records_round_trip_through_their_json() -> None:
     e = EpochMarker(3, 7, "replica-a", "10.0.0.1:7171", "http://10.0.0.1:7172")
     assert decode(e.key, encode(e)) == e
     assert decode(b"M\x00g\x00m1", None) == Tombstone(b"M\x00g\x00m1")
+
+
+def test_a_member_keeps_its_principal_and_one_stored_without_is_anonymous() -> None:
+    m = replace(member("m1", 2, RangeSet.full()), principal="User:team-a")
+    assert decode(m.key, encode(m)) == m
+    stored = json.loads(encode(member("m1", 2, RangeSet.full())) or b"")
+    del stored["principal"]
+    old = decode(m.key, json.dumps(stored).encode())
+    assert isinstance(old, MemberRecord) and old.principal == "User:ANONYMOUS"
 
 
 def test_a_fenced_writer_after_the_marker_is_ignored_and_before_it_counts() -> None:
@@ -145,3 +159,22 @@ def test_a_reset_marker_of_a_fenced_writer_is_ignored() -> None:
     image.apply(2, ResetMarker("g", TP, RangeSet.full(), Position(0), epoch=1))
     assert image.fenced_records == 1
     assert image.groups()["g"].positions[TP].minimum_offset() == 900
+
+
+def test_the_audit_trail_keeps_the_last_entries_in_order_and_fenced_writers_add_none() -> None:
+    def entry(seq: int) -> AuditRecord:
+        return AuditRecord(
+            "g", AuditEntry(1000 + seq, "User:ops", "fence", f"member m{seq}", seq), 1
+        )
+
+    assert decode(entry(7).key, encode(entry(7))) == entry(7)
+    image = PartitionImage(0)
+    image.apply(0, EpochMarker(0, 1, "a", "a:1", "http://a:2"))
+    # More entries than the trail keeps: each takes the key of the one it supersedes.
+    for seq in range(MAX_AUDIT_HISTORY + 3):
+        image.apply(seq + 1, entry(seq))
+    assert len({entry(seq).key for seq in range(MAX_AUDIT_HISTORY + 3)}) == MAX_AUDIT_HISTORY
+    image.apply(500, EpochMarker(0, 2, "b", "b:1", "http://b:2"))
+    image.apply(501, entry(MAX_AUDIT_HISTORY + 3))  # epoch 1, after the marker of 2
+    trail = image.groups()["g"].audit
+    assert [e.seq for e in trail] == list(range(3, MAX_AUDIT_HISTORY + 3))
