@@ -57,7 +57,8 @@ typedef struct {
     int64_t start, end, floor, frozen;
 } GrantRow;
 
-static PyObject *s_offset, *s_headers, *s_key, *s_value, *s_cursor, *s_grants, *s_demand_upto;
+static PyObject *s_offset, *s_headers, *s_key, *s_value, *s_key_size, *s_value_size, *s_cursor,
+    *s_grants, *s_demand_upto;
 
 /* MurmurHash3_x86_32 (Austin Appleby, public domain), byte-for-byte what mmh3.hash
  * computes: the slot numbers must match the coordinator's and Pulsar's. */
@@ -502,6 +503,34 @@ data_length(PyObject *data)
     return PyObject_Size(data);
 }
 
+/* A key's or a value's bytes: the serialized size aiokafka recorded as it decoded the
+ * record (-1: none), an int read without touching the data (which is cold in the cache
+ * this early, and may have been deserialized into something whose length means nothing);
+ * the data's own length for a record made elsewhere. -1 with an exception set on error. */
+static Py_ssize_t
+part_bytes(PyObject *rec, PyObject *size_name, PyObject *data_name)
+{
+    PyObject *attr = PyObject_GetAttr(rec, size_name);
+    if (attr == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+    } else if (PyLong_CheckExact(attr)) {
+        Py_ssize_t n = PyLong_AsSsize_t(attr);
+        Py_DECREF(attr);
+        if (n == -1 && PyErr_Occurred())
+            return -1;
+        return n < 0 ? 0 : n;
+    } else {
+        Py_DECREF(attr);
+    }
+    if ((attr = PyObject_GetAttr(rec, data_name)) == NULL)
+        return -1;
+    Py_ssize_t n = data_length(attr);
+    Py_DECREF(attr);
+    return n;
+}
+
 /* What a record weighs in the memory budget, exactly as budget.record_size counts it:
  * key + value + header names and values. -1 with an exception set on error. By
  * attribute: on Python 3.11+ a record's fields live inline, and asking for its __dict__
@@ -509,16 +538,11 @@ data_length(PyObject *data)
 static Py_ssize_t
 record_bytes(PyObject *rec)
 {
-    Py_ssize_t size, part;
-    PyObject *attr = PyObject_GetAttr(rec, s_key);
-    if (attr == NULL)
+    Py_ssize_t size = part_bytes(rec, s_key_size, s_key), part;
+    if (size < 0)
         return -1;
-    size = data_length(attr);
-    Py_DECREF(attr);
-    if (size < 0 || (attr = PyObject_GetAttr(rec, s_value)) == NULL)
-        return -1;
-    part = data_length(attr);
-    Py_DECREF(attr);
+    part = part_bytes(rec, s_value_size, s_value);
+    PyObject *attr;
     if (part < 0 || (attr = PyObject_GetAttr(rec, s_headers)) == NULL)
         return -1;
     size += part;
@@ -615,6 +639,8 @@ PyInit__fastpath(void)
         !(s_headers = PyUnicode_InternFromString("headers")) ||
         !(s_key = PyUnicode_InternFromString("key")) ||
         !(s_value = PyUnicode_InternFromString("value")) ||
+        !(s_key_size = PyUnicode_InternFromString("serialized_key_size")) ||
+        !(s_value_size = PyUnicode_InternFromString("serialized_value_size")) ||
         !(s_cursor = PyUnicode_InternFromString("cursor")) ||
         !(s_grants = PyUnicode_InternFromString("grants")) ||
         !(s_demand_upto = PyUnicode_InternFromString("demand_upto")))

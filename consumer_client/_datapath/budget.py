@@ -30,11 +30,22 @@ from typing import Any
 
 
 def record_size(record: Any) -> int:
-    """What a record weighs in the budget: key + value + header names and values. The
-    C fast path's `take` counts the same (`_fastpath.c`, `record_bytes`)."""
-    size = _length(record.key) + _length(record.value)
-    for name, value in record.headers or ():
-        size += len(name) + _length(value)
+    """What a record weighs in the budget: key + value + header names and values. Key and
+    value count as serialized, by the sizes aiokafka records as it decodes (-1: none):
+    read without touching the data, and right whatever a deserializer made of it; a
+    record made elsewhere counts its data's length. The C fast path's `take` counts the
+    same (`_fastpath.c`, `record_bytes`)."""
+    try:
+        key, value = record.serialized_key_size, record.serialized_value_size
+    except AttributeError:
+        key = value = None
+    if type(key) is not int:
+        key = _length(record.key)
+    if type(value) is not int:
+        value = _length(record.value)
+    size = (key if key > 0 else 0) + (value if value > 0 else 0)
+    for name, data in record.headers or ():
+        size += len(name) + _length(data)
     return size
 
 

@@ -40,8 +40,9 @@ def rec(
     key: bytes | None = b"k",
     headers: list[tuple[str, bytes | None]] | None = None,
 ) -> ConsumerRecord[bytes, bytes]:
+    key_size = -1 if key is None else len(key)  # as aiokafka records them
     return ConsumerRecord(
-        TOPIC, partition, offset, 0, 0, key, b"v" * size, None, 0, size, headers or []
+        TOPIC, partition, offset, 0, 0, key, b"v" * size, None, key_size, size, headers or []
     )
 
 
@@ -56,6 +57,16 @@ def test_a_record_weighs_its_key_value_and_headers() -> None:
     )
 
 
+def deserialized(offset: int) -> ConsumerRecord[bytes, Any]:
+    """What aiokafka hands out with a value_deserializer: the sizes are the wire's."""
+    return ConsumerRecord(TOPIC, 0, offset, 0, 0, b"k", {"n": offset}, None, 1, 50, [])
+
+
+def test_a_deserialized_value_weighs_what_it_weighed_on_the_wire() -> None:
+    assert record_size(deserialized(0)) == 1 + 50
+    assert record_size(Slotted(b"key", b"value", ())) == 8  # made elsewhere: its data
+
+
 @pytest.mark.skipif(fastpath.NATIVE is None, reason="the C fast path is not built")
 def test_the_c_take_counts_as_the_python_one() -> None:
     records: list[Any] = [
@@ -64,10 +75,11 @@ def test_the_c_take_counts_as_the_python_one() -> None:
         rec(2, 5, headers=[("h", b"xyz"), ("g", None)]),
         rec(3, 3000),
         rec(4, 7),
+        deserialized(5),
     ]
     records += [Slotted(b"key", b"value", ()), Slotted(None, b"v", (("h", b"1"),))]
     assert fastpath.NATIVE is not None
-    for room in (-5, 0, 1, 11, 12, 40, 3040, 3060, 10**9):
+    for room in (-5, 0, 1, 11, 12, 40, 3040, 3060, 3100, 10**9):
         assert fastpath.NATIVE.take(records, room) == budget_module.take(records, room)
 
 
