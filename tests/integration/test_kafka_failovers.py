@@ -39,8 +39,11 @@ CONSUMERS = 3
 RATE = 200  # records per second
 KEYS = 300
 TRAFFIC_S = 30.0
-#: How much longer than Kafka's own stop (the plain reader's) the group may stop.
-ALLOWANCE_S = 2.0
+#: How much longer than Kafka's own stop (the plain reader's) the group may stop. Over
+#: five runs with one replica on the 2-core machine (load 2-7) the group stopped -0.1,
+#: 1.2, 1.9, 2.0 and 2.8 s longer than the reader, depending on which nodes led the data
+#: and the state partitions; a group left unserved stops for a session or more.
+ALLOWANCE_S = 3.0
 
 
 @pytest.mark.parametrize("replicas", [1, 3])
