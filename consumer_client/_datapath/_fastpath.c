@@ -504,8 +504,7 @@ data_length(PyObject *data)
 }
 
 /* A key's or a value's bytes: the serialized size aiokafka recorded as it decoded the
- * record (-1: none), an int read without touching the data (which is cold in the cache
- * this early, and may have been deserialized into something whose length means nothing);
+ * record (-1: none), an int that stays right whatever a deserializer made of the data;
  * the data's own length for a record made elsewhere. -1 with an exception set on error. */
 static Py_ssize_t
 part_bytes(PyObject *rec, PyObject *size_name, PyObject *data_name)
