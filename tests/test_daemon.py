@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
-from keyshard.daemon import admin_url
+from keyshard.daemon import admin_url, default_replica_id
 
 
 @pytest.mark.parametrize(
@@ -19,3 +21,16 @@ from keyshard.daemon import admin_url
 def test_the_admin_url_of_a_replica_is_a_valid_url(advertised: str, expected: str) -> None:
     assert admin_url(advertised, 7172, https=False) == expected
     assert admin_url(advertised, 7172, https=True) == expected.replace("http:", "https:")
+
+
+def test_a_bare_replica_is_named_by_its_host_and_listen_address() -> None:
+    """The same host and listen address give the same name (a restart in place is the
+    same replica); a different address on the host, another one. Port 0 has no stable
+    address: every process is a new replica."""
+    host = socket.gethostname()
+    assert default_replica_id("0.0.0.0", 7171) == f"{host}:7171"
+    assert default_replica_id("0.0.0.0", 7171) == default_replica_id("0.0.0.0", 7171)
+    assert default_replica_id("127.0.0.1", 7171) == f"{host}:127.0.0.1:7171"
+    assert default_replica_id("::1", 7171) == f"{host}:[::1]:7171"
+    assert default_replica_id("0.0.0.0", 7181) != default_replica_id("0.0.0.0", 7171)
+    assert default_replica_id("0.0.0.0", 0) != default_replica_id("0.0.0.0", 0)
