@@ -7,9 +7,10 @@
 With `--replicas N` the coordinator runs as N replicas on one state topic (fresh per run)
 and the members are split over `--groups` groups; each group's consumers connect to the
 replica serving it (bench._coord_replicas) and CPU is reported per replica. The
-simulated consumers do not follow a takeover (no lease, no re-registration elsewhere):
-a replica taken over during a run leaves its groups' consumers unserved, and the run
-does not settle.
+simulated consumers follow a takeover as real ones do (docs/protocol.md §7.4): when their
+channel closes they ask the replicas which one serves the group now and register there
+with their claim while their lease holds (a session timeout since a coordinator last
+spoke to them), or anew once it ran out; a run counts both.
 
 A real Tansu broker and a real coordinator process (`keyshard coordinator`); the consumers
 are protocol-level clients (coordinator/protocol/: codec and channel), several
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -57,10 +59,13 @@ from keyshard.core.model.addresses import parse_host_port
 from keyshard.core.model.hashing import SLOT_COUNT
 from keyshard.core.model.positions import Position, RangePositionMap
 from keyshard.core.model.ranges import EMPTY, RangeSet
-from keyshard.core.protocol.channel import Channel
+from keyshard.core.protocol.channel import Channel, RemoteError
 from keyshard.core.protocol.messages import (
     ErrorCode,
+    MemberClaim,
     Message,
+    MetadataRequest,
+    MetadataResponse,
     PingRequest,
     PingResponse,
     RegisterRequest,
@@ -70,18 +75,31 @@ from keyshard.core.protocol.messages import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
-from keyshard.core.protocol.wire import positions_from_wire, positions_to_wire, ranges_from_wire
+from keyshard.core.protocol.wire import (
+    positions_from_wire,
+    positions_to_wire,
+    ranges_from_wire,
+    ranges_to_wire,
+)
 from keyshard.local.broker import EmbeddedBroker
 
 TOPIC = "scale.events"
+# Between two rounds of looking for a group's coordinator, as consumer_client waits
+# (consumer_client._membership.state.retry_delay): doubling from the first to the last, at
+# most the riding one while the member holds a claim. Thousands of clients retrying at a
+# fixed short interval would be a storm of their own against a lagging replica.
+FIRST_RETRY_S, LAST_RETRY_S, RIDING_RETRY_S = 0.1, 2.0, 0.5
 
 # ---- the simulated consumers (worker processes) -------------------------------------
 
 
 @dataclass
 class SimStats:
-    registered: int = 0
+    registered: int = 0  # clients registered at least once
     failed: int = 0
+    adopted: int = 0  # registered again with a claim, and the claim was taken
+    claims_refused: int = 0  # registered again with a claim, and had to start over
+    leases_lost: int = 0  # found no coordinator within a session: registered anew
     starts: int = 0
     stops: int = 0
     pings: int = 0
@@ -91,44 +109,131 @@ class SimStats:
 
 
 class SimClient:
-    """One consumer as the coordinator sees it: register, then answer every request."""
+    """One consumer as the coordinator sees it: register, answer every request, and when
+    the channel closes find the group's coordinator again and register there, with its
+    claim (id, epoch, ranges, positions) while its lease holds."""
 
-    def __init__(self, name: str, stats: SimStats, session_timeout_ms: int) -> None:
+    def __init__(
+        self, name: str, stats: SimStats, session_timeout_ms: int,
+        replicas: list[tuple[str, int]],
+    ) -> None:  # fmt: skip
         self.name = name
         self.stats = stats
         self.session_timeout_ms = session_timeout_ms
+        self.replicas = replicas  # every replica's address: where to ask for the owner
         self.owned: RangeSet = EMPTY
         self.positions: dict[tuple[str, int], RangePositionMap] = {}
         self.last_heard = 0.0
         self.done = 0
         self.channel: Channel | None = None
+        self.member_id: str | None = None
+        self.member_epoch = 0
+        self.coordinator_epoch = 0
+        self._granted = EMPTY  # granted since the Register in flight was sent
+        self.registered_once = False
+        self._retry_s = FIRST_RETRY_S
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self, host: str, port: int, group: str) -> None:
+        """Serve the group until cancelled. A first Register refused other than for
+        reaching a replica that does not serve the group fails the run (the coordinator
+        turned a member away); anything later is followed."""
+        where: tuple[str, int] = (host, port)
+        while True:
+            try:
+                channel = await self._register(where, group)
+            except Exception as err:
+                moved = isinstance(err, RemoteError) and err.code is ErrorCode.NOT_COORDINATOR
+                if not self.registered_once and not moved:
+                    print(f"{self.name}: register failed: {err!r}", file=sys.stderr, flush=True)
+                    self.stats.failed += 1
+                    return
+                await asyncio.sleep(self._retry_delay())
+                where = await self._find(group)
+                continue
+            self._retry_s = FIRST_RETRY_S
+            await channel.wait_closed()
+            where = await self._find(group)
+
+    def _retry_delay(self) -> float:
+        delay = self._retry_s
+        if self.member_id is not None:
+            delay = min(delay, RIDING_RETRY_S)
+        self._retry_s = min(self._retry_s * 2, LAST_RETRY_S)
+        return delay
+
+    async def _register(self, where: tuple[str, int], group: str) -> Channel:
+        channel = await Channel.connect(*where, timeout=60, name=self.name)
+        channel.set_request_handler(self._on_request)
+        channel.start()
+        if not self.last_heard:
+            self.last_heard = time.monotonic()  # silence counts from the first connect
+        claim = self._claim()
+        if claim is None:
+            self.owned, self.positions = EMPTY, {}
+        self._granted = EMPTY
         try:
-            channel = await Channel.connect(host, port, timeout=60, name=self.name)
-            channel.set_request_handler(self._on_request)
-            channel.start()
-            self.channel = channel
-            self.last_heard = time.monotonic()
             reply = await channel.request(
                 RegisterRequest(
-                    correlation_id=0,
-                    group=group,
-                    topics=[TOPIC],
-                    consumer_name=self.name,
-                    session_timeout_ms=self.session_timeout_ms,
+                    correlation_id=0, group=group, topics=[TOPIC], consumer_name=self.name,
+                    session_timeout_ms=self.session_timeout_ms, claim=claim,
                 ),
                 timeout=120,
-            )
+            )  # fmt: skip
             if not isinstance(reply, RegisterResponse):
                 raise RuntimeError(f"unexpected reply {reply.type}")
-        except Exception as err:  # counted and reported: the run is then invalid
-            print(f"{self.name}: register failed: {err!r}", file=sys.stderr, flush=True)
-            self.stats.failed += 1
-            return
-        self.stats.registered += 1
-        await channel.wait_closed()
+        except BaseException:
+            channel.close()
+            raise
+        kept = EMPTY
+        if claim is not None and reply.member_id == claim.member_id:
+            self.stats.adopted += 1
+            kept = self.owned & ranges_from_wire(reply.adopted)
+        elif claim is not None:
+            self.stats.claims_refused += 1
+        if not self.registered_once:
+            self.registered_once = True
+            self.stats.registered += 1
+        # A grant may be handled before this reply is (never sent before it): it stays.
+        self.owned = kept | self._granted
+        self.member_id, self.member_epoch = reply.member_id, reply.member_epoch
+        self.coordinator_epoch = max(self.coordinator_epoch, reply.coordinator_epoch)
+        self.channel = channel
+        self._heard()
+        return channel
+
+    def _claim(self) -> MemberClaim | None:
+        """What this member still runs, while its lease holds; None: register anew."""
+        if self.member_id is None:
+            return None
+        if time.monotonic() - self.last_heard >= self.session_timeout_ms / 1000:
+            self.stats.leases_lost += 1
+            self.member_id = None
+            return None
+        report = {tp: pmap.segments(self.owned) for tp, pmap in self.positions.items()}
+        return MemberClaim(
+            member_id=self.member_id, member_epoch=self.member_epoch,
+            owned=ranges_to_wire(self.owned), positions=positions_to_wire(report),
+            coordinator_epoch=self.coordinator_epoch,
+        )  # fmt: skip
+
+    async def _find(self, group: str) -> tuple[str, int]:
+        """Ask the replicas in turn which one serves `group` until one names an active
+        owner, as consumer_client's Membership does."""
+        while True:
+            for host, port in self.replicas:
+                with contextlib.suppress(Exception):
+                    probe = await Channel.connect(host, port, timeout=5, name=f"{self.name}-probe")
+                    probe.start()
+                    try:
+                        answer = await probe.request(
+                            MetadataRequest(correlation_id=0, group=group), timeout=5
+                        )
+                    finally:
+                        await probe.aclose()
+                    if isinstance(answer, MetadataResponse) and answer.active:
+                        return parse_host_port(answer.coordinator)
+            await asyncio.sleep(self._retry_delay())
 
     def _heard(self) -> None:
         now = time.monotonic()
@@ -138,6 +243,9 @@ class SimClient:
 
     def _on_request(self, channel: Channel, message: Message) -> None:
         self._heard()
+        if isinstance(message, PingRequest | StartFetcherRequest | StopFetcherRequest):
+            self.member_epoch = max(self.member_epoch, message.member_epoch)
+            self.coordinator_epoch = max(self.coordinator_epoch, message.coordinator_epoch)
         match message:
             case PingRequest():
                 self.stats.pings += 1
@@ -162,6 +270,7 @@ class SimClient:
                 for tp, segments in positions_from_wire(message.positions).items():
                     self.positions.setdefault(tp, RangePositionMap()).update(segments)
                 self.owned = self.owned | slots
+                self._granted = self._granted | slots
                 channel.reply(
                     message,
                     StartFetcherResponse(correlation_id=0, member_epoch=message.member_epoch),
@@ -203,10 +312,14 @@ async def worker_main(args: argparse.Namespace) -> None:
     await asyncio.sleep(max(0.0, go_at - time.monotonic()))
     clients: list[SimClient] = []
     tasks = []
+    replicas = [parse_host_port(a) for a in args.addresses.split(",") if a]
     for k, (group, address, count) in enumerate(json.loads(args.plan)):
         host, port = parse_host_port(address)
         for i in range(count):
-            client = SimClient(f"sim-{args.index}-{k}-{i}", stats, args.session_timeout_ms)
+            client = SimClient(
+                f"sim-{args.index}-{k}-{i}", stats, args.session_timeout_ms,
+                replicas or [(host, port)],
+            )  # fmt: skip
             clients.append(client)
             tasks.append(asyncio.create_task(client.run(host, port, group)))
     try:
@@ -217,6 +330,9 @@ async def worker_main(args: argparse.Namespace) -> None:
                     {
                         "registered": stats.registered,
                         "failed": stats.failed,
+                        "adopted": stats.adopted,
+                        "claims_refused": stats.claims_refused,
+                        "leases_lost": stats.leases_lost,
                         "owning": sum(1 for c in clients if c.owned),
                         "slots": sum(c.owned.size for c in clients),
                         "starts": stats.starts,
@@ -250,6 +366,10 @@ class RunResult:
     note: str = ""
     replicas: int = 1
     groups: int = 1
+    # Clients that followed a takeover: adopted with their claim, or registered anew
+    # (their claim refused, or their lease ran out first).
+    adopted: int = 0
+    registered_anew: int = 0
     # Per replica (r0, r1, ...): CPU at steady pings and from go to stable (cores),
     # members served, RSS at steady state.
     cpu_per_replica: list[float] = field(default_factory=list)
@@ -313,6 +433,7 @@ async def one_run(
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "bench.coord_scale", "--worker", "--index", str(index),
                 "--plan", json.dumps(plan), "--session-timeout-ms", str(session_timeout_ms),
+                "--addresses", ",".join(c.address for c in coords),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=ROOT,
             )  # fmt: skip
             procs.append(WorkerProc(proc))
@@ -376,6 +497,8 @@ async def one_run(
             note=note,
             replicas=replicas,
             groups=groups,
+            adopted=total("adopted"),
+            registered_anew=total("claims_refused") + total("leases_lost"),
             cpu_per_replica=steady,
             storm_cpu_per_replica=storm,
             members_per_replica=[
@@ -426,7 +549,8 @@ async def driver(args: argparse.Namespace) -> list[RunResult]:
                     f"{'-' if r.stable_s is None else f'{r.stable_s:.2f} s'}, "
                     f"{r.starts} starts / {r.stops} stops, CPU {r.cpu_cores:.3f} cores, "
                     f"RSS {r.rss_idle_mib:.0f} -> {r.rss_mib:.0f} MiB, "
-                    f"{r.pings_per_s:.0f} pings/s, max silence {r.max_silence_s:.2f} s {r.note}",
+                    f"{r.pings_per_s:.0f} pings/s, max silence {r.max_silence_s:.2f} s, "
+                    f"after a takeover {r.adopted} adopted / {r.registered_anew} anew {r.note}",
                     flush=True,
                 )
                 results.append(r)
@@ -483,7 +607,7 @@ def summarize_replicas(results: list[RunResult]) -> str:
             " / ".join(f"{m:,}" for m in r.members_per_replica),
             each(r.storm_cpu_per_replica), each(r.cpu_per_replica),
             f"{r.pings_per_s:.0f}", each(r.rss_per_replica, 0),
-            f"{r.max_silence_s:.2f} s", r.note or "",
+            f"{r.max_silence_s:.2f} s", f"{r.adopted} / {r.registered_anew}", r.note or "",
         ]
         for r in results
     ]  # fmt: skip
@@ -493,7 +617,8 @@ def summarize_replicas(results: list[RunResult]) -> str:
             "StartFetcher / StopFetcher sent", "members per replica (r0 / r1 / r2)",
             "CPU per replica, go -> stable (cores)", "CPU per replica at steady pings (cores)",
             "pings/s (all)", "RSS per replica at steady state (MiB)",
-            "longest silence seen by a client", "note",
+            "longest silence seen by a client",
+            "clients that followed a takeover: adopted / registered anew", "note",
         ],
         rows,
     )  # fmt: skip
@@ -556,6 +681,7 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--plan", default="[]", help=argparse.SUPPRESS)
+    parser.add_argument("--addresses", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         asyncio.run(worker_main(args))

@@ -42,6 +42,7 @@ from keyshard.core.protocol.codec import DEFAULT_MAX_FRAME_BYTES, PRE_AUTH_MAX_F
 from keyshard.core.security.tls import ServerTls
 
 log = logging.getLogger(__name__)
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # listening on every address of the host
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +79,10 @@ class DaemonConfig:
     pre_auth_max_frame_bytes: int = PRE_AUTH_MAX_FRAME_BYTES  # until a Register succeeds
     # What one member may declare and report, and how many (coordinator.group.bounds).
     bounds: Bounds = field(default_factory=Bounds)
-    # Replicas (docs/protocol.md §7): this one's name and where consumers reach it, the
-    # state topic's partitions (used when creating it), and how long a replica's beats
-    # may be silent before its partitions are taken over.
-    replica_id: str = field(default_factory=lambda: default_replica_id())
+    # Replicas (docs/protocol.md §7): this one's name (None: `default_replica_id`) and
+    # where consumers reach it, the state topic's partitions (used when creating it), and
+    # how long a replica's beats may be silent before its partitions are taken over.
+    replica_id: str | None = None
     advertise: str | None = None  # host:port; None: the listen address (see advertised())
     state_partitions: int = DEFAULT_STATE_PARTITIONS
     replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS
@@ -106,7 +107,7 @@ class DaemonConfig:
         if self.advertise:
             return self.advertise
         host = self.listen_host
-        if host in ("0.0.0.0", "::", ""):
+        if host in WILDCARD_HOSTS:
             host = socket.gethostbyname(socket.gethostname())
         return f"{host}:{port}"
 
@@ -120,9 +121,24 @@ def admin_url(advertised: str, admin_port: int, *, https: bool) -> str:
     return f"{'https' if https else 'http'}://{host}:{admin_port}"
 
 
-def default_replica_id() -> str:
-    """Unique per process: a restarted pod is a new replica (its name with a suffix)."""
-    return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+def default_replica_id(listen_host: str, listen_port: int) -> str:
+    """A bare deployment's replica name: this host's name and the address it listens on
+    (`host:port`, or `host:listen-host:port` when it listens on one address, not all).
+
+    It stays the same when the coordinator is restarted in place, so the new process is
+    the replica the old one was and takes its state partitions back at once
+    (`ReplicaManager.desired_owners`), while its consumers' leases still hold. No two
+    live processes share it: one host has one process listening on an address, and the
+    daemon binds it before it claims anything. Listening on port 0 (any free port) has
+    no stable address: the name then gets a random suffix, a new replica per process.
+    """
+    host = socket.gethostname()
+    if listen_port == 0:
+        return f"{host}-{uuid.uuid4().hex[:6]}"
+    if listen_host in WILDCARD_HOSTS:
+        return f"{host}:{listen_port}"
+    where = f"[{listen_host}]" if ":" in listen_host else listen_host
+    return f"{host}:{where}:{listen_port}"
 
 
 class _InLoopUvicorn(uvicorn.Server):
@@ -198,8 +214,9 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     state_log: KafkaStateLog | None = None
     try:
         advertised = config.advertised(config.listen_port)
+        replica_id = config.replica_id or default_replica_id(config.listen_host, config.listen_port)
         identity = ReplicaIdentity(
-            config.replica_id,
+            replica_id,
             advertised,
             admin_url(advertised, admin_socket.getsockname()[1], https=admin_tls is not None),
         )
@@ -218,7 +235,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             group_defaults=config.group_defaults,
             group_assignors=dict(config.group_assignors),
             group_offset_resets=dict(config.group_offset_resets),
-            coordinator_id=config.replica_id,
+            coordinator_id=replica_id,
             bounds=config.bounds,
             metadata_refresh_ms=config.metadata_refresh_ms,
             partition_growth_window_ms=config.partition_growth_window_ms,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from keyshard.coordinator.server.authentication import Authentication
-from keyshard.daemon import DaemonConfig, admin_url
+from keyshard.daemon import DaemonConfig, admin_url, default_replica_id
 
 
 @pytest.mark.parametrize(
@@ -30,3 +32,16 @@ def test_the_daemon_config_keeps_its_secrets_out_of_its_repr() -> None:
     )  # fmt: skip
     assert config.admin_token == "Zq9-admin"
     assert "Zq9" not in repr(config) and "kafka:9092" in repr(config)
+
+
+def test_a_bare_replica_is_named_by_its_host_and_listen_address() -> None:
+    """The same host and listen address give the same name (a restart in place is the
+    same replica); a different address on the host, another one. Port 0 has no stable
+    address: every process is a new replica."""
+    host = socket.gethostname()
+    assert default_replica_id("0.0.0.0", 7171) == f"{host}:7171"
+    assert default_replica_id("0.0.0.0", 7171) == default_replica_id("0.0.0.0", 7171)
+    assert default_replica_id("127.0.0.1", 7171) == f"{host}:127.0.0.1:7171"
+    assert default_replica_id("::1", 7171) == f"{host}:[::1]:7171"
+    assert default_replica_id("0.0.0.0", 7181) != default_replica_id("0.0.0.0", 7171)
+    assert default_replica_id("0.0.0.0", 0) != default_replica_id("0.0.0.0", 0)

@@ -403,10 +403,12 @@ class MemberStateMachine(Generic[C]):
     def retry_delay(self, now: float) -> float:
         """Every address failed: how long to wait before the next round. Backing off (a
         wrong address is not worth 20 connection attempts a second), but a member riding
-        through looks again before its lease runs out."""
+        through looks again every `PROBE_INTERVAL_S` at most, and before its lease runs
+        out: a coordinator restarted in place takes its claims a few seconds after it
+        went away, and a 2 s wait would spend a third of a 6 s lease after it is back."""
         delay = self._retry_s
         if self.member_id is not None:
-            delay = min(delay, max(MIN_RETRY_S, self.lease_left(now)))
+            delay = min(delay, PROBE_INTERVAL_S, max(MIN_RETRY_S, self.lease_left(now)))
         self._retry_s = min(self._retry_s * 2, LAST_RETRY_S)
         return delay
 

@@ -409,6 +409,14 @@ class ReplicaManager:
         since it started (killed, frozen, or cut off from Kafka) it takes only after
         `HELD_PATIENCE` replica timeouts: a lone holder that lost Kafka lets go after
         `LONE_CUT_OFF` (`cut_off`), so the two never serve it at once.
+
+        A partition last claimed under this replica's own id (it was restarted in place:
+        the same name, `keyshard.daemon.default_replica_id`) is its own from the start:
+        the process that held it is gone, since the id is never shared by live
+        processes, so there is nobody to listen for or be patient with, and its
+        consumers' leases are running out. The claim takes the next epoch, as any claim
+        does: a write of the old process still in flight carries the older one and is
+        ignored.
         """
         me = self.identity.replica_id
         alive = set(self._alive()) | {me}
@@ -418,7 +426,7 @@ class ReplicaManager:
         elif alive == {me} and self._listened() >= 2 * self.settings.beat_interval_s:
             owners = take_orphans({}, self.partitions, [me])
         else:
-            return {}
+            return {p: me for p, image in self.log.images.items() if image.holder == me}
         patience = HELD_PATIENCE * self.settings.replica_timeout_s
         patient = self.directory is None and self._listened() < patience
         for partition, image in self.log.images.items():

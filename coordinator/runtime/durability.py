@@ -19,6 +19,7 @@ cannot write it any more (`Fenced`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -107,7 +108,10 @@ class StateWriter:
             self._chunks[(group, tp)] = count
 
     def forget(self, group: str) -> None:
-        """The group left this replica (handed over, or fenced)."""
+        """The group left this replica (handed over, or fenced). A write of it still in
+        flight stays that group's: if the partition comes back, the group adopted then
+        starts writes of its own (see `flush`)."""
+        self.writes.pop(group, None)
         self.flushed.pop(group, None)
         self._positions_written.pop(group, None)
         self._records.pop(group, None)
@@ -127,15 +131,26 @@ class StateWriter:
         They wait on the write itself, not in a lock's queue: thousands of waiters then
         resume in one loop turn when it lands instead of one per turn (a convoy that
         would hold StartFetchers for seconds in a join storm).
+
+        Raises NotOwned when the group is not served here, or was let go of before its
+        write landed, whatever the write did: a group by this name served later (its
+        partition taken back) is another state, with versions of its own, and what this
+        call was asked to store never was. Returning as if stored would let a grant of
+        the group that was let go of leave; passing on the old write's refusal (Fenced:
+        its epoch is the old one) would make the caller let go of the new one.
         """
         state = self.groups.get(group)
         if state is None:
-            return
+            raise NotOwned(f"group {group!r} is not coordinated here")
         if needed is None:
             needed = state.log_version
         self.waiting += 1
         try:
-            while self.flushed.get(group, -1) < needed:
+            while True:
+                if self.groups.get(group) is not state:
+                    raise NotOwned(f"group {group!r} was let go of before it was stored")
+                if self.flushed.get(group, -1) >= needed:
+                    return
                 write = self.writes.get(group)
                 if write is None or write.done():
                     write = self.writes[group] = asyncio.create_task(
@@ -144,7 +159,12 @@ class StateWriter:
                     # Its waiters see a failure; this keeps one nobody waits for from
                     # being reported as never retrieved.
                     write.add_done_callback(lambda t: t.cancelled() or t.exception())
-                await asyncio.shield(write)
+                try:
+                    await asyncio.shield(write)
+                except Exception as err:
+                    if self.groups.get(group) is not state:  # a refusal then is not ours
+                        raise NotOwned(f"group {group!r} was let go of during its write") from err
+                    raise
         finally:
             self.waiting -= 1
 
@@ -199,6 +219,10 @@ class StateWriter:
                 records.append((member_key(group, mid), None))
         if records:
             await self.log.write(partition, epoch, records)
+        if self.groups.get(group) is not state:
+            # Let go of during the write (`forget` cleared what was known stored): what
+            # it wrote says nothing of the group served by this name now, if any.
+            raise NotOwned(f"group {group!r} was let go of during its write")
         for key, value in records:
             member_id = _member_of(key, group)
             if member_id is not None:
@@ -231,7 +255,8 @@ class StateWriter:
     async def flush_all(self) -> None:
         for group in list(self.groups):
             if self.owner_of(group) is not None:
-                await self.flush(group)
+                with contextlib.suppress(NotOwned):  # let go of meanwhile: not ours to store
+                    await self.flush(group)
 
     async def run(self, interval: float) -> None:
         """Persist progress every `interval`, or less often when a flush itself is slow

@@ -511,13 +511,13 @@ class CoordinatorRuntime:
                 case SendStop():
                     self.activity.count("stop decided")
                     self._spawn(
-                        self._sender.send_stop(group, effect, time.perf_counter()),
+                        self._sender.send_stop(group, state, effect, time.perf_counter()),
                         f"stop-{effect.member_id}",
                     )
                 case SendStart():
                     self.activity.count("start decided")
                     self._spawn(
-                        self._sender.send_start(group, effect, time.perf_counter()),
+                        self._sender.send_start(group, state, effect, time.perf_counter()),
                         f"start-{effect.member_id}",
                     )
                 case CloseMember():

@@ -9,6 +9,12 @@ write refused because the partition was taken over sends nothing, one Kafka coul
 take yet is tried again. Every request carries the
 coordinator epoch of the group's state partition, so a consumer can refuse a fenced
 replica's. The replies go back through the runtime's apply path as handler results.
+
+A request belongs to the group state that decided it. When the replica lets the group's
+partition go while the request waits (for its write, for an earlier request, for its
+reply), that state is gone for good: if the partition comes back, the group served by the
+same name is a new state, adopted from the log, with its own pending claims, and nothing
+decided by the old one is sent for it or applied to it.
 """
 
 from __future__ import annotations
@@ -95,16 +101,19 @@ class OrderedSender:
         """The member's channel is gone: nothing more will be sent to it."""
         self._locks.pop((group, member_id), None)
 
-    async def send_stop(self, group: str, effect: SendStop, decided: float) -> None:
+    async def send_stop(
+        self, group: str, state: GroupState, effect: SendStop, decided: float
+    ) -> None:
         request = StopFetcherRequest(
             correlation_id=0, member_epoch=effect.epoch, ranges=ranges_to_wire(effect.ranges),
             coordinator_epoch=self._epoch_of(group),
         )  # fmt: skip
         # No timeout on the reply: the drain deadline timer fences a member that never answers.
         reply = await self._send_in_order(
-            group, effect.member_id, request, decided=decided, bounded=False, stops=effect.ranges
-        )
-        if reply is None:
+            group, state, effect.member_id, request, decided=decided, bounded=False,
+            stops=effect.ranges,
+        )  # fmt: skip
+        if reply is None or self._groups.get(group) is not state:
             return
         if not isinstance(reply, StopFetcherResponse):
             self._fail_member(group, effect.member_id, reply)
@@ -114,7 +123,9 @@ class OrderedSender:
         )
         self._report(group, effect.member_id, judge)
 
-    async def send_start(self, group: str, effect: SendStart, decided: float) -> None:
+    async def send_start(
+        self, group: str, state: GroupState, effect: SendStart, decided: float
+    ) -> None:
         request = StartFetcherRequest(
             correlation_id=0,
             member_epoch=effect.epoch,
@@ -124,16 +135,13 @@ class OrderedSender:
             dropped=[PartitionRef(topic=t, partition=p) for t, p in effect.dropped],
         )
         reply = await self._send_in_order(
-            group, effect.member_id, request, decided=decided, durable=True
+            group, state, effect.member_id, request, decided=decided, durable=True
         )
-        if reply is None:
+        if reply is None or self._groups.get(group) is not state:
             return
         if not isinstance(reply, StartFetcherResponse):
             self._fail_member(group, effect.member_id, reply)
             return
-        state = self._groups.get(group)
-        if state is None:
-            return  # the group's partition was let go of meanwhile
         if effect.extends:  # not a grant: nothing to acknowledge, only a sign of life
             if effect.member_id in state.members:
                 self._run(group, Result(records=[MemberHeard(effect.member_id, self._clock())]))
@@ -148,6 +156,7 @@ class OrderedSender:
     async def _send_in_order(
         self,
         group: str,
+        state: GroupState,
         member_id: str,
         request: StopFetcherRequest | StartFetcherRequest,
         *,
@@ -160,16 +169,18 @@ class OrderedSender:
 
         With `durable`, first the group as of now (this grant and the positions where the
         previous owners stopped) is stored. A bounded request waits for its reply at most
-        `reply_timeout`. None: the member is gone, or the write failed.
+        `reply_timeout`. None: the member is gone, the write failed, or `state` (the
+        group that decided the request) was let go of meanwhile.
         """
         lock = self._locks.setdefault((group, member_id), asyncio.Lock())
         async with lock:
-            if durable and not await self._stored(group):
+            if durable and not await self._stored(group, state):
+                return None
+            if self._groups.get(group) is not state:
                 return None
             channel = self._channels.get((group, member_id))
-            state = self._groups.get(group)  # None: its partition was let go of meanwhile
-            member = state.members.get(member_id) if state is not None else None
-            if channel is None or state is None or member is None or channel.is_closed:
+            member = state.members.get(member_id)
+            if channel is None or member is None or channel.is_closed:
                 return None
             if isinstance(request, StartFetcherRequest):
                 # The transitions as of the send, not the decision: a grant must never
@@ -198,12 +209,14 @@ class OrderedSender:
             self._activity.timed(f"{request.type[:-8]} round trip", time.perf_counter() - written)
             return reply
 
-    async def _stored(self, group: str) -> bool:
+    async def _stored(self, group: str, state: GroupState) -> bool:
         """Store the group before a grant leaves. A write Kafka could not take (the state
         partition had no leader for a while: a broker went away) is tried again while the
         group is served here, so the grant waits for durability instead of being dropped.
-        False: fenced, or the group's partition was let go of: nothing is sent."""
+        False: fenced, or `state` was let go of (the writer's NotOwned): nothing is sent."""
         while True:
+            if self._groups.get(group) is not state:
+                return False
             try:
                 await self._writer.flush(group)
                 return True
@@ -211,7 +224,7 @@ class OrderedSender:
                 self._write_failed(group, err)
                 return False
             except Exception as err:
-                if self._groups.get(group) is None:
+                if self._groups.get(group) is not state:
                     return False
                 log.warning("group %s: storing a grant failed, trying again: %s", group, err)
                 await asyncio.sleep(STORE_RETRY_S)

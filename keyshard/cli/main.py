@@ -192,7 +192,7 @@ def _serve(
         replica_timeout_ms=int(args.replica_timeout_ms),
         leader_failover_ms=int(args.leader_failover_ms),
         advertise=":".join(map(str, args.advertise)) if args.advertise else None,
-        **({"replica_id": args.replica_id} if args.replica_id else {}),
+        replica_id=args.replica_id or None,
         kafka=settings,
         embedded_broker=embedded,
         tls=args.tls,

@@ -183,8 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
         coord,
         "--replica-id",
         default=None,
-        help="this replica's name among the coordinator replicas (default: host name and "
-        "a random suffix)",
+        help="this replica's name among the coordinator replicas (default: the host name "
+        "and the listen address, the same across restarts in place; with port 0 a random "
+        "suffix)",
     )
     _add(
         coord,

@@ -320,6 +320,7 @@ def test_retries_back_off_but_not_past_the_lease_and_start_over_when_registered(
     assert m.retry_delay(101.0) == FIRST_RETRY_S
     assert [m.retry_delay(109.5) for _ in range(3)] == [0.2, 0.4, 0.5]  # the lease left
     assert m.retry_delay(109.99) == MIN_RETRY_S
+    assert [m.retry_delay(101.0) for _ in range(3)] == [PROBE_INTERVAL_S] * 3, "riding: often"
 
 
 def test_two_closes_in_a_row_after_the_tls_handshake_are_a_refusal() -> None:

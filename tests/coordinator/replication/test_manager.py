@@ -47,3 +47,23 @@ async def test_a_new_replica_waits_for_a_partition_somebody_holds() -> None:
     log.images[0].owner = EpochMarker(0, 3, "a", "a:1", "http://a:2", released=True)
     manager.started_at = now - 1.5
     assert released is not None and manager.desired_owners() == {0: "b", 1: "b"}
+
+
+async def test_a_replica_restarted_in_place_takes_its_own_partitions_back_at_once() -> None:
+    """Partition 0 was last claimed under b's own id: b was restarted in place (the same
+    host and listen address, so the same default id) and the process that held it is
+    gone. b wants it back from its first look, before it has listened for other replicas
+    and before the group places anyone; partition 1, nobody's, still waits for that."""
+    log = QuietLog()
+    log.images[0].owner = EpochMarker(0, 3, "b", "b:1", "http://b:2")
+    manager = ReplicaManager(
+        cast(Any, log), cast(Any, SimpleNamespace()), bootstrap="127.0.0.1:1",
+        kafka=KafkaSettings.parse(), settings=ReplicationSettings(group_id="replicas"),
+    )  # fmt: skip
+    manager.started_at = asyncio.get_running_loop().time()
+    assert manager.desired_owners() == {0: "b"}
+    manager.started_at -= 1.1
+    assert manager.desired_owners() == {0: "b", 1: "b"}
+    log.images[0].owner = EpochMarker(0, 3, "b", "b:1", "http://b:2", released=True)
+    manager.started_at += 1.1
+    assert manager.desired_owners() == {}, "released: nobody holds it, listen first"

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from aiokafka.errors import KafkaTimeoutError
 
 from keyshard.coordinator.group.records import PositionsAdvanced
@@ -14,10 +15,12 @@ from keyshard.coordinator.group.state import GroupConfig
 from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.runtime.partition_counts import CoalescedPartitionCounts
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.storage.base import Fenced
 from keyshard.coordinator.storage.log_format import decode, encode_positions
 from keyshard.core.model.positions import Position, RangePositionMap
-from keyshard.core.model.ranges import SlotRange
+from keyshard.core.model.ranges import RangeSet, SlotRange
 from keyshard.core.protocol.messages import (
+    MemberClaim,
     Message,
     PartitionPositions,
     PositionModel,
@@ -28,6 +31,7 @@ from keyshard.core.protocol.messages import (
     StopFetcherRequest,
     StopFetcherResponse,
 )
+from keyshard.core.protocol.wire import ranges_from_wire, ranges_to_wire
 from tests.coordinator.runtime.memory import MemoryLog, serving_runtime
 
 TIMEOUT = 5.0
@@ -378,6 +382,91 @@ async def test_a_reply_after_the_partition_was_let_go_of_is_dropped_quietly(
         assert "g" not in runtime.group_states()
         assert [r for r in caplog.records if r.levelname == "ERROR"] == []
     finally:
+        await runtime.stop()
+
+
+class EpochLog(HeldLog):
+    """A held state log that refuses a write under an epoch older than `epoch` (as Kafka
+    refuses a fenced transactional producer's) once the write is let through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch = 0
+
+    async def write(
+        self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> None:
+        if self.on_write is not None:
+            self.on_write()
+        await self.released.wait()
+        if epoch < self.epoch:
+            raise Fenced(f"state partition {partition} is at epoch {self.epoch}")
+        await super().write(partition, epoch, records)
+
+
+@pytest.mark.parametrize("old_write", ["lands", "refused"])
+async def test_a_grant_of_a_group_let_go_of_during_its_write_never_leaves(
+    old_write: str,
+) -> None:
+    """A grant waits for its group's write; the replica lets the partition go meanwhile
+    and takes it back (a new epoch, the group adopted from the log), and the member comes
+    back with its claim. The old grant belongs to a group state that is gone: it must not
+    leave on the member's new channel (the slots it names are another member's pending
+    claim now). The old write, landing late, must not count as storing the group served
+    now (its grants would leave unstored); refused for its old epoch, it must not make
+    the replica let go of the partition it serves at the new one."""
+    log = EpochLog()
+    runtime = runtime_on(RuntimeConfig("unused:1"), log)
+    await runtime.start()
+    try:
+        a, b = RecordingChannel(), RecordingChannel()
+        await runtime.register(a, register("a"))  # type: ignore[arg-type]
+        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+        answer(a)
+        joined = await runtime.register(b, register("b"))  # type: ignore[arg-type]
+        await eventually(lambda: len(a.kinds()) == 2, "a is asked to stop half")
+        answer(a)
+        await eventually(lambda: b.kinds() == ["start_fetcher_request"], "b starts its half")
+        answer(b)
+        state = runtime.group_states()["g"]
+        a_member = next(m for m in state.members.values() if m.name == "a")
+        kept = a_member.owned
+        entered: list[int] = []
+        log.on_write = lambda: entered.append(1)
+        log.released.clear()
+        writes = log.writes
+        assert await runtime.leave("g", joined.member_id, []) is None
+        await eventually(lambda: bool(entered), "a's grant of b's half waits for its write")
+        assert len(a.kinds()) == 2
+
+        runtime.release_partition(0, "handed over (test)")
+        runtime.adopt_partition(0, 2, log.images[0])
+        log.epoch = 2 if old_write == "refused" else 0
+        adopted_at = runtime.group_states()["g"].log_version
+        back = RecordingChannel()
+        claim = MemberClaim(
+            member_id=a_member.member_id, member_epoch=a_member.epoch,
+            owned=ranges_to_wire(kept), positions=[], coordinator_epoch=1,
+        )  # fmt: skip
+        request = register("a").model_copy(update={"claim": claim})
+        response = await runtime.register(back, request)  # type: ignore[arg-type]
+        assert response.member_id == a_member.member_id and response.adopted, "claim kept"
+
+        log.released.set()
+        if old_write == "lands":
+            await eventually(lambda: log.writes > writes, "the old write lands")
+        for _ in range(100):
+            await asyncio.sleep(0)
+        granted = RangeSet()
+        for message, _ in back.sent:
+            if isinstance(message, StartFetcherRequest):
+                granted |= ranges_from_wire(message.ranges)
+        assert not granted - kept, "b's half went to a while b's claim is pending"
+        assert runtime.owned_partitions() == {0: 2}, "the partition is still served"
+        flushed = runtime.writer.flushed.get("g", -1)
+        assert adopted_at <= flushed <= runtime.group_states()["g"].log_version
+    finally:
+        log.released.set()
         await runtime.stop()
 
 
