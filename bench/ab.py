@@ -12,13 +12,18 @@ worker process (sampled by the worker between its first and its last record). Th
 figure is the steadier one on a busy machine: other processes take turns from a run, not
 instructions from each record.
 
+`--peers` compares the keyshard lane of the peers benchmark instead: 4 worker processes
+on a 4-partition topic (Kafka's default producer batching, random keys), the 5 ms I/O
+handler, on Apache Kafka; each run's rate is measured over a window after a warm-up, as
+in `bench.peers`.
+
 The base is checked out from git into a temporary worktree and its C fast path is built
 there; its workers run `python -m bench._worker` from that worktree with this checkout's
 interpreter, so they import the base's `keyshard` (the working directory comes first on
 the module path) and the same libraries. The worker script itself is this checkout's,
 copied over the base's: it is the measuring instrument, not what is measured.
 
-Run: bash scripts/bench.sh ab --base REV [--pairs N] [--records N] [--pure-python]
+Run: bash scripts/bench.sh ab --base REV [--pairs N] [--records N] [--pure-python] [--peers]
 """
 
 from __future__ import annotations
@@ -54,14 +59,43 @@ def remove(tree: Path) -> None:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)])
 
 
+#: The peers benchmark's keyshard lane, measured as `bench.peers` does: a warm-up from
+#: the first completed record (the group forms and the lanes fill), then a window.
+PEERS_WARMUP_S = 3.0
+PEERS_WINDOW_S = 8.0
+
+
+def workload(cluster: Cluster, records: int, *, peers: bool, pure_python: bool) -> RunSpec:
+    """The topic, loaded once, and the run both builds repeat on it."""
+    if not peers:
+        load_topic(cluster.bootstrap, "noop-p1", 1, records, KEYS)
+        return RunSpec(
+            "keyshard", "noop-p1", records, handler="noop", concurrency=LANES,
+            warmup_s=0.0, window_s=600.0, pure_python=pure_python,
+        )  # fmt: skip
+    load_topic(cluster.bootstrap, "io-p4", 4, records, KEYS, batching="default", random_keys=True)
+    return RunSpec(
+        "keyshard", "io-p4", records, processes=4, handler="io", concurrency=LANES,
+        warmup_s=PEERS_WARMUP_S, window_s=PEERS_WINDOW_S, pure_python=pure_python,
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", required=True, help="the git revision to compare against")
     parser.add_argument("--pairs", type=int, default=12, help="runs of each build (default 12)")
-    parser.add_argument("--records", type=int, default=1_600_000)
+    parser.add_argument(
+        "--records", type=int, default=0,
+        help="records in the topic (default 1,600,000; with --peers 400,000)",
+    )  # fmt: skip
     parser.add_argument("--pure-python", action="store_true", help="both without the C path")
     parser.add_argument("--tag", default="", help="appended to the output file's name")
+    parser.add_argument(
+        "--peers", action="store_true",
+        help="the peers benchmark's keyshard lane (4 processes, 4 partitions, 5 ms I/O, Kafka)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    args.records = args.records or (400_000 if args.peers else 1_600_000)
     head = subprocess.run(
         ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
         capture_output=True, text=True, check=True,
@@ -73,12 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base = checkout(args.base, tree)
         builds = {head: ROOT, args.base: base}
-        with Cluster(work, "tansu") as cluster:
-            load_topic(cluster.bootstrap, "noop-p1", 1, args.records, KEYS)
-            spec = RunSpec(
-                "keyshard", "noop-p1", args.records, handler="noop", concurrency=LANES,
-                warmup_s=0.0, window_s=600.0, pure_python=args.pure_python,
-            )  # fmt: skip
+        with Cluster(work, "kafka" if args.peers else "tansu") as cluster:
+            spec = workload(cluster, args.records, peers=args.peers, pure_python=args.pure_python)
             rates: dict[str, list[float]] = {name: [] for name in builds}
             cpu: dict[str, list[float]] = {name: [] for name in builds}
             for pair in range(args.pairs):
@@ -106,13 +136,20 @@ def main(argv: list[str] | None = None) -> int:
              f"{median(cpu[theirs]):.2f}", f"{median(cpu_ratios):.3f}"]
         )  # fmt: skip
         path = "pure Python loop" if args.pure_python else "C fast path"
+        what = (
+            f"{args.records:,} records, 5 ms I/O handler, 4 processes of {LANES} lanes on 4 "
+            f"partitions, rate over {PEERS_WINDOW_S:.0f} s after {PEERS_WARMUP_S:.0f} s "
+            f"({path}), Apache Kafka"
+            if args.peers
+            else f"{args.records:,} records, no-op handler, one consumer owning every slot "
+            f"({path}), Tansu"
+        )
         header = [
             "pair", f"{ours} rec/s", f"{theirs} rec/s", "rate ratio",
             f"{ours} CPU us/record", f"{theirs} CPU us/record", "CPU ratio",
         ]  # fmt: skip
         table = (
-            f"Machine: {machine()}.\nCommand: `{command}`; {args.records:,} records, no-op "
-            f"handler, one consumer owning every slot ({path}), Tansu.\n\n"
+            f"Machine: {machine()}.\nCommand: `{command}`; {what}.\n\n"
             + markdown_table(header, rows)
             + "\n"
         )
