@@ -10,7 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
@@ -83,7 +88,20 @@ class RuntimeCollector(Collector):
                 if end is not None:
                     partition_lag.add_metric(labels, max(0, end - low))
         yield from (members, owned, processed, handoffs, last_pause, draining, low_watermark)
-        yield from (partition_lag, unowned)
+        yield from (partition_lag, unowned, self.durations())
+
+    def durations(self) -> Metric:
+        """How long the coordinator's own work took, by kind, since start: `flush` is a
+        group's state write as a grant waits for it (queued behind the transaction in
+        flight, then written with the others waiting: group commit)."""
+        family = HistogramMetricFamily(
+            "keyshard_coordinator_duration_seconds",
+            "Durations of the coordinator's work by kind (flush: a group's state write).",
+            labels=["kind"],
+        )
+        for kind, histogram in sorted(self.runtime.activity.histograms.items()):
+            family.add_metric([kind], histogram.cumulative(), histogram.total)
+        return family
 
 
 def metrics_registry(runtime: CoordinatorRuntime) -> CollectorRegistry:

@@ -9,7 +9,11 @@ group is quiet unless its loop lags.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import logging
+import math
+import random
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -18,19 +22,65 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 
+#: Durations kept per interval for the percentiles: beyond it, a uniform sample of them.
+SAMPLES = 4096
+
+
 @dataclass(slots=True)
 class Timing:
+    """Durations of one kind in an interval. The total says how much time went to them,
+    the median and the 99th percentile what a typical and an unlucky caller waited (a
+    state write: how long a grant waits to leave), the longest the worst."""
+
     count: int = 0
     total: float = 0.0
     longest: float = 0.0
+    samples: list[float] = field(default_factory=list)
 
     def add(self, seconds: float) -> None:
         self.count += 1
         self.total += seconds
         self.longest = max(self.longest, seconds)
+        if len(self.samples) < SAMPLES:
+            self.samples.append(seconds)
+        else:  # reservoir sampling: each of the `count` durations kept alike
+            slot = random.randrange(self.count)
+            if slot < SAMPLES:
+                self.samples[slot] = seconds
+
+    def percentile(self, fraction: float) -> float:
+        """Nearest rank: the smallest kept duration with `fraction` of them at or below it."""
+        ordered = sorted(self.samples)
+        return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)] if ordered else 0.0
 
     def __str__(self) -> str:
-        return f"{self.count} ({self.total * 1000:.0f} ms, longest {self.longest * 1000:.0f} ms)"
+        ms = 1000
+        return (
+            f"{self.count} ({self.total * ms:.0f} ms, p50 {self.percentile(0.5) * ms:.0f} ms, "
+            f"p99 {self.percentile(0.99) * ms:.0f} ms, longest {self.longest * ms:.0f} ms)"
+        )
+
+
+#: Upper bounds of the cumulative histograms' buckets, in seconds (Prometheus' defaults).
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Durations of one kind since start, for /metrics: a scrape sees every one, however
+    seldom it comes."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))  # last: +Inf
+    total: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(BUCKETS, seconds)] += 1
+        self.total += seconds
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(upper bound, durations at or below it), as Prometheus exposes buckets."""
+        bounds = [*(str(b) for b in BUCKETS), "+Inf"]
+        return list(zip(bounds, itertools.accumulate(self.counts), strict=True))
 
 
 @dataclass
@@ -40,6 +90,7 @@ class Activity:
     counts: Counter[str] = field(default_factory=Counter)
     timings: dict[str, Timing] = field(default_factory=dict)
     totals: Counter[str] = field(default_factory=Counter)
+    histograms: dict[str, Histogram] = field(default_factory=dict)  # since start
     lag_longest: float = 0.0
 
     def count(self, name: str, n: int = 1) -> None:
@@ -48,6 +99,7 @@ class Activity:
 
     def timed(self, name: str, seconds: float) -> None:
         self.timings.setdefault(name, Timing()).add(seconds)
+        self.histograms.setdefault(name, Histogram()).add(seconds)
         self.totals[name] += 1
 
     def lag(self, seconds: float) -> None:

@@ -38,6 +38,7 @@ from aiokafka.errors import (
 )
 
 from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, Fenced, StoreError
+from keyshard.coordinator.storage.group_commit import GroupCommit, Record
 from keyshard.coordinator.storage.image import PartitionImage
 from keyshard.coordinator.storage.kafka_cluster import denied, ensure_state_topic
 from keyshard.coordinator.storage.log_format import EpochMarker, ReplicaBeat, encode
@@ -128,6 +129,8 @@ class KafkaStateLog:
         self._beat_producer: AIOKafkaProducer | None = None
         self._txn: dict[int, AIOKafkaProducer] = {}
         self._locks: dict[int, asyncio.Lock] = {}
+        # The groups' state writes: many groups' records per transaction (group_commit).
+        self.commits = GroupCommit(self._write_batch)
         self._tail: AIOKafkaConsumer | None = None
         self._beat_reader: AIOKafkaConsumer | None = None
         self._ends_at_start: dict[int, int] = {}
@@ -160,6 +163,7 @@ class KafkaStateLog:
             raise
 
     async def stop(self) -> None:
+        await self.commits.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -418,8 +422,12 @@ class KafkaStateLog:
         self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
     ) -> None:
         """Write `records` to `partition` as its owner at `epoch`, all or none (in one
-        transaction where the broker has them). Raises Fenced when another replica has
+        transaction where the broker has them, with the other writes waiting for the
+        partition meanwhile: `group_commit`). Raises Fenced when another replica has
         taken the partition over."""
+        await self.commits.write(partition, epoch, records)
+
+    async def _write_batch(self, partition: int, epoch: int, records: list[Record]) -> None:
         async with self._locks.setdefault(partition, asyncio.Lock()):
             await self._write_locked(partition, epoch, records)
 

@@ -8,6 +8,7 @@ import re
 from fastapi.testclient import TestClient
 
 from keyshard.api.app import create_app
+from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.core.model.hashing import slot_for_key
 from tests.api.fake_runtime import GROUP, TOPIC, fake_runtime
 
@@ -84,6 +85,20 @@ def test_metrics_read_live_state() -> None:
     assert f'keyshard_draining_ranges{{group="{GROUP}",member="b-2"}} 1.0' in text
     low = f'keyshard_position_low_watermark{{group="{GROUP}",partition="1",topic="{TOPIC}"}}'
     assert f"{low} 0.0" in text
+
+
+def test_metrics_show_how_long_state_writes_took() -> None:
+    http, runtime = client()
+    assert isinstance(runtime, CoordinatorRuntime)
+    for seconds in (0.004, 0.02, 0.3):
+        runtime.activity.timed("flush", seconds)
+    text = http.get("/metrics").text
+    name = "keyshard_coordinator_duration_seconds"
+    assert f'{name}_bucket{{kind="flush",le="0.005"}} 1.0' in text
+    assert f'{name}_bucket{{kind="flush",le="0.025"}} 2.0' in text
+    assert f'{name}_bucket{{kind="flush",le="0.25"}} 2.0' in text
+    assert f'{name}_bucket{{kind="flush",le="+Inf"}} 3.0' in text
+    assert f'{name}_count{{kind="flush"}} 3.0' in text
 
 
 def test_key_lookup_reports_owner_position_and_blocking() -> None:
