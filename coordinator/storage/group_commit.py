@@ -2,8 +2,9 @@
 
 A replica serves many groups per state partition, and every StartFetcher of a group waits
 until its group's state is durable. Written one after another (one transaction each,
-behind the partition's lock), a registration storm over 150 groups queues each group's
-write behind every other's: the last waits for all of them, tens of seconds. Kafka's own
+behind the partition's lock), a registration storm over 150 groups would queue each
+group's write behind every other's, and the last would wait for all of them: tens of
+seconds. Kafka's own
 group coordinator batches instead: one append carries many groups' records. So here: the
 writes that arrive while one is in flight wait together, and the next transaction
 carries all of them (up to `max_records`); each caller is released when the transaction
