@@ -100,6 +100,8 @@ class DaemonConfig:
     # grew producers may still write by its old partition count (coordinator.group.growth).
     metadata_refresh_ms: int = 5_000
     partition_growth_window_ms: int = DEFAULT_GROWTH_WINDOW_MS
+    # How often changed positions are written (the state topic's steady write rate).
+    flush_interval_ms: int = 200
 
     def advertised(self, port: int) -> str:
         """Where consumers reach this replica: --advertise, else the listen address
@@ -238,6 +240,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             coordinator_id=replica_id,
             bounds=config.bounds,
             metadata_refresh_ms=config.metadata_refresh_ms,
+            flush_interval_ms=config.flush_interval_ms,
             partition_growth_window_ms=config.partition_growth_window_ms,
         )
         authorizer = authorizer_for(

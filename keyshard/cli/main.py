@@ -202,6 +202,7 @@ def _serve(
         max_connections_per_peer=int(args.max_connections_per_peer),
         pre_auth_max_frame_bytes=int(args.pre_auth_max_frame_bytes),
         bounds=args.bounds,
+        flush_interval_ms=int(args.flush_interval_ms),
         metadata_refresh_ms=int(args.metadata_refresh_ms),
         partition_growth_window_ms=int(args.partition_growth_window_ms),
     )

@@ -325,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="GROUP=earliest or GROUP=latest: where one new group starts (repeatable)",
     )
+    _add(coord, "--flush-interval-ms", type=positive_ms, default=200,
+         help="how often a group's changed positions are written to the state topic "
+         "(a StartFetcher's still are before it leaves)")  # fmt: skip
     _add(coord, "--metadata-refresh-ms", type=positive_ms, default=5_000,
          help="how often each group's topics are read from the cluster (partitions added, "
          "topics created or deleted)")  # fmt: skip

@@ -65,6 +65,7 @@ VALUE_FOR_DEST = {
     "max_groups": ("config", "maxGroups"),
     "max_speed_factor": ("config", "maxSpeedFactor"),
     "metadata_refresh_ms": ("config", "metadataRefreshMs"),
+    "flush_interval_ms": ("config", "flushIntervalMs"),
     "partition_growth_window_ms": ("config", "partitionGrowthWindowMs"),
     "log_level": ("config", "logLevel"),
     "kafka_config": ("kafka", "config"),
