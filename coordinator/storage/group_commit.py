@@ -75,6 +75,9 @@ class GroupCommit:
     async def write(self, partition: int, epoch: int, records: Sequence[Record]) -> None:
         """Durable when this returns: committed with whatever else was waiting."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Retrieved even when its caller was cancelled meanwhile: a failure then is not
+        # "never retrieved" noise in the log.
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._queues.setdefault(partition, []).append(_Pending(epoch, records, done))
         if partition not in self._writers:
             self._writers[partition] = asyncio.create_task(
