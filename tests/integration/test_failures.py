@@ -95,11 +95,7 @@ async def test_coordinator_restart_restores_positions(
     workers = Workers(coordinator, tmp_path)
     session = ("--session-timeout-ms", "10000" if lease == "held" else "3000")
     try:
-        await create_topic(coordinator.bootstrap)
-        await coordinator.start()
-        for i in range(3):
-            workers.spawn(f"c{i}", *session)
-        before = await wait_for(lambda: coordinator.settled(3), 30, "3 settled members")
+        before = await three_settled(coordinator, workers, session)
         produced = await produce(coordinator.bootstrap, 4000, 200)
         await wait_for(lambda: workers.unique() >= 4000, 60, "first 4000 processed")
         stored = lambda: _stored_low_watermark_is(coordinator, 4000)  # noqa: E731
@@ -157,11 +153,7 @@ async def test_a_lone_coordinator_restarted_in_place_keeps_its_consumers(
     workers = Workers(coordinator, tmp_path)
     session = ("--session-timeout-ms", "15000")
     try:
-        await create_topic(coordinator.bootstrap)
-        await coordinator.start()
-        for i in range(3):
-            workers.spawn(f"c{i}", *session)
-        before = await wait_for(lambda: coordinator.settled(3), 30, "3 settled members")
+        before = await three_settled(coordinator, workers, session)
         producing = asyncio.ensure_future(produce(coordinator.bootstrap, 6000, 200, rate=500))
         await wait_for(lambda: workers.unique() > 1000, 30, "traffic to flow")
 
@@ -196,6 +188,21 @@ async def test_a_lone_coordinator_restarted_in_place_keeps_its_consumers(
     finally:
         workers.stop_all()
         coordinator.stop()
+
+
+async def three_settled(
+    coordinator: CoordinatorProcess, workers: Workers, session: tuple[str, str]
+) -> dict[str, Any]:
+    """The topic, the coordinator and three consumers c0-c2 with `session`: the group
+    once settled, as the admin API shows it."""
+    await create_topic(coordinator.bootstrap)
+    await coordinator.start()
+    for i in range(3):
+        workers.spawn(f"c{i}", *session)
+    settled: dict[str, Any] = await wait_for(
+        lambda: coordinator.settled(3), 30, "3 settled members"
+    )
+    return settled
 
 
 def _logged_at(log_text: str, words: str) -> float:

@@ -43,12 +43,16 @@ class MemoryLog:
         self.at_times: dict[TopicPartition, int] = {}
         self.committed: dict[TopicPartition, int] = {}
 
+    def admit(self, partition: int, epoch: int) -> None:
+        """Whether a write let through lands: a subclass refuses one (e.g. fenced)."""
+
     async def write(
         self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
     ) -> None:
         if self.on_write is not None:
             self.on_write()
         await self.released.wait()
+        self.admit(partition, epoch)
         image = self.images[partition]
         for key, value in records:
             image.apply(image.next_offset, decode(key, value))

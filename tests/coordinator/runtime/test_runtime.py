@@ -26,6 +26,7 @@ from keyshard.core.protocol.messages import (
     PositionModel,
     RangePosition,
     RegisterRequest,
+    RegisterResponse,
     StartFetcherRequest,
     StartFetcherResponse,
     StopFetcherRequest,
@@ -367,12 +368,7 @@ async def test_a_reply_after_the_partition_was_let_go_of_is_dropped_quietly(
     runtime = runtime_on(RuntimeConfig("unused:1"), log)
     await runtime.start()
     try:
-        a, b = RecordingChannel(), RecordingChannel()
-        await runtime.register(a, register("a"))  # type: ignore[arg-type]
-        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
-        answer(a)
-        await runtime.register(b, register("b"))  # type: ignore[arg-type]
-        await eventually(lambda: len(a.kinds()) == 2, "a is asked to stop half")
+        a, _, _ = await b_joins_a(runtime)
         owner = runtime.owner_of("g")
         assert owner is not None
         runtime.release_partition(owner[0], "handed over (test)")
@@ -385,6 +381,20 @@ async def test_a_reply_after_the_partition_was_let_go_of_is_dropped_quietly(
         await runtime.stop()
 
 
+async def b_joins_a(
+    runtime: CoordinatorRuntime,
+) -> tuple[RecordingChannel, RecordingChannel, RegisterResponse]:
+    """Member a runs everything, then b registers and a is asked to stop half: their
+    channels, and b's answer."""
+    a, b = RecordingChannel(), RecordingChannel()
+    await runtime.register(a, register("a"))  # type: ignore[arg-type]
+    await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
+    answer(a)
+    joined = await runtime.register(b, register("b"))  # type: ignore[arg-type]
+    await eventually(lambda: len(a.kinds()) == 2, "a is asked to stop half")
+    return a, b, joined
+
+
 class EpochLog(HeldLog):
     """A held state log that refuses a write under an epoch older than `epoch` (as Kafka
     refuses a fenced transactional producer's) once the write is let through."""
@@ -393,15 +403,9 @@ class EpochLog(HeldLog):
         super().__init__()
         self.epoch = 0
 
-    async def write(
-        self, partition: int, epoch: int, records: Sequence[tuple[bytes, bytes | None]]
-    ) -> None:
-        if self.on_write is not None:
-            self.on_write()
-        await self.released.wait()
+    def admit(self, partition: int, epoch: int) -> None:
         if epoch < self.epoch:
             raise Fenced(f"state partition {partition} is at epoch {self.epoch}")
-        await super().write(partition, epoch, records)
 
 
 @pytest.mark.parametrize("old_write", ["lands", "refused"])
@@ -419,12 +423,7 @@ async def test_a_grant_of_a_group_let_go_of_during_its_write_never_leaves(
     runtime = runtime_on(RuntimeConfig("unused:1"), log)
     await runtime.start()
     try:
-        a, b = RecordingChannel(), RecordingChannel()
-        await runtime.register(a, register("a"))  # type: ignore[arg-type]
-        await eventually(lambda: a.kinds() == ["start_fetcher_request"], "a starts everything")
-        answer(a)
-        joined = await runtime.register(b, register("b"))  # type: ignore[arg-type]
-        await eventually(lambda: len(a.kinds()) == 2, "a is asked to stop half")
+        a, b, joined = await b_joins_a(runtime)
         answer(a)
         await eventually(lambda: b.kinds() == ["start_fetcher_request"], "b starts its half")
         answer(b)
