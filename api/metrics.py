@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from keyshard.coordinator.runtime.activity import LAG_WINDOW_S
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 
 
@@ -82,8 +83,14 @@ class RuntimeCollector(Collector):
                 end = state.high_watermarks.get(tp)
                 if end is not None:
                     partition_lag.add_metric(labels, max(0, end - low))
+        loop_lag = GaugeMetricFamily(
+            "keyshard_coordinator_loop_lag_seconds",
+            f"Longest lag of the coordinator's event loop within the last {LAG_WINDOW_S:g} s "
+            "(every reply, ping and timer is that much late).",
+        )
+        loop_lag.add_metric([], self.runtime.activity.recent_lag())
         yield from (members, owned, processed, handoffs, last_pause, draining, low_watermark)
-        yield from (partition_lag, unowned)
+        yield from (partition_lag, unowned, loop_lag)
 
 
 def metrics_registry(runtime: CoordinatorRuntime) -> CollectorRegistry:
