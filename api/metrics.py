@@ -18,6 +18,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from keyshard.coordinator.runtime.activity import LAG_WINDOW_S
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 
 
@@ -87,8 +88,14 @@ class RuntimeCollector(Collector):
                 end = state.high_watermarks.get(tp)
                 if end is not None:
                     partition_lag.add_metric(labels, max(0, end - low))
+        loop_lag = GaugeMetricFamily(
+            "keyshard_coordinator_loop_lag_seconds",
+            f"Longest lag of the coordinator's event loop within the last {LAG_WINDOW_S:g} s "
+            "(every reply, ping and timer is that much late).",
+        )
+        loop_lag.add_metric([], self.runtime.activity.recent_lag())
         yield from (members, owned, processed, handoffs, last_pause, draining, low_watermark)
-        yield from (partition_lag, unowned, self.durations())
+        yield from (partition_lag, unowned, loop_lag, self.durations())
 
     def durations(self) -> Metric:
         """How long the coordinator's own work took, by kind, since start: `flush` is a

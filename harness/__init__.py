@@ -6,6 +6,7 @@ part of keyshard: the wheel has only `keyshard`, and nothing in it imports this.
   `harness.brokers.kafka`);
 - processes: `CoordinatorProcess`, `ReplicaSet`, `Workers` (free ports, stopped by pid),
   `cpu_seconds` and `rss_mib` of a pid; `harness.eos_app`, the exactly-once app;
+  `BUSY_COORDINATOR`, a coordinator whose event loop a signal holds;
 - topics and records: `create_topic`, `produce`, `append` (raw records, as a topic writer);
 - waiting: `wait_for`, on a condition with a deadline;
 - networks: `CuttableProxy`, a TCP route a test cuts (silently: no reset) and heals;
@@ -29,6 +30,7 @@ from harness._kafka_failover import (
 )
 from harness._order import OrderStats, order_stats
 from harness._processes import (
+    BUSY_COORDINATOR,
     CoordinatorProcess,
     ReplicaSet,
     Workers,
@@ -43,6 +45,7 @@ from harness._waiting import wait_for
 from keyshard.local.demo import GROUP, TOPIC
 
 __all__ = [
+    "BUSY_COORDINATOR",
     "GROUP",
     "TOPIC",
     "BrokerStep",

@@ -31,6 +31,8 @@ from keyshard.local.processes import free_port, stop_process
 from keyshard.local.verify import Processed, read_processed
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# A coordinator whose event loop SIGUSR1 holds (`harness.busy_coordinator`).
+BUSY_COORDINATOR = ("-m", "harness.busy_coordinator")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -69,6 +71,8 @@ class CoordinatorProcess:
     admin_token: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    # What runs it: `keyshard coordinator`, or `BUSY_COORDINATOR` (`hold_loop`).
+    entry: tuple[str, ...] = ("-m", "keyshard", "coordinator")
 
     @property
     def address(self) -> str:
@@ -90,9 +94,7 @@ class CoordinatorProcess:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "keyshard",
-                "coordinator",
+                *self.entry,
                 "--bootstrap-servers",
                 self.bootstrap,
                 "--listen",
@@ -170,6 +172,12 @@ class CoordinatorProcess:
     def thaw(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
+
+    def hold_loop(self) -> None:
+        """SIGUSR1 to a `BUSY_COORDINATOR`: its event loop stops for `KEYSHARD_BUSY_S`
+        seconds, its other threads do not."""
+        assert self.proc is not None and self.entry == BUSY_COORDINATOR
+        self.proc.send_signal(signal.SIGUSR1)
 
 
 @dataclass

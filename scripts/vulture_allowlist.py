@@ -69,6 +69,8 @@ _.spawn_cli
 _.secured_broker, _.run_tool
 # A route to Kafka that one consumer alone goes through (tests/integration/test_liveness.py).
 _.heal
+# A coordinator whose event loop a signal holds (tests/integration/test_failover.py).
+_.hold_loop
 
 # Read by the Kafka failover test (tests/integration/test_kafka_failovers.py): Kafka's own
 # availability, and when each broker step came and how long it took.

@@ -55,9 +55,10 @@ def cut_off(silent_s: float, replica_timeout_s: float, *, others_alive: bool = T
     no beats, so the others it knew stay alive in its view) waits `LONE_CUT_OFF` timeouts:
     the only one that could take its partitions over is one that starts meanwhile, and
     that one waits `HELD_PATIENCE` timeouts before taking a partition somebody holds
-    (`ReplicaManager.desired_owners`). A join storm of 5,000 registers can hold the event
-    loop, and so the beats, for 1.6-2.3 s: at half the timeout a lone coordinator would
-    drop all its members."""
+    (`ReplicaManager.desired_owners`). Beats go from a thread of their own
+    (`coordinator.storage.beats`), but a join storm that saturates the machine's CPU can
+    still make them late: at half the timeout a lone coordinator would drop all its
+    members for a delay nobody else could take advantage of."""
     return silent_s >= replica_timeout_s * (0.5 if others_alive else LONE_CUT_OFF)
 
 

@@ -21,6 +21,7 @@ that the state topic is unauthenticated (`warn_if_unauthenticated`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -131,7 +132,10 @@ def _directory_of(data: bytes) -> Directory:
 
 
 def _assignor_for(manager: ReplicaManager) -> type[AbstractPartitionAssignor]:
-    """Kafka's client asks assignors through class methods: one class per manager."""
+    """Kafka's client asks assignors through class methods: one class per manager. They
+    run on the liveness thread, beside the group's consumer: they read the manager's
+    values that are replaced whole (the owned partitions' copy, the beat view, the
+    directory) and hand the group's answer to the main loop (`placed`)."""
 
     class ReplicaAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         name = ASSIGNOR_NAME
@@ -160,7 +164,7 @@ def _assignor_for(manager: ReplicaManager) -> type[AbstractPartitionAssignor]:
 
         @classmethod
         def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
-            manager.directory_arrived(_directory_of(assignment.user_data))
+            manager.placed(_directory_of(assignment.user_data))
 
     return ReplicaAssignor
 
@@ -198,7 +202,9 @@ class ReplicaManager:
         self.directory: Directory | None = None
         self.desired: Owners = {}
         self.started_at = 0.0
-        self._group: AIOKafkaConsumer | None = None
+        self._group: AIOKafkaConsumer | None = None  # on the liveness thread
+        self._polling: concurrent.futures.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._stopping = False
@@ -271,6 +277,7 @@ class ReplicaManager:
 
     def directory_arrived(self, directory: Directory) -> None:
         self.directory = directory
+        self.log.act_on(directory.version)
         log.info(
             "replica placement: %s",
             ", ".join(f"{p}->{r}" for p, r in sorted(directory.owners.items())),
@@ -280,23 +287,16 @@ class ReplicaManager:
     # ---- life cycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         self.started_at = loop.time()
-        group = self._group = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            group_id=self.settings.group_id,
-            enable_auto_commit=False,
-            partition_assignment_strategy=(_assignor_for(self),),
-            session_timeout_ms=self.settings.session_timeout_ms,
-            heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
-            max_poll_interval_ms=300_000,
-            **self.kafka.consumer_options(),
-        )
-        await start_client(group, self.bootstrap, self.kafka, "replica group", 30.0)
-        group.subscribe([self.topic], listener=_PauseAll(group))
+        # The group's heartbeats, like the beats, go on while this loop is busy: a member
+        # silent for its session timeout is dropped, and the group places its partitions
+        # on the others (`coordinator.storage.loop_thread`).
+        await self.log.liveness.run(self._join_group())
+        self._polling = self.log.liveness.spawn(self._poll_group())
+        self.log.beat_every(self.settings.beat_interval_s, self.placement_version)
         self._tasks = [
-            asyncio.create_task(self._poll_group(), name="replica-group"),
-            asyncio.create_task(self._beat(), name="replica-beat"),
+            asyncio.create_task(self._look_again(), name="replica-placement-tick"),
             asyncio.create_task(self._place(), name="replica-placement"),
             asyncio.create_task(self._watch_own_beats(), name="replica-cut-off-watch"),
             asyncio.create_task(self._watch_beat_partition(), name="replica-kafka-watch"),
@@ -316,11 +316,34 @@ class ReplicaManager:
             except Exception as err:  # the others take it after the replica timeout
                 log.warning("handing over state partition %d failed: %s", partition, err)
         with contextlib.suppress(Exception):
-            await self.log.beat(leaving=True, placement_version=self.placement_version)
+            await self.log.beat(leaving=True)
+        if self._polling is not None:
+            self._polling.cancel()
         if self._group is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._group.stop(), 10)
+                await self.log.liveness.run(asyncio.wait_for(self._group.stop(), 10))
         await self._probe.stop()
+
+    def placed(self, directory: Directory) -> None:
+        """The group's answer, on the liveness thread: the main loop takes it in."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self.directory_arrived, directory)
+
+    # ---- on the liveness thread -----------------------------------------------------------
+
+    async def _join_group(self) -> None:
+        group = self._group = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.settings.group_id,
+            enable_auto_commit=False,
+            partition_assignment_strategy=(_assignor_for(self),),
+            session_timeout_ms=self.settings.session_timeout_ms,
+            heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
+            max_poll_interval_ms=300_000,
+            **self.kafka.consumer_options(),
+        )
+        await start_client(group, self.bootstrap, self.kafka, "replica group", 30.0)
+        group.subscribe([self.topic], listener=_PauseAll(group))
 
     async def _poll_group(self) -> None:
         """Keep the group membership alive (its partitions are paused: nothing is read)."""
@@ -332,12 +355,10 @@ class ReplicaManager:
                 log.warning("the replicas' Kafka group failed (retrying): %s", err)
                 await asyncio.sleep(self.settings.beat_interval_s)
 
-    async def _beat(self) -> None:
+    async def _look_again(self) -> None:
+        """Place again every beat interval: what the beats say changes without telling
+        (the beat thread writes and reads them, `coordinator.storage.beats`)."""
         while True:
-            try:
-                await self.log.beat(placement_version=self.placement_version)
-            except Exception as err:  # a dead beat task would get us taken for dead
-                log.warning("replica beat failed: %s", err)
             self._changed.set()
             await asyncio.sleep(self.settings.beat_interval_s)
 
@@ -440,25 +461,20 @@ class ReplicaManager:
 
     def _verdict(self) -> Verdict:
         """Serve, hold or let go, from what this replica observed (`liveness.standing`).
-        A lone coordinator waits longer before letting go (see `cut_off`)."""
+        A lone coordinator waits longer before letting go (see `cut_off`). Our last beat
+        is the last one Kafka acknowledged or we read back, whichever is later: the beat
+        thread's reader may lag behind its producer on a busy machine."""
         settings = self.settings
+        beats = self.log.beat_view
         return standing(
             now=asyncio.get_running_loop().time(),
-            last_beat_at=self._last_beat_at(),
+            last_beat_at=max(beats.own_beat_seen_at, beats.own_beat_acked_at, self.started_at),
             view=self._beat_partition,
-            others_alive=bool(set(self._alive()) - {self.identity.replica_id}),
-            others_heard_at=self.log.other_beat_seen_at,
+            others_alive=bool(set(beats.alive(self._timeout_beats)) - {self.identity.replica_id}),
+            others_heard_at=beats.other_beat_seen_at,
             replica_timeout_s=settings.replica_timeout_s,
             hold_limit_s=settings.leader_failover_s,
         )
-
-    def _last_beat_at(self) -> float:
-        """When a beat of ours was last acknowledged by Kafka or read back from the log.
-        Both count: on a busy machine read-back alone lags behind a join storm's state
-        records, and a lone coordinator would let go of its partitions in the middle of
-        5,000 registers."""
-        beats = self.log
-        return max(beats.own_beat_seen_at, beats.own_beat_acked_at, self.started_at)
 
     def _listened(self) -> float:
         return asyncio.get_running_loop().time() - self.started_at
@@ -623,7 +639,7 @@ class ReplicaManager:
         replicas' Kafka group, which any member of that group can write: never)."""
         if replica is None:
             return None
-        seen = self.log.beats.get(replica)
+        seen = self.log.beat_view.beats.get(replica)
         if seen is not None:
             return seen.beat.address, seen.beat.admin_url, self.log.secret is not None
         if self.directory is not None and replica in self.directory.replicas:

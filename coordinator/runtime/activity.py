@@ -4,6 +4,10 @@ An overloaded coordinator looks the same from outside whatever the cause (slow s
 writes, recomputes, a backlog of unread replies); these numbers say which. One INFO line
 per interval while anything happened, nothing while idle or only pinging, so a steady
 group is quiet unless its loop lags.
+
+The loop's lag is also kept over a window (`LoopLag`): a metric, and readiness, which
+fails while the loop lagged more than `LAG_NOT_READY_S` lately, so that a Service sends
+new connections to replicas that can serve them.
 """
 
 from __future__ import annotations
@@ -15,11 +19,40 @@ import logging
 import math
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
+#: How long a lag counts for the metric and readiness.
+LAG_WINDOW_S = 10.0
+#: A loop late this much delays every ping by as much, so every member's lease: past it
+#: the coordinator says it is not ready.
+LAG_NOT_READY_S = 2.0
+# Lags below this are the loop's ordinary jitter, not worth keeping.
+LAG_NOTICED_S = 0.05
+
+
+class LoopLag:
+    """The longest event-loop lag within the last `window_s` seconds (times: the caller's
+    monotonic clock)."""
+
+    def __init__(self, window_s: float = LAG_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._lags: deque[tuple[float, float]] = deque()  # (when measured, lag), in order
+
+    def add(self, now: float, seconds: float) -> None:
+        if seconds >= LAG_NOTICED_S:
+            self._lags.append((now, seconds))
+        self._forget(now)
+
+    def longest(self, now: float) -> float:
+        self._forget(now)
+        return max((lag for _, lag in self._lags), default=0.0)
+
+    def _forget(self, now: float) -> None:
+        while self._lags and self._lags[0][0] < now - self.window_s:
+            self._lags.popleft()
 
 
 #: Durations kept per interval for the percentiles: beyond it, a uniform sample of them.
@@ -92,6 +125,7 @@ class Activity:
     totals: Counter[str] = field(default_factory=Counter)
     histograms: dict[str, Histogram] = field(default_factory=dict)  # since start
     lag_longest: float = 0.0
+    loop_lag: LoopLag = field(default_factory=LoopLag)
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
@@ -104,6 +138,11 @@ class Activity:
 
     def lag(self, seconds: float) -> None:
         self.lag_longest = max(self.lag_longest, seconds)
+        self.loop_lag.add(time.monotonic(), seconds)
+
+    def recent_lag(self) -> float:
+        """The longest loop lag within the last `LAG_WINDOW_S` (the metric, readiness)."""
+        return self.loop_lag.longest(time.monotonic())
 
     def take(self, gauges: dict[str, int] | None = None) -> str | None:
         """The report since the last call, or None when nothing worth saying happened."""

@@ -21,6 +21,7 @@ from keyshard.coordinator.group import resets
 from keyshard.coordinator.group.records import AdminActed, GroupConfigChanged, RebalanceRequested
 from keyshard.coordinator.group.resets import Move, ResetTarget, ResetTargetMissing, ResetTo
 from keyshard.coordinator.group.state import AuditEntry, GroupConfig, GroupState
+from keyshard.coordinator.runtime.activity import LAG_NOT_READY_S, LAG_WINDOW_S
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.coordinator.storage.base import ClusterMetadata
 from keyshard.coordinator.strategies.registry import known_assignors
@@ -245,13 +246,20 @@ async def not_ready_reason(runtime: CoordinatorRuntime) -> str | None:
     The broker probe is a metadata request with a short timeout on the cluster client
     (`ClusterMetadata.probe`): if that cannot reach Kafka, positions cannot be made
     durable and no grant can leave, so the coordinator is useless even though its
-    process is alive.
+    process is alive. An event loop that lagged past `LAG_NOT_READY_S` lately is
+    overloaded: new connections are better sent to another replica.
     """
     if not runtime.ready:
         return "state not loaded: the coordinator is starting or stopping"
     reason = runtime.not_ready()
     if reason is not None:
         return reason
+    lag = runtime.activity.recent_lag()
+    if lag > LAG_NOT_READY_S:
+        return (
+            f"overloaded: the event loop lagged {lag:.1f} s within the last "
+            f"{LAG_WINDOW_S:g} s (more than {LAG_NOT_READY_S:g} s delays every member's lease)"
+        )
     try:
         await asyncio.wait_for(runtime.metadata.probe(), BROKER_PROBE_TIMEOUT_S)
     except Exception as err:

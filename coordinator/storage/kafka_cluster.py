@@ -43,6 +43,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: What the state topic must be, and what a new one is created with.
 STATE_TOPIC_CONFIG = {"cleanup.policy": "compact"}
+# How replicas read the state topic: a short fetch wait (a takeover waits for its own
+# marker to come back, and the default of half a second is that much more for every one),
+# polls of a tenth of a second, and a pause after a failure before trying again.
+FETCH_WAIT_MS = 20
+TAIL_POLL_MS = 100
+RETRY_S = 0.5
 #: The ends reader's fetches: short waits (a fetch at the end of a partition answers once
 #: this is up) and little data (it only needs the answer's high watermark).
 ENDS_FETCH_WAIT_MS = 50

@@ -9,9 +9,8 @@ partition to its end, writes an epoch marker one above the highest it saw, and r
 to its marker, so every record of the older epoch that landed before the marker is in its
 image, and every one after it is ignored by replay.
 
-Replicas say they are alive with `ReplicaBeat`s on partition 0, outside transactions, read
-by a second consumer that does not wait for committed data (an open transaction on
-partition 0 must not make live replicas look dead).
+Replicas say they are alive with `ReplicaBeat`s on partition 0, written and read by a
+thread of their own (`coordinator.storage.beats`): a busy replica is not a dead one.
 
 With a replica secret, beats and epoch markers are signed when written and believed only
 when they verify (`coordinator.storage.signing`); what is read is checked record by
@@ -38,11 +37,19 @@ from aiokafka.errors import (
 )
 
 from keyshard.coordinator.storage.base import DEFAULT_STATE_PARTITIONS, Fenced, StoreError
+from keyshard.coordinator.storage.beats import BeatView, ReplicaBeats, SeenBeat
 from keyshard.coordinator.storage.group_commit import GroupCommit, Record
 from keyshard.coordinator.storage.image import PartitionImage
-from keyshard.coordinator.storage.kafka_cluster import denied, ensure_state_topic
+from keyshard.coordinator.storage.kafka_cluster import (
+    FETCH_WAIT_MS,
+    RETRY_S,
+    TAIL_POLL_MS,
+    denied,
+    ensure_state_topic,
+)
 from keyshard.coordinator.storage.log_format import EpochMarker, ReplicaBeat, encode
-from keyshard.coordinator.storage.record_reader import BEAT_KIND, RecordReader
+from keyshard.coordinator.storage.loop_thread import LoopThread
+from keyshard.coordinator.storage.record_reader import RecordReader
 from keyshard.coordinator.storage.signing import ReplicaSecret
 from keyshard.core.kafka.connect import (
     KafkaUnreachable,
@@ -55,14 +62,10 @@ from keyshard.core.kafka.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 MARKER_KIND = b"E\x00"
-TAIL_POLL_MS = 100
-RETRY_S = 0.5  # after a failed read of the state log
 PROBE_ATTEMPTS = 3  # of a transactional producer at start, on passing failures
 # Brokers that have no transactions by design, by the cluster id they give themselves:
 # Tansu (the embedded broker, `keyshard broker`) under its default id.
 CLUSTERS_WITHOUT_TRANSACTIONS = {"tansu_cluster": "Tansu"}
-FETCH_WAIT_MS = 20
-HISTORY = -(10**9)  # what a beat from before we started counts as: long gone
 
 
 def quiet_transactions_probe() -> contextlib.AbstractContextManager[None]:
@@ -76,16 +79,6 @@ class ReplicaIdentity:
     replica_id: str
     address: str  # the consumer channel, as consumers reach it
     admin_url: str
-
-
-@dataclass(frozen=True, slots=True)
-class SeenBeat:
-    beat: ReplicaBeat
-    # How many of our own beats we had read when this one came: liveness is measured in
-    # our own beats written since (log order), never by a clock. A clock would declare
-    # everyone dead to a replica waking from a freeze before it read what they wrote
-    # meanwhile, and would compare two machines' clocks.
-    own_beats_before: int
 
 
 class KafkaStateLog:
@@ -111,30 +104,23 @@ class KafkaStateLog:
         self.timeout = timeout
         self.transactions = transactions  # None: find out at start
         self.images: dict[int, PartitionImage] = {}
-        self.beats: dict[str, SeenBeat] = {}
-        self.own_beats = 0  # our own beats read back from the log
-        # When the last of them was read back (loop time): a replica whose beats stop
-        # coming back is cut off from Kafka, and the others will soon take over.
-        self.own_beat_seen_at = 0.0
-        self.other_beat_seen_at: float | None = None  # a live beat of another replica
-        # When the last beat Kafka acknowledged was sent (loop time): it is in the log, so
-        # the others read it before counting us gone, however far our own reading lags
-        # (a join storm writes thousands of state records ahead of the next beat).
-        self.own_beat_acked_at = 0.0
         self._producer: AIOKafkaProducer | None = None
-        # Beats have a producer of their own, as Kafka's consumers heartbeat apart from
-        # their fetches: queued behind a join storm's state records in one producer, a beat
-        # can reach Kafka more than a second late, and the replica would take itself for
-        # cut off.
-        self._beat_producer: AIOKafkaProducer | None = None
+        # Beats have clients of their own, on a thread of their own (`ReplicaBeats`), as
+        # Kafka's consumers heartbeat apart from their fetches: neither queued behind a
+        # join storm's state records nor held up by a busy event loop. The replicas' Kafka
+        # group runs on that thread too (`coordinator.replication.manager`).
+        self.liveness = LoopThread("replica-liveness")
+        self._beats = ReplicaBeats(
+            self.liveness, bootstrap, topic, settings=settings, replica_id=identity.replica_id,
+            address=identity.address, admin_url=identity.admin_url, secret=secret,
+            timeout=timeout,
+        )  # fmt: skip
         self._txn: dict[int, AIOKafkaProducer] = {}
         self._locks: dict[int, asyncio.Lock] = {}
         # The groups' state writes: many groups' records per transaction (group_commit).
         self.commits = GroupCommit(self._write_batch)
         self._tail: AIOKafkaConsumer | None = None
-        self._beat_reader: AIOKafkaConsumer | None = None
         self._ends_at_start: dict[int, int] = {}
-        self._beats_live_from = 0  # partition-0 offset from which beats are not history
         self._tailed = asyncio.Condition()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -146,12 +132,12 @@ class KafkaStateLog:
                 self.bootstrap, self.settings, self.topic, self.partitions, self.timeout
             )
             self.images = {p: PartitionImage(p) for p in range(self.partitions)}
-            self._producer, self._beat_producer = (self._plain_producer() for _ in range(2))
-            for producer, role in ((self._producer, "state"), (self._beat_producer, "beat")):
-                await start_client(
-                    producer, self.bootstrap, self.settings, f"{role} producer", self.timeout
-                )
-            await self.beat()  # a principal that may not write is told now, not later
+            self._producer = self._plain_producer()
+            await start_client(
+                self._producer, self.bootstrap, self.settings, "state producer", self.timeout
+            )
+            self.liveness.start()
+            await self._beats.start()  # a principal that may not write is told now
             if self.transactions is None:
                 self.transactions = await self._broker_has_transactions()
             await self._start_tailing()
@@ -168,17 +154,16 @@ class KafkaStateLog:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        clients: list[Any] = [
-            self._producer, self._beat_producer, *self._txn.values(), self._tail,
-            self._beat_reader,
-        ]  # fmt: skip
+        await self._beats.stop()
+        clients: list[Any] = [self._producer, *self._txn.values(), self._tail]
         for client in clients:
             if client is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(client.stop(), self.timeout)
         self._txn.clear()
-        self._producer = self._beat_producer = self._tail = self._beat_reader = None
+        self._producer = self._tail = None
         self.reader.flush()
+        await self.liveness.stop()
 
     async def _broker_has_transactions(self) -> bool:
         """Whether the broker takes transactional producers (Kafka does; the embedded test
@@ -239,8 +224,6 @@ class KafkaStateLog:
 
     async def _start_tailing(self) -> None:
         every = [KafkaTP(self.topic, p) for p in range(self.partitions)]
-        # A short fetch wait: a takeover waits for its own marker to come back, and the
-        # default of half a second is that much more for every one.
         self._tail = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, enable_auto_commit=False,
             fetch_max_wait_ms=FETCH_WAIT_MS, **self.settings.consumer_options(),
@@ -250,23 +233,7 @@ class KafkaStateLog:
         await self._tail.seek_to_beginning(*every)
         ends = await asyncio.wait_for(self._tail.end_offsets(every), self.timeout)
         self._ends_at_start = {tp.partition: int(end) for tp, end in ends.items()}
-        options = {**self.settings.consumer_options(), "isolation_level": "read_uncommitted"}
-        self._beat_reader = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False,
-            fetch_max_wait_ms=FETCH_WAIT_MS, **options,
-        )  # fmt: skip
-        await start_client(
-            self._beat_reader, self.bootstrap, self.settings, "beat reader", self.timeout
-        )
-        zero = KafkaTP(self.topic, 0)
-        self._beat_reader.assign([zero])
-        await self._beat_reader.seek_to_beginning(zero)
-        end = await asyncio.wait_for(self._beat_reader.end_offsets([zero]), self.timeout)
-        self._beats_live_from = int(end[zero])
-        self._tasks = [
-            asyncio.create_task(self._tail_loop(), name="state-tail"),
-            asyncio.create_task(self._beat_loop(), name="beat-tail"),
-        ]
+        self._tasks = [asyncio.create_task(self._tail_loop(), name="state-tail")]
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -297,46 +264,36 @@ class KafkaStateLog:
             async with self._tailed:
                 self._tailed.notify_all()
 
-    async def _beat_loop(self) -> None:
-        assert self._beat_reader is not None
-        reader = self._beat_reader
-        me = self.identity.replica_id
-        while True:
-            try:
-                batches = await reader.getmany(timeout_ms=TAIL_POLL_MS)
-            except Exception as err:  # a dead reader would take every replica for dead
-                log.warning("reading replica beats failed (retrying): %s", self._why(err, "Read"))
-                await asyncio.sleep(RETRY_S)
-                continue
-            for records in batches.values():
-                for record in records:
-                    beat = self.reader.beat(record)
-                    if beat is None:
-                        continue
-                    # Beats from before we started are history, not proof of life.
-                    if record.offset < self._beats_live_from:
-                        self.beats[beat.replica_id] = SeenBeat(beat, HISTORY)
-                        continue
-                    if beat.replica_id == me:
-                        self.own_beats += 1
-                        self.own_beat_seen_at = asyncio.get_running_loop().time()
-                    else:
-                        self.other_beat_seen_at = asyncio.get_running_loop().time()
-                    self.beats[beat.replica_id] = SeenBeat(beat, self.own_beats)
-
     def _why(self, err: BaseException, operation: str) -> str:
         if isinstance(err, TopicAuthorizationFailedError):
             return str(denied(self.settings, self.topic, operation, err))
         return f"{type(err).__name__}: {err}"
 
+    # ---- beats (`ReplicaBeats`) ----------------------------------------------------------
+
+    @property
+    def beat_view(self) -> BeatView:
+        """What the beat thread has read and written so far (read it once per decision:
+        each read may be newer)."""
+        return self._beats.view
+
+    @property
+    def beats(self) -> dict[str, SeenBeat]:
+        return dict(self._beats.view.beats)
+
     def alive(self, within_own_beats: int) -> dict[str, ReplicaBeat]:
         """Replicas whose latest beat came after our own last `within_own_beats` beats
-        and did not say they are leaving (this one is alive as long as it can beat)."""
-        return {
-            rid: s.beat
-            for rid, s in self.beats.items()
-            if self.own_beats - s.own_beats_before < within_own_beats and not s.beat.leaving
-        }
+        and did not say they are leaving (`BeatView.alive`)."""
+        return self._beats.view.alive(within_own_beats)
+
+    def beat_every(self, interval_s: float, placement_version: int = 0) -> None:
+        """Beat every `interval_s` from now on, from the beat thread."""
+        self._beats.placement_version = placement_version
+        self._beats.beat_every(interval_s)
+
+    def act_on(self, placement_version: int) -> None:
+        """The placement the next beats say this replica acts on."""
+        self._beats.placement_version = placement_version
 
     async def wait_tailed(self, partition: int, offset: int, timeout: float) -> None:
         """Until this replica's image of `partition` has read everything below `offset`."""
@@ -354,22 +311,9 @@ class KafkaStateLog:
 
     # ---- writing ------------------------------------------------------------------------
 
-    async def beat(self, *, leaving: bool = False, placement_version: int = 0) -> None:
-        beat = ReplicaBeat(
-            self.identity.replica_id, self.identity.address, self.identity.admin_url,
-            int(time.time() * 1000), leaving, placement_version,
-        )  # fmt: skip
-        assert self._beat_producer is not None
-        sent = asyncio.get_running_loop().time()
-        value = encode(beat)
-        sending = self._beat_producer.send_and_wait(
-            self.topic, value, beat.key, partition=0, headers=self._signed(0, beat.key, value)
-        )
-        try:
-            await asyncio.wait_for(sending, self.timeout)
-        except TopicAuthorizationFailedError as err:
-            raise denied(self.settings, self.topic, "Write", err) from None
-        self.own_beat_acked_at = max(self.own_beat_acked_at, sent)
+    async def beat(self, *, leaving: bool = False) -> None:
+        """Write one beat now, and wait until Kafka has it."""
+        await self._beats.beat(leaving=leaving)
 
     async def claim(self, partition: int, placement_version: int = 0) -> tuple[int, PartitionImage]:
         """Take `partition` over: fence the previous writer, read to the end, write the
@@ -466,8 +410,9 @@ class KafkaStateLog:
     def _signed(
         self, partition: int, key: bytes, value: bytes | None
     ) -> list[tuple[str, bytes]] | None:
-        """The signature header of a beat or a marker, with a secret; else none."""
-        if self.secret is None or not key.startswith((MARKER_KIND, BEAT_KIND)):
+        """The signature header of a marker, with a secret; else none (beats are signed
+        by `BeatThread`)."""
+        if self.secret is None or not key.startswith(MARKER_KIND):
             return None
         return self.secret.headers(self.topic, partition, key, value)
 

@@ -8,6 +8,7 @@ import re
 from fastapi.testclient import TestClient
 
 from keyshard.api.app import create_app
+from keyshard.coordinator.runtime.activity import LAG_NOT_READY_S
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.core.model.hashing import slot_for_key
 from tests.api.fake_runtime import GROUP, TOPIC, fake_runtime
@@ -74,6 +75,23 @@ def test_readyz_names_the_reason() -> None:
     assert response.json()["reason"].startswith("broker unreachable")
     runtime.ready = False  # type: ignore[attr-defined]
     assert http.get("/readyz").json()["reason"].startswith("state not loaded")
+
+
+def test_a_lagging_event_loop_is_reported_and_fails_readiness() -> None:
+    """The longest lag of the last ten seconds: a metric, and not ready past the bound,
+    whatever the activity line took meanwhile."""
+    http, runtime = client()
+    activity = runtime.activity  # type: ignore[attr-defined]
+    activity.lag(LAG_NOT_READY_S / 2)
+    activity.take()
+    assert http.get("/readyz").json() == {"ready": True, "reason": None}
+    assert (
+        f"keyshard_coordinator_loop_lag_seconds {LAG_NOT_READY_S / 2}" in http.get("/metrics").text
+    )
+    activity.lag(LAG_NOT_READY_S + 0.5)
+    response = http.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["reason"].startswith("overloaded: the event loop lagged 2.5 s")
 
 
 def test_metrics_read_live_state() -> None:

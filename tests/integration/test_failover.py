@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from harness import (
+    BUSY_COORDINATOR,
     CoordinatorProcess,
     ReplicaSet,
     Workers,
@@ -187,6 +188,44 @@ async def test_a_frozen_replica_changes_nothing_when_it_wakes(
         normal = _longest_pause(processed, worker, thawed_at - int(3e9), thawed_at)
         after = _longest_pause(processed, worker, thawed_at, thawed_at + int(3e9))
         assert after <= normal + IDLE_ALLOWANCE_S, (worker, normal, after)
+
+
+# How long a replica's event loop is held: three replica timeouts (2 s, the default), and
+# more than the replicas' Kafka group session (6 s), so neither its beats nor its group
+# heartbeats may wait for the loop. Below the consumers' 10 s session.
+HELD_S = 7.0
+
+
+async def test_a_replica_whose_event_loop_is_held_keeps_its_partitions(
+    replica_set: ReplicaSet, consumers: Workers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registration storm can hold a replica's event loop for seconds. It is busy, not
+    gone: its beats and its group membership go on from a thread of their own, so nobody
+    takes its partitions over, and when its loop runs again it serves on at the same
+    epoch with the same members, having let go of nothing."""
+    monkeypatch.setenv("KEYSHARD_BUSY_S", str(HELD_S))
+    for name in ("r0", "r1", "r2"):
+        replica_set.add(name).entry = BUSY_COORDINATOR
+    await replica_set.start("r0", "r1", "r2")
+    before = await _running_group(replica_set, consumers)
+    owner = await replica_set.owner()
+    assert owner is not None
+    logs_before = {name: len(r.read_log()) for name, r in replica_set.replicas.items()}
+
+    owner.hold_loop()
+    await wait_for(
+        lambda: "the event loop runs again" in owner.read_log(), 3 * HELD_S, "the hold to end"
+    )
+    after = await wait_for(lambda: owner.settled(CONSUMERS), 30, "the owner to serve again")
+    said = {name: r.read_log()[logs_before[name] :] for name, r in replica_set.replicas.items()}
+    assert "holding the event loop" in owner.read_log()
+    for name, text in said.items():
+        assert "taken over" not in text and "released:" not in text, (name, text[-3000:])
+    assert after["served_by"]["replica_id"] == owner.replica_id
+    assert after["served_by"]["coordinator_epoch"] == before["served_by"]["coordinator_epoch"]
+    assert {m["member_id"]: m["ranges"] for m in after["members"]} == {
+        m["member_id"]: m["ranges"] for m in before["members"]
+    }
 
 
 async def _all_produced(replicas: ReplicaSet) -> list[Produced]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from keyshard.coordinator.runtime.activity import SAMPLES, Activity, Timing
+from keyshard.coordinator.runtime.activity import SAMPLES, Activity, LoopLag, Timing
 
 
 def test_the_report_names_what_happened_and_then_starts_over() -> None:
@@ -51,3 +51,16 @@ def test_histograms_count_every_duration_since_start() -> None:
     activity.take()
     buckets = dict(activity.histograms["flush"].cumulative())
     assert (buckets["0.005"], buckets["0.01"], buckets["10.0"], buckets["+Inf"]) == (2, 3, 3, 4)
+
+
+def test_the_loop_lag_of_the_last_window_is_kept_past_the_report() -> None:
+    """The metric and readiness see the longest lag of the last ten seconds, whatever the
+    activity line took meanwhile; jitter below 50 ms is not kept."""
+    lag = LoopLag(window_s=10.0)
+    lag.add(100.0, 0.01)
+    assert lag.longest(100.0) == 0.0
+    lag.add(101.0, 2.5)
+    lag.add(105.0, 0.3)
+    assert lag.longest(110.9) == 2.5
+    assert lag.longest(111.1) == 0.3, "the 2.5 s lag is older than the window"
+    assert lag.longest(115.1) == 0.0
