@@ -59,7 +59,7 @@ from keyshard.core.model.addresses import parse_host_port
 from keyshard.core.model.hashing import SLOT_COUNT
 from keyshard.core.model.positions import Position, RangePositionMap
 from keyshard.core.model.ranges import EMPTY, RangeSet
-from keyshard.core.protocol.channel import Channel, RemoteError
+from keyshard.core.protocol.channel import Channel, ChannelClosed, RemoteError
 from keyshard.core.protocol.messages import (
     ErrorCode,
     MemberClaim,
@@ -100,12 +100,17 @@ class SimStats:
     adopted: int = 0  # registered again with a claim, and the claim was taken
     claims_refused: int = 0  # registered again with a claim, and had to start over
     leases_lost: int = 0  # found no coordinator within a session: registered anew
+    busy: int = 0  # Registers refused as the coordinator is behind with them: retried
     starts: int = 0
     stops: int = 0
     pings: int = 0
     last_control: float = 0.0
     max_silence: float = 0.0
     clients: list[SimClient] = field(default_factory=list)
+
+
+class Busy(Exception):
+    """The coordinator serves as many Registers as it takes at once: try again later."""
 
 
 class SimClient:
@@ -136,15 +141,16 @@ class SimClient:
 
     async def run(self, host: str, port: int, group: str) -> None:
         """Serve the group until cancelled. A first Register refused other than for
-        reaching a replica that does not serve the group fails the run (the coordinator
-        turned a member away); anything later is followed."""
+        reaching a replica that does not serve the group, or for being one too many at
+        once (the reference client retries both), fails the run (the coordinator turned a
+        member away); anything later is followed."""
         where: tuple[str, int] = (host, port)
         while True:
             try:
                 channel = await self._register(where, group)
             except Exception as err:
                 moved = isinstance(err, RemoteError) and err.code is ErrorCode.NOT_COORDINATOR
-                if not self.registered_once and not moved:
+                if not self.registered_once and not moved and not isinstance(err, Busy):
                     print(f"{self.name}: register failed: {err!r}", file=sys.stderr, flush=True)
                     self.stats.failed += 1
                     return
@@ -182,6 +188,12 @@ class SimClient:
             )  # fmt: skip
             if not isinstance(reply, RegisterResponse):
                 raise RuntimeError(f"unexpected reply {reply.type}")
+        except ChannelClosed:
+            refused = channel.peer_error
+            if refused is not None and refused.code is ErrorCode.TOO_MANY_CONNECTIONS:
+                self.stats.busy += 1
+                raise Busy(refused.message) from None
+            raise
         except BaseException:
             channel.close()
             raise
@@ -333,6 +345,7 @@ async def worker_main(args: argparse.Namespace) -> None:
                         "adopted": stats.adopted,
                         "claims_refused": stats.claims_refused,
                         "leases_lost": stats.leases_lost,
+                        "busy": stats.busy,
                         "owning": sum(1 for c in clients if c.owned),
                         "slots": sum(c.owned.size for c in clients),
                         "starts": stats.starts,
@@ -370,6 +383,7 @@ class RunResult:
     # (their claim refused, or their lease ran out first).
     adopted: int = 0
     registered_anew: int = 0
+    busy: int = 0  # Registers refused as one too many at once (and retried)
     # Per replica (r0, r1, ...): CPU at steady pings and from go to stable (cores),
     # members served, RSS at steady state.
     cpu_per_replica: list[float] = field(default_factory=list)
@@ -499,6 +513,7 @@ async def one_run(
             groups=groups,
             adopted=total("adopted"),
             registered_anew=total("claims_refused") + total("leases_lost"),
+            busy=total("busy"),
             cpu_per_replica=steady,
             storm_cpu_per_replica=storm,
             members_per_replica=[
@@ -550,7 +565,8 @@ async def driver(args: argparse.Namespace) -> list[RunResult]:
                     f"{r.starts} starts / {r.stops} stops, CPU {r.cpu_cores:.3f} cores, "
                     f"RSS {r.rss_idle_mib:.0f} -> {r.rss_mib:.0f} MiB, "
                     f"{r.pings_per_s:.0f} pings/s, max silence {r.max_silence_s:.2f} s, "
-                    f"after a takeover {r.adopted} adopted / {r.registered_anew} anew {r.note}",
+                    f"after a takeover {r.adopted} adopted / {r.registered_anew} anew, "
+                    f"{r.busy} registers refused as busy {r.note}",
                     flush=True,
                 )
                 results.append(r)

@@ -12,6 +12,15 @@ failed accept. So:
   naming the cap, then closed;
 * the default cap is derived from the open-file limit, which the daemon first raises to
   its hard limit, so the listener alone can never exhaust the descriptors;
+* Registers in flight (received, not answered yet) are bounded in number
+  (`max_pending_registers`) and in how long the oldest of them has waited
+  (`REGISTER_WAIT_LIMIT_S`): past either, one more is refused at once with
+  `TOO_MANY_CONNECTIONS` (correlation id 0, then a close), which every client retries
+  with its usual backoff, instead of waiting in the event loop's queue past its own
+  timeout while holding the loop up for everyone. The wait is what says the replica is
+  behind: a storm it serves in time is not refused at all (a refusal, the client's
+  lookup and its new connection cost more than the Register would have), and one it
+  cannot is taken at the pace the oldest Registers are answered;
 * until it registers, a connection may send frames of at most
   `pre_auth_max_frame_bytes` (a Register fits; the normal limit applies once it is
   registered), so a thousand connections that each start a huge frame cost the
@@ -25,6 +34,7 @@ Nothing here does I/O: the listener (`coordinator.server.listener`) applies it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import resource
 from collections import Counter
@@ -40,6 +50,13 @@ log = logging.getLogger(__name__)
 DEFAULT_REGISTER_TIMEOUT_MS = 10_000
 DEFAULT_MAX_CONNECTIONS = 10_000  # when the open-file limit allows it
 DEFAULT_MAX_CONNECTIONS_PER_PEER = 1_000
+# Registers in flight: every one waits for a fresh partition count from Kafka (topics
+# created meanwhile must be seen), so a storm has thousands in flight at once for a round
+# trip and that is no overload; the bound is for memory, the wait below for pace.
+DEFAULT_MAX_PENDING_REGISTERS = 5_000
+# Half the reference client's 10 s Register timeout (consumer_client REGISTER_TIMEOUT_S):
+# a Register admitted behind one that waited this long may well be answered too late.
+REGISTER_WAIT_LIMIT_S = 5.0
 # Descriptors kept free of consumer connections: Kafka clients, the admin API, log files.
 FD_RESERVE_FRACTION = 0.1
 FD_RESERVE_MIN = 64
@@ -53,6 +70,7 @@ class ConnectionLimits:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
     pre_auth_max_frame_bytes: int = PRE_AUTH_MAX_FRAME_BYTES
+    max_pending_registers: int = DEFAULT_MAX_PENDING_REGISTERS
     # The open-file limit they were derived from, for the start-up log line.
     open_files: str = ""
 
@@ -67,7 +85,10 @@ class ConnectionLimits:
         )
 
     def __post_init__(self) -> None:
-        for name in ("register_timeout_ms", "max_connections", "max_connections_per_peer"):
+        for name in (
+            "register_timeout_ms", "max_connections", "max_connections_per_peer",
+            "max_pending_registers",
+        ):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.pre_auth_max_frame_bytes < MIN_PRE_AUTH_FRAME_BYTES:
@@ -112,6 +133,46 @@ class ConnectionCounts:
 
     def of(self, peer: str) -> int:
         return self._per_peer[peer]
+
+
+class PendingRegisters:
+    """Registers in flight, bounded in number and in the wait of the oldest (the module
+    docstring). Times are the caller's monotonic clock."""
+
+    def __init__(self, limit: int, wait_limit_s: float = REGISTER_WAIT_LIMIT_S) -> None:
+        self.limit = limit
+        self.wait_limit_s = wait_limit_s
+        self.refused = 0  # since start
+        self._since: dict[int, float] = {}  # in the order they came
+        self._ids = itertools.count()
+
+    @property
+    def pending(self) -> int:
+        return len(self._since)
+
+    def refusal(self, now: float) -> str | None:
+        """Why a Register arriving at `now` must be refused (counted), or None."""
+        oldest = next(iter(self._since.values()), now)
+        if self.pending >= self.limit:
+            why = f"as many as it takes at once ({self.limit})"
+        elif now - oldest >= self.wait_limit_s:
+            why = f"the oldest waiting {now - oldest:.1f} s"
+        else:
+            return None
+        self.refused += 1
+        return (
+            f"the coordinator has {self.pending} registrations in flight, {why}; try again shortly"
+        )
+
+    def enter(self, now: float) -> int:
+        """Count in a Register admitted at `now`; `leave` it with the ticket returned."""
+        ticket = next(self._ids)
+        self._since[ticket] = now
+        return ticket
+
+    def leave(self, ticket: int) -> None:
+        """The Register is answered (or failed)."""
+        self._since.pop(ticket, None)
 
 
 # ---- the open-file limit ------------------------------------------------------------------

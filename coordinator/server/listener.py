@@ -33,7 +33,11 @@ from typing import Any
 
 from keyshard.coordinator.runtime.location import Replicas, Standalone
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
-from keyshard.coordinator.server.admission import ConnectionCounts, ConnectionLimits
+from keyshard.coordinator.server.admission import (
+    ConnectionCounts,
+    ConnectionLimits,
+    PendingRegisters,
+)
 from keyshard.coordinator.server.authentication import Authentication
 from keyshard.coordinator.server.preauth import bad_input_reporter, register_screen
 from keyshard.coordinator.server.session import ConnectionState, MemberSession
@@ -87,6 +91,7 @@ class CoordinatorServer:
                 f"is above the frame limit ({max_frame_bytes} bytes)"
             )
         self.counts = ConnectionCounts(limits)
+        self.registers = PendingRegisters(limits.max_pending_registers)
         self._sockets: list[socket.socket] = []
         self._paused: set[socket.socket] = set()
         self._stopping = False
@@ -199,7 +204,12 @@ class CoordinatorServer:
             if channel is None:
                 return
             session = MemberSession(
-                self.runtime, channel, self.replicas, self._refusals, self.authentication
+                self.runtime,
+                channel,
+                self.replicas,
+                self._refusals,
+                self.authentication,
+                self.registers,
             )
             channel.set_request_handler(session.on_request)
             certificate = channel.peer_certificate()

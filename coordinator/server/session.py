@@ -17,6 +17,10 @@ from typing import Any
 from keyshard.coordinator.runtime.errors import CoordinatorError
 from keyshard.coordinator.runtime.location import Replicas
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
+from keyshard.coordinator.server.admission import (
+    DEFAULT_MAX_PENDING_REGISTERS,
+    PendingRegisters,
+)
 from keyshard.coordinator.server.authentication import Authentication, AuthenticationFailed
 from keyshard.core.protocol.channel import Channel
 from keyshard.core.protocol.messages import (
@@ -51,8 +55,12 @@ class MemberSession:
         replicas: Replicas,
         refusals: ThrottledLog | None = None,
         authentication: Authentication | None = None,
+        registers: PendingRegisters | None = None,
     ) -> None:
         self.runtime = runtime
+        # Registers in flight at the whole listener (`admission`): over its bounds, one
+        # is told to come back (TOO_MANY_CONNECTIONS) rather than queued.
+        self.registers = registers or PendingRegisters(DEFAULT_MAX_PENDING_REGISTERS)
         self.authentication = authentication or Authentication()
         self.replicas = replicas
         self.channel = channel
@@ -76,10 +84,21 @@ class MemberSession:
                         message.correlation_id,
                     )
                     return
+                now = asyncio.get_running_loop().time()
+                refused = self.registers.refusal(now)
+                if refused is not None:
+                    self.runtime.activity.count("registers refused (busy)")
+                    self._refusals.from_peer(
+                        channel.peer_host, "register from %s refused: %s", channel.peer, refused
+                    )
+                    channel.fail(ErrorCode.TOO_MANY_CONNECTIONS, refused)
+                    return
                 self.state = ConnectionState.REGISTERING
+                ticket = self.registers.enter(now)
                 task = asyncio.create_task(self._register(message))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+                task.add_done_callback(lambda _: self.registers.leave(ticket))
             case LeaveRequest():
                 if (
                     self.state is not ConnectionState.REGISTERED

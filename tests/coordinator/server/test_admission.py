@@ -18,6 +18,7 @@ from keyshard.coordinator.server.admission import (
     ACCEPT_OUT_OF_RESOURCES,
     ConnectionCounts,
     ConnectionLimits,
+    PendingRegisters,
     count_accept_errors,
     default_max_connections,
 )
@@ -86,3 +87,30 @@ async def test_asyncio_accept_failures_are_counted_not_logged_each(
     loop.call_exception_handler({"message": ACCEPT_OUT_OF_RESOURCES})
     assert others[-1] == ACCEPT_OUT_OF_RESOURCES  # restored
     loop.set_exception_handler(None)
+
+
+def test_registers_in_flight_are_bounded_in_number() -> None:
+    registers = PendingRegisters(limit=2, wait_limit_s=5.0)
+    first, _ = registers.enter(0.0), registers.enter(0.0)
+    refusal = registers.refusal(0.1)
+    assert refusal is not None and "2 registrations in flight, as many as it takes" in refusal
+    assert (registers.pending, registers.refused) == (2, 1), "a refusal counts nothing in"
+    registers.leave(first)
+    assert registers.refusal(0.1) is None
+    with pytest.raises(ValueError, match="max_pending_registers must be >= 1"):
+        ConnectionLimits(max_pending_registers=0)
+
+
+def test_registers_are_refused_while_the_oldest_in_flight_waited_too_long() -> None:
+    """Thousands in flight answered in time are no overload; one waiting past the limit
+    is, until it is answered."""
+    registers = PendingRegisters(limit=10_000, wait_limit_s=5.0)
+    oldest = registers.enter(0.0)
+    for _ in range(3_000):
+        registers.enter(4.0)
+    assert registers.refusal(4.9) is None
+    refusal = registers.refusal(5.0)
+    assert refusal is not None and "the oldest waiting 5.0 s" in refusal
+    registers.leave(oldest)
+    assert registers.refusal(5.0) is None, "the next oldest came at 4.0"
+    assert registers.refusal(9.0) is not None

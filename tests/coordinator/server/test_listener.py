@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from keyshard.consumer_client import Membership
 from keyshard.coordinator.server import listener
 from keyshard.coordinator.server.admission import ConnectionLimits
 from keyshard.core.protocol.channel import Channel
@@ -34,6 +35,7 @@ from keyshard.core.protocol.messages import (
     StartFetcherResponse,
 )
 from keyshard.core.security.log_safety import ThrottledLog
+from tests.consumer_client.test_coordinator_tls import Hooks
 from tests.coordinator.server.inprocess import running_coordinator
 
 TIMEOUT = 5.0
@@ -168,6 +170,50 @@ async def test_the_per_peer_cap_counts_each_address_apart() -> None:
         finally:
             for sock in held:
                 sock.close()
+
+
+async def test_a_register_over_the_pending_bound_is_told_to_come_back_not_queued() -> None:
+    """With as many Registers in flight as the replica takes at once, one more is refused
+    at once (TOO_MANY_CONNECTIONS, id 0: what every client retries); once one is answered,
+    the next is served."""
+    async with running_coordinator(ConnectionLimits(max_pending_registers=1)) as server:
+        in_flight = server.registers.enter(time.monotonic())
+        frame = encode(
+            RegisterRequest(
+                correlation_id=7, group="g", topics=["t"], consumer_name="late",
+                session_timeout_ms=5000,
+            )
+        )  # fmt: skip
+        refused = await exchange(server.port, frame)
+        error = error_of(refused)
+        assert (error.code, error.correlation_id) == (ErrorCode.TOO_MANY_CONNECTIONS, 0)
+        assert "1 registrations in flight" in error.message
+        assert refused.seconds < 1.0 and server.registers.pending == 1
+        server.registers.leave(in_flight)
+        member = await registered(server.port, "in-turn")
+        assert server.registers.pending == 0
+        await member.aclose()
+
+
+async def test_the_reference_client_retries_a_busy_coordinator_until_it_registers() -> None:
+    """The client side of the bound: refused while the coordinator is full, the reference
+    client backs off and tries again (never gives up), and registers once there is room."""
+    async with running_coordinator(ConnectionLimits(max_pending_registers=1)) as server:
+        in_flight = server.registers.enter(time.monotonic())
+        membership = Membership(
+            group="g", topics=["t"], coordinators=[("127.0.0.1", server.port)], name="c",
+            session_timeout_ms=5000, capacity=1,
+        )  # fmt: skip
+        running = asyncio.create_task(membership.run(Hooks()))
+        try:
+            await until(lambda: server.registers.refused >= 2, "two refusals")
+            assert not running.done() and not membership.registered.is_set()
+            server.registers.leave(in_flight)
+            await asyncio.wait_for(membership.registered.wait(), TIMEOUT)
+        finally:
+            await membership.leave({})
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
 
 
 # ---- accept errors --------------------------------------------------------------------
