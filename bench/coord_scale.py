@@ -49,6 +49,7 @@ from bench._common import ROOT, machine
 from bench._coord_replicas import groups_settled, placed_groups, start_replicas, worker_plans
 from harness import (
     CoordinatorProcess,
+    append,
     cpu_seconds,
     create_topic,
     markdown_table,
@@ -84,6 +85,10 @@ from keyshard.core.protocol.wire import (
 from keyshard.local.broker import EmbeddedBroker
 
 TOPIC = "scale.events"
+# Records in each partition of the topic: the simulated consumers report progress within
+# them (a coordinator fences a member reporting a position past a partition's end), 10 a
+# ping, which a run does not get near.
+FILLED = 2_000
 # Between two rounds of looking for a group's coordinator, as consumer_client waits
 # (consumer_client._membership.state.retry_delay): doubling from the first to the last, at
 # most the riding one while the member holds a claim. Thousands of clients retrying at a
@@ -263,7 +268,7 @@ class SimClient:
                 self.stats.pings += 1
                 # Progress, as a consumer under load reports it: every member's positions
                 # differ, so the coordinator's position maps hold one segment per range.
-                self.done += 10
+                self.done = min(self.done + 10, FILLED)
                 for pmap in self.positions.values():
                     pmap.update((r, Position(self.done)) for r in self.owned)
                 report = {tp: pmap.segments(self.owned) for tp, pmap in self.positions.items()}
@@ -544,6 +549,9 @@ async def driver(args: argparse.Namespace) -> list[RunResult]:
     results = []
     try:
         await create_topic(broker.bootstrap_servers, TOPIC, args.partitions)
+        filler = [(b"k", b"v")] * FILLED
+        for partition in range(args.partitions):
+            await append(broker.bootstrap_servers, TOPIC, partition, *filler)
         for members in args.members:
             for run in range(args.runs):
                 r = await one_run(
