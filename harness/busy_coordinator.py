@@ -3,8 +3,10 @@ daemon, whose event loop SIGUSR1 holds for `KEYSHARD_BUSY_S` seconds (default 5)
 registration storm can hold it: what tests of liveness under a busy loop send it.
 
 A Python signal handler runs on the main thread, the one running the daemon's event loop,
-so sleeping in it stops every task of that loop, and nothing else: threads of their own
-go on.
+so spinning in it stops every task of that loop, and nothing else: threads of their own
+go on. It spins in Python bytecode rather than sleeping, as a storm's handlers keep the
+CPU and the interpreter lock: another thread gets the lock only at the interpreter's
+switch interval, as it would then.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ log = logging.getLogger(__name__)
 def _hold_the_loop(_signum: int, _frame: FrameType | None) -> None:
     seconds = float(os.environ.get(BUSY_ENV, "5"))
     log.warning("holding the event loop for %g s (SIGUSR1)", seconds)
-    time.sleep(seconds)
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        pass
     log.warning("the event loop runs again")
 
 
