@@ -15,6 +15,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 import uvicorn
 from fastapi import FastAPI
@@ -27,6 +28,7 @@ from keyshard.coordinator.group.state import GroupConfig, OffsetReset
 from keyshard.coordinator.replication.liveness import DEFAULT_LEADER_FAILOVER_MS
 from keyshard.coordinator.replication.manager import ReplicaManager, ReplicationSettings
 from keyshard.coordinator.replication.placement import DEFAULT_REPLICA_TIMEOUT_MS
+from keyshard.coordinator.runtime.activity import Activity
 from keyshard.coordinator.runtime.authorization import DEFAULT_ACL_CACHE_MS, authorizer_for
 from keyshard.coordinator.runtime.config import RuntimeConfig
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
@@ -197,6 +199,12 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _count_commit(activity: Activity, writes: int) -> None:
+    """A state transaction committed with `writes` groups' writes in it (group commit)."""
+    activity.count("state transactions")
+    activity.count("state writes", writes)
+
+
 async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     # Before anything starts: a bad certificate file is a TlsConfigError naming its flag.
     channel_tls = config.tls.context() if config.tls is not None else None
@@ -252,6 +260,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             authorizer=authorizer,
         )  # fmt: skip
         await runtime.start()
+        state_log.commits.committed = partial(_count_commit, runtime.activity)
         replicas = ReplicaManager(
             state_log, runtime, bootstrap=bootstrap, kafka=config.kafka,
             settings=ReplicationSettings(
