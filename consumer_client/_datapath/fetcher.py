@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -412,6 +412,7 @@ class Fetcher:
         }
         running = {tp for tp, progress in self.progress.partitions.items() if progress.grants}
         seeks = self.progress.add_grant(slots, positions, held)
+        seeks |= self._refetch_let_out(seeks)
         self.stats.rewinds += len(running & seeks.keys())
         for tp in seeks:
             self.merge.rewound(tp)
@@ -438,6 +439,20 @@ class Fetcher:
             self.seek(tp, offset)
         self.kafka.resume(*[KafkaTP(*tp) for tp, p in self.progress.partitions.items() if p.grants])
         self._merge_track()
+
+    def _refetch_let_out(self, rewound: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """A partition of a topic in transition is read again from further back, for a
+        range just granted. Records of the partitions that wait on it, let out by the
+        gate and not examined yet, were let out against its old watermark: a record of
+        the new range among them may be newer than one of its key the rewound partition
+        is about to bring back. They are read again through the gate, from their
+        cursors (nothing examined is undone)."""
+        queued = {chunk.tp for chunk in self.backlog if chunk.replay is None}
+        return {
+            tp: self.progress.refetch(tp)
+            for tp in self.merge.waiting_on(rewound)
+            if tp not in rewound and tp in queued
+        }
 
     def pause_idle(self) -> None:
         """After a StopFetcher: partitions with no grant left are not fetched."""

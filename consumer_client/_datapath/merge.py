@@ -128,6 +128,19 @@ class MergeGate:
         if part is not None:
             self._let_go(part)
 
+    def waiting_on(self, rewound: Iterable[TopicPartition]) -> set[TopicPartition]:
+        """The partitions fetched here whose records wait on one of `rewound`: what they
+        let out was measured against a watermark the rewind took back."""
+        out: set[TopicPartition] = set()
+        for topic, partition in rewound:
+            merge = self.topics.get(topic)
+            if merge is None:
+                continue
+            for other in merge.partitions:
+                if other != partition and partition in merge.transition.waits_on(other):
+                    out.add((topic, other))
+        return out
+
     def clear(self) -> None:
         """The session is lost: nothing held is ours any more."""
         self.topics.clear()

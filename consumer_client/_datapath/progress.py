@@ -220,6 +220,13 @@ class ConsumerProgress:
             progress.set_grants([*progress.grants, Grant(slots, start, fetch_from)])
         return seeks
 
+    def refetch(self, tp: TopicPartition) -> int:
+        """Read `tp` again from its cursor: what was fetched beyond it and not examined
+        yet is stale. Returns the offset to seek to."""
+        progress = self.partitions[tp]
+        progress.generation += 1
+        return progress.cursor
+
     def take_replays(self) -> list[tuple[TopicPartition, Grant]]:
         """Grants added since the last call that replay held records (see `add_grant`)."""
         replays, self._replays = self._replays, []
