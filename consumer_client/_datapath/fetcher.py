@@ -393,7 +393,9 @@ class Fetcher:
                 self._pop(backlog)
             return None
         finally:
-            self._count_waiting()
+            # Records leave the backlog done or into flight: the windows' room does not
+            # shrink, so they need no fitting (`_count_waiting`), only the count.
+            self.budget.waiting = self._backlog_bytes + self.merge.held_bytes
 
     def _pop(self, backlog: list[Chunk]) -> None:
         chunk = backlog.pop(0)
