@@ -11,6 +11,8 @@
 #       balance        bench.balance               spark          bench.spark_source
 #       filter-breakdown   bench.filter_breakdown
 #       ab --base REV      this checkout's no-op path against REV's, alternating (bench.ab)
+#       lane-cost --base REV   instructions per record of the data path against REV's,
+#                          counted by valgrind (bench.lane_cost)
 #       failover       bench.failover              exactly-once   bench.exactly_once
 #       sigterm-handoff    bench.sigterm_handoff
 #       memory         peak RSS of two consumers on a 200 MB..2 GB backlog (bench.memory;
@@ -34,7 +36,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 part="$1"
@@ -56,6 +58,7 @@ case "$part" in
   handoff) module=bench.handoff_pause; peers=1 ;;
   coord-scale) module=bench.coord_scale; peers=0 ;;
   ab) module=bench.ab; peers=0 ;;
+  lane-cost) module=bench.lane_cost; peers=0 ;;
   balance) module=bench.balance; peers=0 ;;
   spark) module=bench.spark_source; peers=0; spark_kafka=1 ;;
   filter-breakdown) module=bench.filter_breakdown; peers=0 ;;
@@ -106,6 +109,9 @@ if [ "$broker" = kafka ] || [ "$spark_kafka" = 1 ]; then
       apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless maven
     fi
   fi
+fi
+if [ "$part" = lane-cost ] && ! command -v valgrind >/dev/null && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && apt-get install -y -qq valgrind
 fi
 if [ "$broker" = kafka ]; then
   .venv/bin/python -c 'from harness.brokers.kafka import ensure_jars; print("Apache Kafka jars:", ensure_jars())'
