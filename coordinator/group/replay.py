@@ -191,6 +191,7 @@ def replay(state: GroupState, record: Record) -> None:
             member.last_contacted = max(member.last_contacted, record.at)
             state.free = state.free - record.ranges
             state.grants_held_since = None
+            state.ran_since_formed = True
             _member_changed(state, record.member_id)
             _refresh_excess(state, record.member_id)
             for h in state.open:
@@ -230,8 +231,11 @@ def replay(state: GroupState, record: Record) -> None:
                     )  # fmt: skip
             _member_changed(state, record.member_id)
             state.inputs_version += 1
+            if not state.members:
+                state.ran_since_formed = False
         case ClaimAwaited(claim):
             state.claims[claim.member_id] = claim
+            state.ran_since_formed = True
             state.quarantined.append(Quarantine(claim.owned, claim.until, claim.member_id))
             state.free = state.free - claim.owned
         case MemberAdopted():
@@ -316,6 +320,7 @@ def _adopt(state: GroupState, record: MemberAdopted) -> None:
             if not h.waiting:
                 h.resumed_at = record.at
                 state.open.remove(h)
+    state.ran_since_formed = True
     _member_changed(state, mid)
     _refresh_excess(state, mid)
 
