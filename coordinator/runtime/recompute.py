@@ -16,7 +16,11 @@ from hurting a busy coordinator:
   joined: thousands of StopFetchers). The tail often comes late: connections that
   overflowed the listen queue (at most `somaxconn` = 4096 on Linux) complete only when
   TCP retransmits, 0.2-1.3 s later, and a busy loop accepts in bursts. The price: a lone
-  consumer of a new group gets its first grant `idle_quiet_s` later.
+  consumer of a new group gets its first grant `idle_quiet_s` later. Registers still in
+  flight at the replica (`arriving`: received, not answered; each waits for a partition
+  count from Kafka before its member joins) are joins on their way: while there are any,
+  a forming group's membership is not quiet. Under load that wait takes seconds, and the
+  joins it holds back would otherwise leave a gap that looks like the end of the storm.
 - **Where**: in a worker thread, on a frozen snapshot of the inputs (`AssignmentSpec`).
   Inline it would block the loop for its whole duration: no reply read, no timer on time,
   no connection accepted. In a thread the loop keeps its share of the GIL every switch
@@ -88,12 +92,14 @@ class TargetRecomputer:
         pacing: Pacing,
         *,
         timer: Callable[[], float] = time.perf_counter,
+        arriving: Callable[[], int] = lambda: 0,
     ) -> None:
         self._adopt = adopt
         self._activity = activity
         self._clock = clock
         self.pacing = pacing
         self._timer = timer  # monotonic seconds: when changes came, how long a recompute took
+        self._arriving = arriving  # Registers in flight at the replica (module doc)
         self._pending: dict[str, Schedule] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._ended: dict[str, float] = {}
@@ -143,9 +149,12 @@ class TargetRecomputer:
         schedule = self._pending.get(group)
         if schedule is None:
             return None
+        now = self._timer()
+        forming = state.forming
+        if forming and self._arriving():
+            schedule.changed_at = now  # joins on their way: not quiet yet
         spaced = self._ended.get(group, 0.0) + self._took.get(group, 0.0)
-        due = self.pacing.due_at(schedule, forming=state.forming, spaced_until=spaced)
-        return due - self._timer()
+        return self.pacing.due_at(schedule, forming=forming, spaced_until=spaced) - now
 
     async def _run(self, group: str, state: GroupState) -> None:
         while (wait := self.due_in(group, state)) is not None:

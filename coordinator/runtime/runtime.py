@@ -144,7 +144,13 @@ class CoordinatorRuntime:
             max_defer_s=config.recompute_max_defer_ms / 1000,
             idle_quiet_s=config.recompute_idle_quiet_ms / 1000,
         )
-        self._recomputer = TargetRecomputer(self._adopt_target, self.activity, clock, pacing)
+        # Registers received and not answered yet (the listener counts them): joins on
+        # their way, which a forming group's first target waits for.
+        self.registers_in_flight: Callable[[], int] = lambda: 0
+        self._recomputer = TargetRecomputer(
+            self._adopt_target, self.activity, clock, pacing,
+            arriving=lambda: self.registers_in_flight(),
+        )  # fmt: skip
         self._replies = PendingReplies()
         # Partition ends from Kafka, and members' reports judged against them in order.
         self.ends = ConfirmedEnds(metadata)

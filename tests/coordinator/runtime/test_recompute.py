@@ -248,10 +248,14 @@ def _join(state: GroupState, member_id: str, at: float) -> None:
     replay(state, MemberJoined(member_id, member_id, 1, 10_000, ("t",), (("t", 0),), at))
 
 
-async def _paced(timer: FakeTimer) -> TargetRecomputer:
+async def _paced(timer: FakeTimer, arriving: list[int] | None = None) -> TargetRecomputer:
     """A recomputer on a fake timer, with the daemon's pacing; its tasks never get to run
-    (the tests do not yield to the loop), so only the schedule is observed."""
-    return TargetRecomputer(lambda *_: None, Activity(), timer, Pacing(), timer=timer)
+    (the tests do not yield to the loop), so only the schedule is observed. `arriving`
+    holds the count of Registers in flight."""
+    in_flight = arriving if arriving is not None else [0]
+    return TargetRecomputer(
+        lambda *_: None, Activity(), timer, Pacing(), timer=timer, arriving=lambda: in_flight[0]
+    )
 
 
 async def test_the_first_member_of_a_new_group_waits_for_quiet() -> None:
@@ -290,6 +294,35 @@ async def test_a_storm_that_keeps_joining_is_placed_at_the_forming_max_defer() -
             assert due is not None and due > 0, (timer.now, due)
         timer.now = FORMING_MAX_DEFER_S
         assert recomputer.due_in("g", state) == pytest.approx(0.0)
+    finally:
+        recomputer.cancel()
+
+
+async def test_registers_in_flight_keep_a_forming_group_from_being_quiet() -> None:
+    """Registers received but not answered (waiting for Kafka's partition count under
+    load) are joins on their way: no quiet is counted while there are any, and the
+    forming max defer still bounds the wait."""
+    timer, arriving = FakeTimer(), [0]
+    recomputer = await _paced(timer, arriving)
+    state = GroupState("g")
+    try:
+        _join(state, "m0", 0.0)
+        recomputer.stale("g", state)
+        arriving[0] = 300
+        timer.now = 3.0  # no join for 3 s, but 300 Registers on their way
+        assert recomputer.due_in("g", state) == pytest.approx(1.5)
+        arriving[0] = 0
+        timer.now = 4.0
+        assert recomputer.due_in("g", state) == pytest.approx(0.5)
+        arriving[0] = 1
+        timer.now = FORMING_MAX_DEFER_S
+        assert recomputer.due_in("g", state) == pytest.approx(0.0)
+        replay(state, RangesGranted("m0", RangeSet.full(), 2, 0.0))
+        timer.now = 20.0
+        _join(state, "m1", 20.0)
+        recomputer.stale("g", state)
+        due = recomputer.due_in("g", state)
+        assert due is not None and due <= 0  # running: Registers in flight hold nothing
     finally:
         recomputer.cancel()
 
