@@ -123,6 +123,7 @@ def replay(state: GroupState, record: Record) -> None:
                         (part, old.union(pos)) for part, old in pmap.segments(RangeSet((seg,)))
                     ]
                     pmap.update(merged)
+                state.position_changes[tp] = state.positions_version + 1
             state.positions_version += 1
             state.log_version += 1
         case PositionsReset():
@@ -133,6 +134,7 @@ def replay(state: GroupState, record: Record) -> None:
                 pmap.assign(slots, record.position)
             state.resets[record.tp] = Reset(record.slots, record.position, record.at)
             state.positions_version += 1
+            state.position_changes[record.tp] = state.positions_version
             state.log_version += 1
         case TargetComputed():
             state.target = dict(record.target)
@@ -345,6 +347,7 @@ def _forget_partition(state: GroupState, tp: TopicPartition) -> None:
     """A partition that left the group: were its topic created again, its offsets would
     start over, and positions kept from before would skip its records."""
     state.positions.pop(tp, None)
+    state.position_changes.pop(tp, None)
     state.resets.pop(tp, None)
     state.high_watermarks.pop(tp, None)
     state.fetched_ends.pop(tp, None)

@@ -303,6 +303,9 @@ class GroupState:
     # back after a takeover): a group without it is forming (see `forming`).
     ran_since_formed: bool = False
     positions_version: int = 0
+    # The positions_version that last changed each partition's positions: a write of
+    # the group carries only the partitions changed since the one before it.
+    position_changes: dict[TopicPartition, int] = field(default_factory=dict)
     # Bumped by every change the state log must hold (positions, who owns what): the
     # durability writer stores the group as of a version; `member_changes` says which
     # member each version touched, so a write carries only the members that changed.
