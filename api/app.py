@@ -18,7 +18,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from keyshard.api.auth import AdminAuth, AdminAuthError, caller_of
+from keyshard.api.auth import AdminAuth, AdminAuthError
+from keyshard.api.dependencies import caller_of, for_every_group, for_group, for_listing
 from keyshard.api.forward import FORWARDED_BY, Forwarder
 from keyshard.api.metrics import metrics_registry, render
 from keyshard.api.models import (
@@ -122,7 +123,7 @@ def create_app(
     app.state.forwarder = forwarder  # its client is closed by whoever serves the app
     app.middleware("http")(forwarder.dispatch)
     auth = auth or AdminAuth(admin_token, auth_reads)
-    view = auth.for_group(Role.VIEWER, "view group {group!r}")
+    view = for_group(auth, Role.VIEWER, "view group {group!r}")
     registry = metrics_registry(runtime)
     rates = ProcessedRates()
     dashboard = (
@@ -178,7 +179,7 @@ def create_app(
     @app.get(
         "/metrics",
         response_model=None,
-        dependencies=[auth.for_every_group(Role.VIEWER, "read the metrics of every group")],
+        dependencies=[for_every_group(auth, Role.VIEWER, "read the metrics of every group")],
         responses={
             200: {
                 "description": "Prometheus text exposition format",
@@ -194,7 +195,7 @@ def create_app(
     @app.get(
         "/v1/groups",
         response_model=GroupsView,
-        dependencies=[auth.for_listing(), only_query("scope")],
+        dependencies=[for_listing(auth), only_query("scope")],
         responses={**AUTH_ERRORS, **QUERY_ERRORS},
     )
     async def list_groups(
@@ -247,7 +248,7 @@ def create_app(
     @app.put(
         "/v1/groups/{group}/config",
         response_model=GroupConfigView,
-        dependencies=[auth.for_group(Role.OPERATOR, "change the config of group {group!r}")],
+        dependencies=[for_group(auth, Role.OPERATOR, "change the config of group {group!r}")],
         responses={
             **GROUP_ERRORS,
             400: {"model": ErrorView, "description": "body is not JSON"},
@@ -271,7 +272,7 @@ def create_app(
     @app.post(
         "/v1/groups/{group}/rebalance",
         response_model=RebalanceView,
-        dependencies=[auth.for_group(Role.OPERATOR, "rebalance group {group!r}")],
+        dependencies=[for_group(auth, Role.OPERATOR, "rebalance group {group!r}")],
         responses=GROUP_ERRORS,
     )
     async def post_rebalance(
@@ -291,7 +292,7 @@ def create_app(
     @app.delete(
         "/v1/groups/{group}/members/{member}",
         response_model=FenceView,
-        dependencies=[auth.for_group(Role.OPERATOR, "fence a member of group {group!r}")],
+        dependencies=[for_group(auth, Role.OPERATOR, "fence a member of group {group!r}")],
         responses=GROUP_ERRORS,
     )
     async def delete_member(
@@ -308,7 +309,7 @@ def create_app(
     @app.post(
         "/v1/groups/{group}/positions/reset",
         response_model=PositionsResetView,
-        dependencies=[auth.for_group(Role.OPERATOR, "reset the positions of group {group!r}")],
+        dependencies=[for_group(auth, Role.OPERATOR, "reset the positions of group {group!r}")],
         responses={
             **GROUP_ERRORS,
             400: {"model": ErrorView, "description": "body is not JSON"},

@@ -17,20 +17,24 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass, field
-
-from fastapi import Depends, Request, params
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from typing import Protocol
 
 from keyshard.api.roles import ADMIN_TOKEN_PRINCIPAL, AdminRoles, Role
 from keyshard.coordinator.server.authentication import AuthenticationFailed, TokenVerifier
 from keyshard.core.security.identity import Principal
 from keyshard.core.security.tokens import TokenTable
 
-bearer = HTTPBearer(
-    auto_error=False,
-    description="--admin-token, a token of --admin-tokens-file, or a JWT (--jwt-jwks-url)",
-)
-Credentials = HTTPAuthorizationCredentials | None
+
+class BearerCredentials(Protocol):
+    """What an `Authorization: Bearer` header carried (FastAPI's
+    HTTPAuthorizationCredentials): the rules here do not import the web side, so the
+    daemon builds them before it has (keyshard.api.dependencies wires them to routes)."""
+
+    @property
+    def credentials(self) -> str: ...
+
+
+Credentials = BearerCredentials | None
 
 
 class AdminAuthError(Exception):
@@ -102,50 +106,5 @@ class AdminAuth:
             raise AdminAuthError(403, "forbidden", refusal)
         return principal
 
-    def for_group(self, needed: Role, action: str) -> params.Depends:
-        """A FastAPI dependency for a route with a `{group}`; the caller's principal is
-        left for the route in the request's state (`caller_of`)."""
-
-        async def dependency(
-            group: str,
-            request: Request,
-            credentials: Credentials = Depends(bearer),  # noqa: B008
-        ) -> None:
-            principal = await self.check(credentials, needed, group, action.format(group=group))
-            request.state.admin_principal = principal
-
-        return params.Depends(dependency)
-
-    def for_every_group(self, needed: Role, action: str) -> params.Depends:
-        """A FastAPI dependency for what shows every group (`/metrics`)."""
-
-        async def dependency(
-            credentials: Credentials = Depends(bearer),  # noqa: B008
-        ) -> Principal | None:
-            return await self.check(credentials, needed, None, action)
-
-        return params.Depends(dependency)
-
-    def for_listing(self) -> params.Depends:
-        """`/v1/groups`: any principal when reads are protected (the list shows only the
-        groups it has a role on); `caller_of` is None when they are open."""
-
-        async def dependency(
-            request: Request,
-            credentials: Credentials = Depends(bearer),  # noqa: B008
-        ) -> None:
-            principal = None
-            if self.auth_reads and self.configured:
-                principal = await self.principal(credentials)
-            request.state.admin_principal = principal
-
-        return params.Depends(dependency)
-
     def may_view(self, principal: Principal | None, group: str) -> bool:
         return principal is None or self.roles.role(principal, group) is not None
-
-
-def caller_of(request: Request) -> Principal | None:
-    """The principal the route's auth dependency found (None: reads are open)."""
-    principal: Principal | None = getattr(request.state, "admin_principal", None)
-    return principal

@@ -16,11 +16,8 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
-import uvicorn
-from fastapi import FastAPI
-
-from keyshard.api.app import create_app
 from keyshard.api.auth import AdminAuth
 from keyshard.coordinator.group.bounds import Bounds
 from keyshard.coordinator.group.growth import DEFAULT_GROWTH_WINDOW_MS
@@ -42,6 +39,10 @@ from keyshard.coordinator.storage.signing import ReplicaSecret
 from keyshard.core.kafka.settings import KafkaSettings
 from keyshard.core.protocol.codec import DEFAULT_MAX_FRAME_BYTES, PRE_AUTH_MAX_FRAME_BYTES
 from keyshard.core.security.tls import ServerTls
+
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
 
 log = logging.getLogger(__name__)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # listening on every address of the host
@@ -145,12 +146,29 @@ def default_replica_id(listen_host: str, listen_port: int) -> str:
     return f"{host}:{where}:{listen_port}"
 
 
-class _InLoopUvicorn(uvicorn.Server):
-    """uvicorn without its own signal handling: the daemon owns SIGINT/SIGTERM."""
+@dataclass(frozen=True, slots=True)
+class _WebSide:
+    create_app: Callable[..., FastAPI]
+    server: type[uvicorn.Server]
+    config: type[uvicorn.Config]
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+
+def _import_web_side() -> _WebSide:
+    """The admin API's modules: FastAPI and uvicorn take about a second to import, which
+    a thread spends while the daemon waits for Kafka, instead of the daemon before it
+    starts (a coordinator restarted in place must take its state back fast)."""
+    import uvicorn
+
+    from keyshard.api.app import create_app
+
+    class InLoopUvicorn(uvicorn.Server):
+        """uvicorn without its own signal handling: the daemon owns SIGINT/SIGTERM."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return _WebSide(create_app, InLoopUvicorn, uvicorn.Config)
 
 
 @dataclass
@@ -160,7 +178,7 @@ class RunningDaemon:
     runtime: CoordinatorRuntime
     server: CoordinatorServer
     app: FastAPI
-    admin: _InLoopUvicorn
+    admin: uvicorn.Server
     admin_task: asyncio.Task[None]
     replicas: ReplicaManager
     state_log: KafkaStateLog
@@ -218,6 +236,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
     # port is an OSError here, not a sys.exit() inside uvicorn's task that would tear the
     # whole loop down.
     admin_socket = _bind(config.admin_host, config.admin_port)
+    web_side = asyncio.ensure_future(asyncio.to_thread(_import_web_side))
     server: CoordinatorServer | None = None
     runtime: CoordinatorRuntime | None = None
     cluster = KafkaCluster(bootstrap, config.kafka)
@@ -270,7 +289,8 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             ),
         )  # fmt: skip
         runtime.not_ready = replicas.not_ready_reason
-        app = create_app(
+        web = await web_side
+        app = web.create_app(
             runtime, replicas=replicas, admin_token=config.admin_token,
             auth_reads=config.admin_auth_reads,
             peer_verify=config.admin_tls.peer_context() if config.admin_tls is not None else True,
@@ -286,6 +306,7 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
         log.info("%s", limits.describe())
         log.info("%s; %s", config.authentication.describe(), authorizer.describe())
     except BaseException:
+        web_side.cancel()  # (the thread finishes its imports; nobody waits for them)
         admin_socket.close()
         if server is not None:
             await server.stop()
@@ -295,10 +316,10 @@ async def start_daemon(config: DaemonConfig) -> RunningDaemon:
             await state_log.stop()
         await cluster.stop()
         raise
-    admin_config = uvicorn.Config(app, log_level="warning", lifespan="off", backlog=128)
+    admin_config = web.config(app, log_level="warning", lifespan="off", backlog=128)
     admin_config.load()
     admin_config.ssl = admin_tls  # ours, not uvicorn's: its errors name our flags
-    admin = _InLoopUvicorn(admin_config)
+    admin = web.server(admin_config)
     restore = count_accept_errors(asyncio.get_running_loop())
     admin_task = asyncio.create_task(admin.serve(sockets=[admin_socket]), name="admin-api")
     # uvicorn exposes readiness only as a flag, so poll it (bounded by the task ending).

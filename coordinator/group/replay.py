@@ -123,6 +123,7 @@ def replay(state: GroupState, record: Record) -> None:
                         (part, old.union(pos)) for part, old in pmap.segments(RangeSet((seg,)))
                     ]
                     pmap.update(merged)
+                state.position_changes[tp] = state.positions_version + 1
             state.positions_version += 1
             state.log_version += 1
         case PositionsReset():
@@ -133,6 +134,7 @@ def replay(state: GroupState, record: Record) -> None:
                 pmap.assign(slots, record.position)
             state.resets[record.tp] = Reset(record.slots, record.position, record.at)
             state.positions_version += 1
+            state.position_changes[record.tp] = state.positions_version
             state.log_version += 1
         case TargetComputed():
             state.target = dict(record.target)
@@ -191,6 +193,7 @@ def replay(state: GroupState, record: Record) -> None:
             member.last_contacted = max(member.last_contacted, record.at)
             state.free = state.free - record.ranges
             state.grants_held_since = None
+            state.ran_since_formed = True
             _member_changed(state, record.member_id)
             _refresh_excess(state, record.member_id)
             for h in state.open:
@@ -230,8 +233,11 @@ def replay(state: GroupState, record: Record) -> None:
                     )  # fmt: skip
             _member_changed(state, record.member_id)
             state.inputs_version += 1
+            if not state.members:
+                state.ran_since_formed = False
         case ClaimAwaited(claim):
             state.claims[claim.member_id] = claim
+            state.ran_since_formed = True
             state.quarantined.append(Quarantine(claim.owned, claim.until, claim.member_id))
             state.free = state.free - claim.owned
         case MemberAdopted():
@@ -316,6 +322,7 @@ def _adopt(state: GroupState, record: MemberAdopted) -> None:
             if not h.waiting:
                 h.resumed_at = record.at
                 state.open.remove(h)
+    state.ran_since_formed = True
     _member_changed(state, mid)
     _refresh_excess(state, mid)
 
@@ -340,6 +347,7 @@ def _forget_partition(state: GroupState, tp: TopicPartition) -> None:
     """A partition that left the group: were its topic created again, its offsets would
     start over, and positions kept from before would skip its records."""
     state.positions.pop(tp, None)
+    state.position_changes.pop(tp, None)
     state.resets.pop(tp, None)
     state.high_watermarks.pop(tp, None)
     state.fetched_ends.pop(tp, None)

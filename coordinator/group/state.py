@@ -299,7 +299,13 @@ class GroupState:
     joined_version: int = 0
     # Since when `reconcile` holds grants back for such a target (GrantsHeld), if it does.
     grants_held_since: float | None = None
+    # Whether a slot ran on a member since the group last had none (granted, or claimed
+    # back after a takeover): a group without it is forming (see `forming`).
+    ran_since_formed: bool = False
     positions_version: int = 0
+    # The positions_version that last changed each partition's positions: a write of
+    # the group carries only the partitions changed since the one before it.
+    position_changes: dict[TopicPartition, int] = field(default_factory=dict)
     # Bumped by every change the state log must hold (positions, who owns what): the
     # durability writer stores the group as of a version; `member_changes` says which
     # member each version touched, so a write carries only the members that changed.
@@ -318,6 +324,14 @@ class GroupState:
     target_index: list[tuple[int, int, str]] = field(default_factory=list)
     # and the handoffs not yet resumed (a subset of `handoffs`).
     open: list[Handoff] = field(default_factory=list)
+
+    @property
+    def forming(self) -> bool:
+        """No slot ran on any member since the group last had none: its members are the
+        first of a join storm, whose tail may still be coming (Kafka's initial rebalance
+        delay). Waiting for that tail costs nothing here, while a target granted before it
+        came would be cut into by the next one, a piece from every member."""
+        return not self.ran_since_formed
 
     def position_map(self, tp: TopicPartition) -> RangePositionMap:
         """The positions of `tp`, for reading: a partition nobody reported on yet is

@@ -25,8 +25,9 @@ class RuntimeConfig:
     # joins shares one recompute), but at most this long after it went stale.
     recompute_quiet_ms: int = 100
     recompute_max_defer_ms: int = 2_000
-    # ... and once quiet this long when nothing in the group runs yet (a new group):
-    # waiting costs nothing there, and a storm's tail may come a TCP retransmit later.
+    # ... and once quiet this long, even for its first member, in a forming group (no
+    # slot ran since it formed): waiting costs nothing there, and a storm's tail may come
+    # a TCP retransmit later (at most recompute.FORMING_MAX_DEFER_S after it went stale).
     recompute_idle_quiet_ms: int = 1_500
     # How often the partitions of every group's topics (and what its pattern matches) are
     # read from the cluster (coordinator.runtime.partition_watch); 0: never.

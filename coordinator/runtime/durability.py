@@ -6,6 +6,10 @@ from a stored position, and a replica taking the group over knows who runs what 
 this one dies right after. Progress is persisted periodically besides. Every caller waits
 for the one write in flight, or the next one if that started before the version it needs.
 
+A write carries the positions of the partitions that changed since the one before it
+(`GroupState.position_changes`), as it carries only the members that changed: the
+chunks of the others stand in the log, and a load unites every partition's latest ones.
+
 A reset of positions (coordinator.group.resets) is written as its marker ahead of the
 rewritten chunks, in the same write: whatever part of that write lands, a load sees the
 reset (coordinator.storage.image). The group's audit entries not yet stored go with the
@@ -185,7 +189,8 @@ class StateWriter:
         records += [
             _audit_record(group, e, epoch) for e in state.audit if stored <= e.seq < audit_seq
         ]
-        positions_changed = positions_version != self._positions_written.get(group)
+        positions_written = self._positions_written.get(group)
+        positions_changed = positions_version != positions_written
         resets: dict[TopicPartition, Reset] = {}
         if positions_changed:
             snapshot = {tp: pmap.copy() for tp, pmap in state.positions.items()}
@@ -195,7 +200,8 @@ class StateWriter:
                 if self._resets.get((group, tp)) != reset
             }
             records += [_reset_marker(group, tp, reset, epoch) for tp, reset in resets.items()]
-            for tp, pmap in snapshot.items():
+            for tp in _changed_since(state, positions_written):
+                pmap = snapshot[tp]
                 chunks = encode_positions(group, tp, pmap, epoch, self.max_record_bytes)
                 records += chunks
                 chunk_counts[tp] = len(chunks)
@@ -278,6 +284,17 @@ class StateWriter:
                     if self.write_failed is not None:
                         self.write_failed(group, err)  # fenced: let the partition go
             took = time.perf_counter() - began
+
+
+def _changed_since(state: GroupState, written: int | None) -> list[TopicPartition]:
+    """The partitions whose positions changed since version `written` was stored (all
+    of them when none was): the others' chunks in the log hold their positions already.
+    A partition whose change is not known (positions loaded with the group) counts as
+    changed, so no position is ever left out of the log."""
+    if written is None:
+        return list(state.positions)
+    changes = state.position_changes
+    return [tp for tp in state.positions if changes.get(tp, written + 1) > written]
 
 
 def _topics_record(state: GroupState, epoch: int) -> tuple[bytes, bytes | None]:

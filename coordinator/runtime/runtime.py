@@ -71,7 +71,7 @@ from keyshard.coordinator.runtime.partition_ends import (
 from keyshard.coordinator.runtime.partition_watch import PartitionWatcher
 from keyshard.coordinator.runtime.pings import Pinger, ping_interval_ms
 from keyshard.coordinator.runtime.reauthorize import reauthorize_loop
-from keyshard.coordinator.runtime.recompute import TargetRecomputer
+from keyshard.coordinator.runtime.recompute import Pacing, TargetRecomputer
 from keyshard.coordinator.runtime.register_gate import RegisterGate
 from keyshard.coordinator.runtime.report_order import ReportJudge
 from keyshard.coordinator.runtime.sender import OrderedSender
@@ -139,14 +139,18 @@ class CoordinatorRuntime:
             log, metadata, self._groups, self.activity, self._spawn, self.owner_of,
             write_failed=self._write_failed,
         )  # fmt: skip
-        self._recomputer = TargetRecomputer(
-            self._adopt_target,
-            self.activity,
-            clock,
+        pacing = Pacing(
             quiet_s=config.recompute_quiet_ms / 1000,
             max_defer_s=config.recompute_max_defer_ms / 1000,
             idle_quiet_s=config.recompute_idle_quiet_ms / 1000,
         )
+        # Registers received and not answered yet (the listener counts them): joins on
+        # their way, which a forming group's first target waits for.
+        self.registers_in_flight: Callable[[], int] = lambda: 0
+        self._recomputer = TargetRecomputer(
+            self._adopt_target, self.activity, clock, pacing,
+            arriving=lambda: self.registers_in_flight(),
+        )  # fmt: skip
         self._replies = PendingReplies()
         # Partition ends from Kafka, and members' reports judged against them in order.
         self.ends = ConfirmedEnds(metadata)

@@ -92,6 +92,7 @@ class CoordinatorServer:
             )
         self.counts = ConnectionCounts(limits)
         self.registers = PendingRegisters(limits.max_pending_registers)
+        runtime.registers_in_flight = lambda: self.registers.pending
         self._sockets: list[socket.socket] = []
         self._paused: set[socket.socket] = set()
         self._stopping = False

@@ -9,13 +9,33 @@ from collections.abc import Iterator
 import pytest
 
 from keyshard.api.models import ServedByView, group_view
-from keyshard.coordinator.group.records import TargetComputed
-from keyshard.coordinator.group.state import GroupConfig, GroupState
+from keyshard.coordinator.group.records import (
+    ClaimAwaited,
+    MemberJoined,
+    MemberRemoved,
+    RangesGranted,
+    TargetComputed,
+)
+from keyshard.coordinator.group.replay import replay
+from keyshard.coordinator.group.state import (
+    GroupConfig,
+    GroupState,
+    HandoffKind,
+    PendingClaim,
+)
+from keyshard.coordinator.runtime.activity import Activity
 from keyshard.coordinator.runtime.config import RuntimeConfig
+from keyshard.coordinator.runtime.recompute import (
+    FORMING_MAX_DEFER_S,
+    Pacing,
+    Schedule,
+    TargetRecomputer,
+)
 from keyshard.coordinator.runtime.runtime import CoordinatorRuntime
 from keyshard.coordinator.strategies import registry
 from keyshard.coordinator.strategies.balanced import BalancedAssignor
 from keyshard.coordinator.strategies.base import Assignment, AssignmentSpec, Strategy
+from keyshard.core.model.ranges import RangeSet
 from tests.coordinator.runtime.test_runtime import (
     HeldLog,
     RecordingChannel,
@@ -214,3 +234,151 @@ async def test_the_admin_view_says_a_recompute_is_pending() -> None:
         assert not group_view(state, runtime.clock(), here).target_pending
     finally:
         await runtime.stop()
+
+
+class FakeTimer:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _join(state: GroupState, member_id: str, at: float) -> None:
+    replay(state, MemberJoined(member_id, member_id, 1, 10_000, ("t",), (("t", 0),), at))
+
+
+async def _paced(timer: FakeTimer, arriving: list[int] | None = None) -> TargetRecomputer:
+    """A recomputer on a fake timer, with the daemon's pacing; its tasks never get to run
+    (the tests do not yield to the loop), so only the schedule is observed. `arriving`
+    holds the count of Registers in flight."""
+    in_flight = arriving if arriving is not None else [0]
+    return TargetRecomputer(
+        lambda *_: None, Activity(), timer, Pacing(), timer=timer, arriving=lambda: in_flight[0]
+    )
+
+
+async def test_the_first_member_of_a_new_group_waits_for_quiet() -> None:
+    """A lone first member is placed after `idle_quiet_s` (1.5 s) of quiet, not at once:
+    the storm it may head gets one target. Each join restarts the quiet."""
+    timer = FakeTimer()
+    recomputer = await _paced(timer)
+    state = GroupState("g")
+    try:
+        _join(state, "m0", 0.0)
+        assert state.forming
+        recomputer.stale("g", state)
+        assert recomputer.due_in("g", state) == pytest.approx(1.5)
+        timer.now = 1.0
+        _join(state, "m1", 1.0)
+        recomputer.stale("g", state)
+        assert recomputer.due_in("g", state) == pytest.approx(1.5)
+        timer.now = 2.5
+        assert recomputer.due_in("g", state) == pytest.approx(0.0)
+    finally:
+        recomputer.cancel()
+
+
+async def test_a_storm_that_keeps_joining_is_placed_at_the_forming_max_defer() -> None:
+    """Joins every 0.5 s never leave 1.5 s of quiet: the first target is due
+    FORMING_MAX_DEFER_S after the first join, not the 2 s of a running group."""
+    timer = FakeTimer()
+    recomputer = await _paced(timer)
+    state = GroupState("g")
+    try:
+        for i in range(int(FORMING_MAX_DEFER_S / 0.5)):
+            timer.now = i * 0.5
+            _join(state, f"m{i}", timer.now)
+            recomputer.stale("g", state)
+            due = recomputer.due_in("g", state)
+            assert due is not None and due > 0, (timer.now, due)
+        timer.now = FORMING_MAX_DEFER_S
+        assert recomputer.due_in("g", state) == pytest.approx(0.0)
+    finally:
+        recomputer.cancel()
+
+
+async def test_registers_in_flight_keep_a_forming_group_from_being_quiet() -> None:
+    """Registers received but not answered (waiting for Kafka's partition count under
+    load) are joins on their way: no quiet is counted while there are any, and the
+    forming max defer still bounds the wait."""
+    timer, arriving = FakeTimer(), [0]
+    recomputer = await _paced(timer, arriving)
+    state = GroupState("g")
+    try:
+        _join(state, "m0", 0.0)
+        recomputer.stale("g", state)
+        arriving[0] = 300
+        timer.now = 3.0  # no join for 3 s, but 300 Registers on their way
+        assert recomputer.due_in("g", state) == pytest.approx(1.5)
+        arriving[0] = 0
+        timer.now = 4.0
+        assert recomputer.due_in("g", state) == pytest.approx(0.5)
+        arriving[0] = 1
+        timer.now = FORMING_MAX_DEFER_S
+        assert recomputer.due_in("g", state) == pytest.approx(0.0)
+        replay(state, RangesGranted("m0", RangeSet.full(), 2, 0.0))
+        timer.now = 20.0
+        _join(state, "m1", 20.0)
+        recomputer.stale("g", state)
+        due = recomputer.due_in("g", state)
+        assert due is not None and due <= 0  # running: Registers in flight hold nothing
+    finally:
+        recomputer.cancel()
+
+
+async def test_a_group_granted_once_uses_the_normal_quiet() -> None:
+    """Once a slot ran on a member the group is no longer forming: a lone join is placed
+    at once, a burst after `quiet_s` (0.1 s), and a storm at the 2 s max defer."""
+    timer = FakeTimer()
+    recomputer = await _paced(timer)
+    state = GroupState("g")
+    try:
+        _join(state, "m0", 0.0)
+        replay(state, RangesGranted("m0", RangeSet.full(), 2, 0.0))
+        assert not state.forming
+        timer.now = 5.0
+        _join(state, "m1", 5.0)
+        recomputer.stale("g", state)
+        assert recomputer.due_in("g", state) == pytest.approx(0.0)  # lone: at once
+        timer.now = 5.05
+        _join(state, "m2", 5.05)
+        recomputer.stale("g", state)
+        assert recomputer.due_in("g", state) == pytest.approx(0.1)  # a burst: quiet_s
+        for i in range(3, 40):
+            timer.now = 5.0 + i * 0.05
+            _join(state, f"m{i}", timer.now)
+            recomputer.stale("g", state)
+        timer.now = 7.0
+        assert recomputer.due_in("g", state) == pytest.approx(0.0)  # max defer, 2 s
+    finally:
+        recomputer.cancel()
+
+
+def test_pacing_of_a_forming_group_and_of_a_running_one() -> None:
+    """The pure rule, on both sides: quiet and cap of a forming group, quiet of a burst
+    and of a lone change in a running one, and the spacing after the last recompute."""
+    pacing = Pacing(quiet_s=0.1, max_defer_s=2.0, idle_quiet_s=1.5, forming_max_defer_s=10.0)
+    lone, burst = Schedule(0.0, 0.0, 1, False), Schedule(0.0, 9.0, 5, True)
+    assert pacing.due_at(lone, forming=True, spaced_until=0.0) == 1.5
+    assert pacing.due_at(burst, forming=True, spaced_until=0.0) == 10.0
+    assert pacing.due_at(lone, forming=False, spaced_until=0.0) == 0.0
+    assert pacing.due_at(Schedule(0.0, 0.5, 2, True), forming=False, spaced_until=0.0) == 0.6
+    assert pacing.due_at(burst, forming=False, spaced_until=0.0) == 2.0
+    assert pacing.due_at(lone, forming=False, spaced_until=3.0) == 3.0
+
+
+def test_a_group_forms_again_once_its_last_member_is_gone() -> None:
+    """Forming is the group's own state: it ends with the first grant (or a claim taken
+    back after a takeover, whose slots ran elsewhere) and starts again when the group
+    has no member left."""
+    state = GroupState("g")
+    _join(state, "m0", 0.0)
+    assert state.forming
+    replay(state, RangesGranted("m0", RangeSet.full(), 2, 0.0))
+    assert not state.forming
+    replay(state, MemberRemoved("m0", HandoffKind.LEAVE, None, 1.0))
+    assert state.forming
+    claim = PendingClaim("m1", "m1", 3, RangeSet.full(), 5.0)
+    replay(state, ClaimAwaited(claim))
+    assert not state.forming
