@@ -42,6 +42,18 @@ from bench.throughput import LANES
 from harness import markdown_table, median
 
 
+def this_build(part: str, argv: list[str] | None) -> tuple[str, str]:
+    """This checkout's name (`git describe`, dirty or not) and the command that runs
+    `part` with these arguments, printed with the machine's line before a comparison."""
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    command = f"bash scripts/bench.sh {part} " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"Machine: {machine()}.\nCommand: `{command}`.\n", flush=True)
+    return head, command
+
+
 def checkout(rev: str, where: Path) -> Path:
     """A worktree of `rev` with its C fast path built in place."""
     tree = where / "base"
@@ -96,12 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     args.records = args.records or (400_000 if args.peers else 1_600_000)
-    head = subprocess.run(
-        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    command = "bash scripts/bench.sh ab " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"Machine: {machine()}.\nCommand: `{command}`.\n", flush=True)
+    head, command = this_build("ab", argv)
     work = workdir()
     tree = Path(tempfile.mkdtemp(prefix="keyshard-ab-"))
     try:

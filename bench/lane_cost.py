@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench import RESULTS
 from bench._common import ROOT, cleanup, machine
-from bench.ab import checkout, remove
+from bench.ab import checkout, remove, this_build
 from harness import markdown_table
 
 _COLLECTED = re.compile(r"Collected : (\d+)")
@@ -64,12 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None:
         print("valgrind is needed (Debian: apt-get install valgrind)", file=sys.stderr)
         return 2
-    head = subprocess.run(
-        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    command = "bash scripts/bench.sh lane-cost " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"Machine: {machine()}.\nCommand: `{command}`.\n", flush=True)
+    head, command = this_build("lane-cost", argv)
     tree = Path(tempfile.mkdtemp(prefix="keyshard-lane-cost-"))
     try:
         base = checkout(args.base, tree)
