@@ -171,10 +171,22 @@ async def test_worker_readiness_follows_the_coordinator(
     await wait_for(lambda: _ready_is(base, 200), 30, "/readyz 200 once registered")
     await produce(coordinator.bootstrap, 200, 50)
     await wait_for(lambda: workers.unique() >= 200, 60, "200 records processed")
-    metrics = await _get(f"{base}/metrics")
-    assert metrics is not None and metrics.status_code == 200
-    assert 'keyshard_consumer_records_processed_total{topic="demo.events"} 200.0' in metrics.text
-    assert "keyshard_consumer_owned_slots 65536.0" in metrics.text
+    wanted = (
+        'keyshard_consumer_records_processed_total{topic="demo.events"} 200.0',
+        "keyshard_consumer_owned_slots 65536.0",
+    )
+
+    async def metrics_show_them() -> bool:
+        metrics = await _get(f"{base}/metrics")
+        return (
+            metrics is not None
+            and metrics.status_code == 200
+            and all(line in metrics.text for line in wanted)
+        )
+
+    # The gauges are sampled once a second: the records may all be done before the first
+    # sample that follows the grant.
+    await wait_for(metrics_show_them, 10, "/metrics with the records processed and the slots")
 
     coordinator.stop()
     unready = await wait_for(lambda: _ready_is(base, 503), 30, "/readyz 503 without coordinator")
