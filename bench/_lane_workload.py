@@ -85,18 +85,18 @@ async def run(kind: str, count: int) -> None:
     done = 0
     finished = asyncio.Event()
 
-    async def io(record: Any) -> None:
+    def one_done() -> None:
         nonlocal done
-        await asyncio.sleep(0)
         done += 1
         if done == total:
             finished.set()
 
+    async def io(record: Any) -> None:
+        await asyncio.sleep(0)
+        one_done()
+
     async def noop(record: Any) -> None:
-        nonlocal done
-        done += 1
-        if done == total:
-            finished.set()
+        one_done()
 
     progress, stats = ConsumerProgress(), ConsumerStats()
     settings = DataPathSettings(max_concurrency=64 if kind == "io" else 1)

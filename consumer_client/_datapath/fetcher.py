@@ -449,6 +449,8 @@ class Fetcher:
         the new range among them may be newer than one of its key the rewound partition
         is about to bring back. They are read again through the gate, from their
         cursors (nothing examined is undone)."""
+        if not rewound or not self.merge.topics:
+            return {}  # no topic in transition: nothing let out against a watermark
         queued = {chunk.tp for chunk in self.backlog if chunk.replay is None}
         return {
             tp: self.progress.refetch(tp)
